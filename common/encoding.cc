@@ -1,0 +1,121 @@
+#include "common/encoding.h"
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace tessera {
+namespace {
+
+uint32_t Bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+float FromBits(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+}  // namespace
+
+size_t BytesPerValue(v1::Encoding encoding) {
+  switch (encoding) {
+    case v1::ENCODING_UNSPECIFIED:
+    case v1::ENCODING_FP32:
+      return 4;
+    case v1::ENCODING_BF16:
+    case v1::ENCODING_FP16:
+      return 2;
+    default:
+      return 0;
+  }
+}
+
+uint16_t FloatToBf16(float f) {
+  uint32_t u = Bits(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);  // NaN
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+
+float Bf16ToFloat(uint16_t h) { return FromBits(static_cast<uint32_t>(h) << 16); }
+
+uint16_t FloatToFp16(float f) {
+  const uint32_t u = Bits(f);
+  const uint32_t sign = (u >> 16) & 0x8000u;
+  const uint32_t abs = u & 0x7fffffffu;
+  if (abs > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);  // NaN
+  if (abs >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // overflow -> Inf
+  if (abs < 0x38800000u) {
+    // Subnormal or zero in fp16: shift the implicit-one mantissa and round to nearest even.
+    if (abs < 0x33000000u) return static_cast<uint16_t>(sign);
+    const uint32_t e = abs >> 23;
+    const uint32_t mant = (abs & 0x7fffffu) | 0x800000u;
+    const uint32_t shift = 126 - e;  // 14..24
+    uint32_t h = mant >> shift;
+    const uint32_t rem = mant & ((1u << shift) - 1);
+    const uint32_t half = 1u << (shift - 1);
+    if (rem > half || (rem == half && (h & 1u))) ++h;
+    return static_cast<uint16_t>(sign | h);
+  }
+  uint32_t h = ((abs - 0x38000000u) >> 13);
+  const uint32_t rem = abs & 0x1fffu;
+  if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) ++h;
+  return static_cast<uint16_t>(sign | h);
+}
+
+float Fp16ToFloat(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t exp = (h >> 10) & 0x1fu;
+  uint32_t mant = h & 0x3ffu;
+  if (exp == 0x1f) return FromBits(sign | 0x7f800000u | (mant << 13));
+  if (exp == 0) {
+    if (mant == 0) return FromBits(sign);
+    // Subnormal: value = mant * 2^-24.
+    const float v = static_cast<float>(mant) * (1.0f / 16777216.0f);
+    return sign ? -v : v;
+  }
+  return FromBits(sign | ((exp + 112) << 23) | (mant << 13));
+}
+
+absl::Status DecodeValues(v1::Encoding encoding, absl::string_view bytes, float* out, size_t n) {
+  const size_t width = BytesPerValue(encoding);
+  if (width == 0) {
+    return absl::InvalidArgumentError(absl::StrCat("unknown encoding ", static_cast<int>(encoding)));
+  }
+  if (bytes.size() != n * width) {
+    return absl::InvalidArgumentError(absl::StrCat("expected ", n, " values (", n * width,
+                                                   " bytes) but got ", bytes.size(), " bytes"));
+  }
+  const char* p = bytes.data();
+  if (width == 4) {
+    std::memcpy(out, p, n * 4);
+    return absl::OkStatus();
+  }
+  const bool bf16 = encoding == v1::ENCODING_BF16;
+  for (size_t i = 0; i < n; ++i) {
+    uint16_t h;
+    std::memcpy(&h, p + 2 * i, 2);
+    out[i] = bf16 ? Bf16ToFloat(h) : Fp16ToFloat(h);
+  }
+  return absl::OkStatus();
+}
+
+void EncodeValues(v1::Encoding encoding, const float* in, size_t n, std::string* out) {
+  const size_t width = BytesPerValue(encoding);
+  out->resize(n * width);
+  char* p = out->data();
+  if (width == 4) {
+    std::memcpy(p, in, n * 4);
+    return;
+  }
+  const bool bf16 = encoding == v1::ENCODING_BF16;
+  for (size_t i = 0; i < n; ++i) {
+    const uint16_t h = bf16 ? FloatToBf16(in[i]) : FloatToFp16(in[i]);
+    std::memcpy(p + 2 * i, &h, 2);
+  }
+}
+
+}  // namespace tessera

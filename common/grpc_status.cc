@@ -1,0 +1,31 @@
+#include "common/grpc_status.h"
+
+#include <string>
+
+#include "absl/strings/str_cat.h"
+
+namespace tessera {
+
+grpc::Status ToGrpcStatus(const absl::Status& status) {
+  if (status.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
+}
+
+absl::Status StatusFromCode(int code, absl::string_view message) {
+  if (code < 0 || code > static_cast<int>(absl::StatusCode::kUnauthenticated)) {
+    return absl::UnknownError(absl::StrCat("unknown status code ", code, ": ", message));
+  }
+  return absl::Status(static_cast<absl::StatusCode>(code), message);
+}
+
+absl::Status FromGrpcStatus(const grpc::Status& status) {
+  if (status.ok()) return absl::OkStatus();
+  return StatusFromCode(status.error_code(), status.error_message());
+}
+
+absl::Status FromGrpcStatus(const grpc::Status& status, absl::string_view peer) {
+  if (status.ok()) return absl::OkStatus();
+  return StatusFromCode(status.error_code(), absl::StrCat(peer, ": ", status.error_message()));
+}
+
+}  // namespace tessera

@@ -1,0 +1,56 @@
+// Server-side optimizers (DESIGN.md §2): one fused pass over memory per update.
+//
+// Dense tensors: SGD, momentum, Nesterov, Adagrad, Adam, AdamW. Sparse rows: SGD, Adagrad, Adam,
+// FTRL (a row is updated as a dense vector of `dim` values with its own update count).
+// The CPU versions always build; CUDA versions (optimizer_cuda.h) build where nvcc exists.
+#ifndef TESSERA_KERNELS_OPTIMIZER_H_
+#define TESSERA_KERNELS_OPTIMIZER_H_
+
+#include <cstdint>
+
+#include "absl/status/statusor.h"
+#include "tessera/v1/optimizer.pb.h"
+
+namespace tessera::kernels {
+
+// Validated optimizer hyper-parameters with defaults filled in.
+struct OptimizerParams {
+  v1::OptimizerKind kind = v1::OPTIMIZER_KIND_SGD;
+  float learning_rate = 0.01f;
+  float momentum = 0.0f;
+  float beta1 = 0.9f;
+  float beta2 = 0.999f;
+  float epsilon = 1e-8f;
+  float weight_decay = 0.0f;
+  float initial_accumulator = 0.1f;
+  float ftrl_beta = 1.0f;
+  float ftrl_l1 = 0.0f;
+  float ftrl_l2 = 0.0f;
+  float ftrl_lr_power = -0.5f;
+};
+
+// Checks `config` and fills defaults. `sparse` selects the set of allowed kinds (FTRL is sparse
+// only; momentum, Nesterov and AdamW are dense only). INVALID_ARGUMENT names the field and value,
+// e.g. "optimizer.learning_rate: must be a finite number > 0, got -1".
+absl::StatusOr<OptimizerParams> MakeOptimizerParams(const v1::OptimizerConfig& config,
+                                                    bool sparse);
+
+// Number of per-element slot arrays the kind keeps: SGD 0, momentum/Nesterov 1 (velocity),
+// Adagrad 1 (accumulator), Adam/AdamW 2 (m, v), FTRL 2 (z, n).
+int NumSlots(v1::OptimizerKind kind);
+
+// The value slot `slot` starts at (Adagrad's accumulator starts at initial_accumulator; all
+// others at 0).
+float SlotInitialValue(const OptimizerParams& params, int slot);
+
+// Applies one update in place, in one pass: g' = grad_scale * g, then the optimizer's rule on w
+// and slots[0..NumSlots). `lr` is the scheduled learning rate for this update, `t` the 1-based
+// update count (Adam's bias correction). weight_decay is L2 added to g' for every kind except
+// AdamW, where it is decoupled (w -= lr * wd * w).
+// REQUIRES: g, w and each slots[i] hold n floats and do not overlap.
+void ApplyUpdateCpu(const OptimizerParams& params, float lr, int64_t t, float grad_scale,
+                    const float* g, float* w, float* const* slots, int64_t n);
+
+}  // namespace tessera::kernels
+
+#endif  // TESSERA_KERNELS_OPTIMIZER_H_

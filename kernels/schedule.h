@@ -1,0 +1,29 @@
+// Learning-rate schedules and gradient clipping (DESIGN.md §2).
+#ifndef TESSERA_KERNELS_SCHEDULE_H_
+#define TESSERA_KERNELS_SCHEDULE_H_
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "tessera/v1/optimizer.pb.h"
+
+namespace tessera::kernels {
+
+// INVALID_ARGUMENT naming the field for negative counts, a STEP schedule without step_size > 0 or
+// gamma in (0, 1], a COSINE schedule without total_steps > 0, or a non-finite value.
+absl::Status ValidateSchedule(const v1::LearningRateSchedule& schedule);
+
+// The learning rate for the update that follows `t` applied updates (t = 0 for the first).
+// Warm-up scales linearly: base_lr * (t + 1) / warmup_steps while t < warmup_steps.
+float ScheduledLearningRate(const v1::LearningRateSchedule& schedule, float base_lr, int64_t t);
+
+// Sum of squares of n floats, accumulated in double.
+double SumOfSquares(const float* x, int64_t n);
+
+// The factor that brings a gradient of L2 norm sqrt(sum_of_squares) to at most max_norm:
+// min(1, max_norm / norm). Returns 1 when max_norm <= 0 (clipping off) or the norm is 0.
+float ClipScale(double sum_of_squares, float max_norm);
+
+}  // namespace tessera::kernels
+
+#endif  // TESSERA_KERNELS_SCHEDULE_H_

@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# Installs the dependencies, builds into build/, and runs the whole test suite.
+# Extra arguments go to ctest (for example -R ParameterStore or -L e2e).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/install-deps.sh
+scripts/build.sh
+cd "${BUILD_DIR:-build}"
+ctest --output-on-failure -j "$(nproc)" "$@"
