@@ -31,9 +31,10 @@ struct OptimizerParams {
 
 // Checks `config` and fills defaults. `sparse` selects the set of allowed kinds (FTRL is sparse
 // only; momentum, Nesterov and AdamW are dense only). INVALID_ARGUMENT names the field and value,
-// e.g. "optimizer.learning_rate: must be a finite number > 0, got -1".
-absl::StatusOr<OptimizerParams> MakeOptimizerParams(const v1::OptimizerConfig& config,
-                                                    bool sparse);
+// e.g. "optimizer.learning_rate: must be a finite number > 0, got -1". learning_rate must be set;
+// 0 (unset in proto3) selects the default for beta1, beta2, epsilon, initial_accumulator,
+// ftrl_beta and ftrl_lr_power. Every field is range-checked whatever the kind.
+absl::StatusOr<OptimizerParams> MakeOptimizerParams(const v1::OptimizerConfig& config, bool sparse);
 
 // Number of per-element slot arrays the kind keeps: SGD 0, momentum/Nesterov 1 (velocity),
 // Adagrad 1 (accumulator), Adam/AdamW 2 (m, v), FTRL 2 (z, n).
@@ -47,7 +48,11 @@ float SlotInitialValue(const OptimizerParams& params, int slot);
 // and slots[0..NumSlots). `lr` is the scheduled learning rate for this update, `t` the 1-based
 // update count (Adam's bias correction). weight_decay is L2 added to g' for every kind except
 // AdamW, where it is decoupled (w -= lr * wd * w).
-// REQUIRES: g, w and each slots[i] hold n floats and do not overlap.
+// Blocks until done. From n >= 65536 (256 KiB) the pass is split over an OpenMP team of up to
+// omp_get_max_threads() threads (OMP_NUM_THREADS caps it); smaller updates run on the caller's
+// thread. Calls on disjoint arrays may run concurrently.
+// REQUIRES: g, w and each slots[i] hold n floats and do not overlap; params came from
+// MakeOptimizerParams; t >= 1 for Adam and AdamW.
 void ApplyUpdateCpu(const OptimizerParams& params, float lr, int64_t t, float grad_scale,
                     const float* g, float* w, float* const* slots, int64_t n);
 

@@ -15,6 +15,9 @@ absl::Status ValidateSchedule(const v1::LearningRateSchedule& schedule);
 
 // The learning rate for the update that follows `t` applied updates (t = 0 for the first).
 // Warm-up scales linearly: base_lr * (t + 1) / warmup_steps while t < warmup_steps.
+// From t = warmup_steps on, the kind's formula (optimizer.proto) runs on the same t, so step
+// boundaries and total_steps count the warm-up updates; cosine stays at min_learning_rate past
+// total_steps. Call ValidateSchedule first; negative t counts as 0.
 float ScheduledLearningRate(const v1::LearningRateSchedule& schedule, float base_lr, int64_t t);
 
 // Sum of squares of n floats, accumulated in double.

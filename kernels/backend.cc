@@ -1,0 +1,88 @@
+#include "kernels/backend.h"
+
+#include <cstdio>
+#include <cstdlib>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "kernels/device.h"
+
+namespace tessera::kernels {
+namespace {
+
+// Programmer errors only (a view that does not fit its tensor).
+void CheckOrDie(bool ok, const std::string& what) {
+  if (!ok) {
+    std::fprintf(stderr, "tessera::kernels::Tensor: %s\n", what.c_str());
+    std::abort();
+  }
+}
+
+}  // namespace
+
+int64_t DTypeSize(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat32:
+    case DType::kInt32:
+      return 4;
+    case DType::kInt64:
+      return 8;
+  }
+  return 4;
+}
+
+int64_t NumElements(const Shape& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+std::string ShapeString(const Shape& shape) {
+  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
+}
+
+Tensor Tensor::Reshaped(Shape shape) const {
+  CheckOrDie(NumElements(shape) == num_elements(),
+             absl::StrCat("Reshaped ", ShapeString(shape_), " to ", ShapeString(shape)));
+  return Tensor(storage_, data_, std::move(shape), dtype_);
+}
+
+Tensor Tensor::LeadingRows(int64_t count) const {
+  CheckOrDie(!shape_.empty() && count > 0 && count <= shape_[0],
+             absl::StrCat("LeadingRows(", count, ") of ", ShapeString(shape_)));
+  Shape s = shape_;
+  s[0] = count;
+  return Tensor(storage_, data_, std::move(s), dtype_);
+}
+
+absl::StatusOr<DeviceChoice> ParseDeviceChoice(const std::string& text) {
+  const std::string t = absl::AsciiStrToLower(text);
+  if (t == "auto" || t.empty()) return DeviceChoice::kAuto;
+  if (t == "cpu") return DeviceChoice::kCpu;
+  if (t == "cuda" || t == "gpu") return DeviceChoice::kCuda;
+  return absl::InvalidArgumentError(
+      absl::StrCat("device: must be one of auto, cpu, cuda; got \"", text, "\""));
+}
+
+absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const BackendOptions& options) {
+  if (options.device == DeviceChoice::kCpu) return CreateCpuBackend(options);
+  const int devices = CudaDeviceCount();
+#ifdef TESSERA_HAVE_CUDA_BACKEND
+  if (devices > 0) return CreateCudaBackend(options);
+  if (options.device == DeviceChoice::kCuda) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("device cuda: no usable CUDA device (", CudaUnavailableReason(), ")"));
+  }
+#else
+  if (options.device == DeviceChoice::kCuda) {
+    return absl::FailedPreconditionError(
+        devices > 0
+            ? "device cuda: this binary was built without the CUDA backend"
+            : absl::StrCat("device cuda: no usable CUDA device (", CudaUnavailableReason(), ")"));
+  }
+#endif
+  return CreateCpuBackend(options);
+}
+
+}  // namespace tessera::kernels
