@@ -1,0 +1,347 @@
+#include "server/consistency_gate.h"
+
+#include <atomic>
+#include <future>
+#include <memory>
+#include <optional>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "absl/synchronization/notification.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/internal/test_requests.h"
+#include "server/parameter_store.h"
+
+namespace tessera::server {
+namespace {
+
+using ::testing::HasSubstr;
+using namespace ::tessera::server::testing;  // NOLINT: request builders
+
+// --- The gate alone ---------------------------------------------------------------------------
+
+TEST(ConsistencyGateTest, MembershipTakesEffectAtItsStep) {
+  ConsistencyGate gate(v1::CONSISTENCY_BSP, 0, 4);
+  EXPECT_EQ(gate.NumLive(0), 4u);
+  ASSERT_TRUE(gate.UpdateMembership({0, 1, 3}, 5).ok());
+  EXPECT_EQ(gate.NumLive(4), 4u);
+  EXPECT_EQ(gate.NumLive(5), 3u);
+  EXPECT_FALSE(gate.IsLive(2, 7));
+  EXPECT_TRUE(gate.IsLive(2, 4));
+  // A later change from an earlier step replaces the history from there on.
+  ASSERT_TRUE(gate.UpdateMembership({2}, 3).ok());
+  EXPECT_EQ(gate.NumLive(2), 4u);
+  EXPECT_EQ(gate.NumLive(9), 1u);
+  EXPECT_EQ(gate.UpdateMembership({4}, 1).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(gate.UpdateMembership({}, 1).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(gate.UpdateMembership({0}, -1).code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(ConsistencyGateTest, SspWaitOpensWhenSlowestClockCatchesUp) {
+  ConsistencyGate gate(v1::CONSISTENCY_SSP, 1, 2);
+  auto clocks = std::make_shared<WorkerClocks>(2);
+  (*clocks)[0] = 2;  // worker 0 completed steps 0 and 1, worker 1 none
+  EXPECT_EQ(gate.SlowestClock(*clocks, 2), 0);
+  bool opened = false;
+  ConsistencyGate::Wait wait;
+  wait.clocks.emplace_back(clocks, 2);  // a pull for step 2 needs slowest >= 1
+  wait.done = [&](absl::Status s) {
+    EXPECT_TRUE(s.ok());
+    opened = true;
+  };
+  gate.Park(std::move(wait));
+  gate.Notify();
+  EXPECT_FALSE(opened);
+  EXPECT_EQ(gate.NumParked(), 1u);
+  (*clocks)[1] = 1;
+  gate.Notify();
+  EXPECT_TRUE(opened);
+  EXPECT_EQ(gate.MaxStalenessServed(), 1);
+  EXPECT_THAT(gate.CheckSspPushStep("w/0", *clocks, 4).message(), HasSubstr("step 4"));
+  EXPECT_TRUE(gate.CheckSspPushStep("w/0", *clocks, 3).ok());
+}
+
+// A worker that joins at step 5 counts as having completed 5 steps; one that stays live keeps
+// its own clock.
+TEST(ConsistencyGateTest, JoiningWorkerDoesNotHoldSspBack) {
+  ConsistencyGate gate(v1::CONSISTENCY_SSP, 0, 3);
+  WorkerClocks clocks(3);
+  clocks[0] = 6;
+  clocks[1] = 4;
+  ASSERT_TRUE(gate.UpdateMembership({0, 1}, 0).ok());
+  EXPECT_EQ(gate.SlowestClock(clocks, 5), 4);
+  ASSERT_TRUE(gate.UpdateMembership({0, 1, 2}, 5).ok());
+  EXPECT_EQ(gate.SlowestClock(clocks, 5), 4);  // worker 2 counts from 5, worker 1 is at 4
+  clocks[1] = 7;
+  EXPECT_EQ(gate.SlowestClock(clocks, 5), 5);
+}
+
+TEST(ConsistencyGateTest, CloseFailsParkedAndLaterWaits) {
+  ConsistencyGate gate(v1::CONSISTENCY_BSP, 0, 1);
+  auto version = std::make_shared<std::atomic<int64_t>>(0);
+  std::vector<absl::Status> results;
+  for (int i = 0; i < 2; ++i) {
+    ConsistencyGate::Wait wait;
+    wait.versions.emplace_back(version, 1);
+    wait.done = [&](absl::Status s) { results.push_back(s); };
+    if (i == 1) gate.Close(absl::AbortedError("dropped"));
+    gate.Park(std::move(wait));
+  }
+  ASSERT_EQ(results.size(), 2u);
+  EXPECT_EQ(results[0].code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(results[1].code(), absl::StatusCode::kAborted);
+}
+
+// --- Gates through the store, under threads ---------------------------------------------------
+
+v1::CreateJobStateRequest Job(const std::string& id, const v1::JobConfig& config, int partitions,
+                              int64_t n) {
+  v1::CreateJobStateRequest r;
+  r.set_job_id(id);
+  *r.mutable_config() = config;
+  for (int p = 0; p < partitions; ++p) *r.add_partitions() = Dense("w", p, n);
+  return r;
+}
+
+// Blocks until the store answers (a parked pull is answered from another worker's thread).
+absl::StatusOr<v1::PushPullResponse> PushPullWait(ParameterStore& store,
+                                                  const v1::PushPullRequest& r) {
+  auto promise = std::make_shared<std::promise<absl::StatusOr<v1::PushPullResponse>>>();
+  auto future = promise->get_future();
+  store.PushPull(r, [promise](absl::StatusOr<v1::PushPullResponse> response) {
+    promise->set_value(std::move(response));
+  });
+  return future.get();
+}
+
+float Grad(int worker, int step, int partition, int i) {
+  return static_cast<float>((worker * 7 + step * 3 + partition * 5 + i) % 11 - 5);
+}
+
+// Four worker threads run 25 BSP steps over 3 partitions; each pushes all partitions with
+// want_weights and waits. Every answer must be exactly the reference after step s: the mean of
+// the four gradients applied once per step.
+TEST(ConsistencyGateTest, BspAveragesExactlyOncePerStep) {
+  constexpr int kWorkers = 4, kSteps = 25, kParts = 3;
+  constexpr int64_t kN = 257;
+  ParameterStore store;
+  ASSERT_TRUE(
+      store.CreateJobState(Job("b", Config(v1::CONSISTENCY_BSP, kWorkers, 0.5f), kParts, kN)).ok());
+  // reference[s][p][i]: weights after steps 0..s.
+  std::vector<std::vector<std::vector<float>>> reference(kSteps);
+  std::vector<std::vector<double>> w(kParts, std::vector<double>(kN, 0.0));
+  for (int s = 0; s < kSteps; ++s) {
+    for (int p = 0; p < kParts; ++p) {
+      for (int i = 0; i < kN; ++i) {
+        double sum = 0;
+        for (int k = 0; k < kWorkers; ++k) sum += Grad(k, s, p, i);
+        w[p][i] -= 0.5 * sum / kWorkers;
+      }
+      reference[s].emplace_back(w[p].begin(), w[p].end());
+    }
+  }
+  std::atomic<int> mismatches{0};
+  std::vector<std::thread> threads;
+  for (int k = 0; k < kWorkers; ++k) {
+    threads.emplace_back([&, k] {
+      for (int s = 0; s < kSteps; ++s) {
+        std::vector<v1::Slice> push;
+        for (int p = 0; p < kParts; ++p) {
+          std::vector<float> g(kN);
+          for (int i = 0; i < kN; ++i) g[i] = Grad(k, s, p, i);
+          push.push_back(GradSlice("w", p, g, /*want_weights=*/true));
+        }
+        auto r = PushPullWait(store, Request("b", k, 1, s, s + 1, push));
+        if (!r.ok() || r->weights_size() != kParts) {
+          ++mismatches;
+          return;
+        }
+        for (int p = 0; p < kParts; ++p) {
+          if (r->weights(p).version() != s + 1 || Floats(r->weights(p)) != reference[s][p]) {
+            ++mismatches;
+          }
+        }
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(mismatches.load(), 0);
+  auto stats = store.GetJobStats("b");
+  ASSERT_TRUE(stats.ok());
+  EXPECT_EQ(stats->updates_applied, kSteps * kParts);  // once per step and partition
+}
+
+TEST(ConsistencyGateTest, BspRefusesStepsFromTheFutureAndThePast) {
+  ParameterStore store;
+  ASSERT_TRUE(store.CreateJobState(Job("b", Config(v1::CONSISTENCY_BSP, 2, 0.5f), 1, 2)).ok());
+  auto future = store.Push(Request("b", 0, 1, 1, 1, {GradSlice("w", 0, {1, 1})})).status();
+  EXPECT_EQ(future.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(future.message(), HasSubstr("w/0"));
+  EXPECT_THAT(future.message(), HasSubstr("step 1"));
+  EXPECT_THAT(future.message(), HasSubstr("version 0"));
+  auto negative = store.Push(Request("b", 0, 1, -1, 1, {GradSlice("w", 0, {1, 1})})).status();
+  EXPECT_EQ(negative.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(negative.message(), HasSubstr("step"));
+}
+
+// SSP(k) with 4 workers at different speeds: no pull is ever answered staler than k, and a worker
+// that runs ahead does wait.
+TEST(ConsistencyGateTest, SspNeverServesStalerThanK) {
+  constexpr int kWorkers = 4, kSteps = 40;
+  constexpr uint32_t kStaleness = 2;
+  ParameterStore store;
+  ASSERT_TRUE(
+      store
+          .CreateJobState(Job(
+              "s", Config(v1::CONSISTENCY_SSP, kWorkers, 0.5f, v1::OPTIMIZER_KIND_SGD, kStaleness),
+              2, 64))
+          .ok());
+  std::atomic<int> failures{0};
+  std::vector<std::thread> threads;
+  for (int k = 0; k < kWorkers; ++k) {
+    threads.emplace_back([&, k] {
+      std::mt19937 rng(k);
+      for (int s = 0; s < kSteps; ++s) {
+        // Worker 0 runs flat out; the others yield a random number of times.
+        if (k != 0) {
+          for (int y = rng() % (50 * k); y > 0; --y) std::this_thread::yield();
+        }
+        // One request per partition, as the client library sends them; each answer is for step
+        // s + 1, so every worker's steps [0, s + 1 - k) must be in that partition, and our own
+        // s + 1 pushes too.
+        std::vector<float> g(64, 1.0f);
+        for (uint32_t p = 0; p < 2; ++p) {
+          auto r = PushPullWait(store, Request("s", k, 1, s, 2 * s + p + 1,
+                                               {GradSlice("w", p, g, /*want_weights=*/true)}));
+          if (!r.ok() || r->weights_size() != 1) {
+            ++failures;
+            continue;
+          }
+          const int64_t floor =
+              std::max<int64_t>(kWorkers * (s + 1 - static_cast<int64_t>(kStaleness)), s + 1);
+          if (r->weights(0).version() < floor) ++failures;
+        }
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(failures.load(), 0);
+  auto stats = store.GetJobStats("s");
+  ASSERT_TRUE(stats.ok());
+  EXPECT_LE(stats->max_staleness_served, kStaleness);
+  EXPECT_EQ(stats->updates_applied, 2 * kSteps * kWorkers);
+
+  // Deterministic part: worker 0 alone pushes steps 0..k; its pull for step k+1 must park until
+  // worker 1 completes step 0.
+  ParameterStore alone;
+  ASSERT_TRUE(
+      alone
+          .CreateJobState(Job(
+              "s", Config(v1::CONSISTENCY_SSP, 2, 0.5f, v1::OPTIMIZER_KIND_SGD, kStaleness), 1, 4))
+          .ok());
+  std::vector<std::optional<absl::StatusOr<v1::PushPullResponse>>> answers(kStaleness + 1);
+  for (uint32_t s = 0; s <= kStaleness; ++s) {
+    alone.PushPull(Request("s", 0, 1, s, s + 1, {GradSlice("w", 0, {1, 1, 1, 1}, true)}),
+                   [&answers, s](absl::StatusOr<v1::PushPullResponse> r) { answers[s] = r; });
+  }
+  for (uint32_t s = 0; s < kStaleness; ++s) EXPECT_TRUE(answers[s].has_value()) << s;
+  EXPECT_FALSE(answers[kStaleness].has_value());  // pull for step k+1 waits for worker 1
+  // A push beyond slowest + k + 1 is from the future.
+  auto too_far =
+      alone.Push(Request("s", 0, 1, kStaleness + 2, 99, {GradSlice("w", 0, {1, 1, 1, 1})}));
+  EXPECT_EQ(too_far.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(too_far.status().message(), HasSubstr("w/0"));
+  ASSERT_TRUE(alone.Push(Request("s", 1, 1, 0, 1, {GradSlice("w", 0, {1, 1, 1, 1})})).ok());
+  ASSERT_TRUE(answers[kStaleness].has_value());
+  ASSERT_TRUE(answers[kStaleness]->ok());
+  auto stats_alone = alone.GetJobStats("s");
+  EXPECT_EQ(stats_alone->max_staleness_served, kStaleness);
+}
+
+// ASP never waits: one worker pushes 100 steps while the others never push, and every answer
+// comes back before PushPull returns.
+TEST(ConsistencyGateTest, AspNeverBlocks) {
+  ParameterStore store;
+  ASSERT_TRUE(store.CreateJobState(Job("a", Config(v1::CONSISTENCY_ASP, 3, 0.5f), 1, 8)).ok());
+  for (int s = 0; s < 100; ++s) {
+    bool answered = false;
+    store.PushPull(Request("a", 0, 1, s, s + 1, {GradSlice("w", 0, std::vector<float>(8, 2), true)},
+                           {PullKey("w", 0)}),
+                   [&](absl::StatusOr<v1::PushPullResponse> r) {
+                     ASSERT_TRUE(r.ok()) << r.status();
+                     ASSERT_EQ(r->weights_size(), 2);
+                     EXPECT_EQ(r->weights(0).version(), s + 1);
+                     answered = true;
+                   });
+    ASSERT_TRUE(answered) << "step " << s;
+  }
+  auto stats = store.GetJobStats("a");
+  EXPECT_EQ(stats->parked_pulls, 0u);
+}
+
+// BSP on a sparse table: a worker with no rows for this shard in a step pushes an empty slice,
+// which counts towards the step; rows are averaged over the workers of the step.
+TEST(ConsistencyGateTest, BspSparseStepCountsEmptyPushes) {
+  ParameterStore store;
+  v1::CreateJobStateRequest job;
+  job.set_job_id("sp");
+  *job.mutable_config() = Config(v1::CONSISTENCY_BSP, 2, 0.5f);
+  job.add_tables()->set_name("emb");
+  job.mutable_tables(0)->set_dim(2);
+  ASSERT_TRUE(store.CreateJobState(job).ok());
+  std::optional<absl::StatusOr<v1::PushPullResponse>> first;
+  store.PushPull(Request("sp", 0, 1, 0, 1, {RowsSlice("emb", {7, 3, 7}, {1, 1, 2, 2, 3, 3}, true)}),
+                 [&](absl::StatusOr<v1::PushPullResponse> r) { first = r; });
+  EXPECT_FALSE(first.has_value());
+  v1::Slice empty = RowsSlice("emb", {}, {}, true);
+  auto second = PushPullWait(store, Request("sp", 1, 1, 0, 1, {empty}));
+  ASSERT_TRUE(second.ok()) << second.status();
+  ASSERT_EQ(second->weights_size(), 1);
+  EXPECT_EQ(second->weights(0).row_ids_size(), 0);
+  ASSERT_TRUE(first.has_value() && first->ok());
+  // Row 7 got 1 + 3 = 4 from worker 0 and nothing from worker 1: mean 2, lr 0.5 -> -1; row 3
+  // got 2: -0.5. The answer lists the pushed rows in push order (7, 3, 7).
+  EXPECT_EQ(Floats((*first)->weights(0)), (std::vector<float>{-1, -1, -0.5, -0.5, -1, -1}));
+  EXPECT_EQ((*first)->weights(0).version(), 1);
+}
+
+// Three BSP workers; worker 2 dies. Steps wait for it until the coordinator removes it, which
+// completes the pending step with the mean of the two live gradients.
+TEST(ConsistencyGateTest, MembershipChangeUnblocksBsp) {
+  ParameterStore store;
+  ASSERT_TRUE(store.CreateJobState(Job("m", Config(v1::CONSISTENCY_BSP, 3, 0.5f), 2, 2)).ok());
+  std::vector<std::optional<absl::StatusOr<v1::PushPullResponse>>> answers(2);
+  for (int k = 0; k < 2; ++k) {
+    store.PushPull(
+        Request("m", k, 1, 0, 1,
+                {GradSlice("w", 0, {2.0f * (k + 1), 4}, true), GradSlice("w", 1, {1, 1})}),
+        [&answers, k](absl::StatusOr<v1::PushPullResponse> r) { answers[k] = r; });
+  }
+  EXPECT_FALSE(answers[0].has_value());
+  EXPECT_FALSE(answers[1].has_value());
+  v1::UpdateMembershipRequest change;
+  change.set_job_id("m");
+  change.add_live_workers(0);
+  change.add_live_workers(1);
+  change.set_effective_step(0);
+  ASSERT_TRUE(store.UpdateMembership(change).ok());
+  for (int k = 0; k < 2; ++k) {
+    ASSERT_TRUE(answers[k].has_value());
+    ASSERT_TRUE(answers[k]->ok()) << answers[k]->status();
+    // mean of {2, 4} and {4, 4} is {3, 4}; lr 0.5.
+    EXPECT_EQ(Floats((*answers[k])->weights(0)), (std::vector<float>{-1.5f, -2.0f}));
+  }
+  // Step 1 needs only workers 0 and 1; the dead worker is refused.
+  auto dead = store.Push(Request("m", 2, 1, 1, 1, {GradSlice("w", 0, {1, 1})}));
+  EXPECT_EQ(dead.status().code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(store.Push(Request("m", 0, 1, 1, 2, {GradSlice("w", 0, {1, 1})})).ok());
+  auto last = PushPullWait(store, Request("m", 1, 1, 1, 2, {GradSlice("w", 0, {1, 1}, true)}));
+  ASSERT_TRUE(last.ok());
+  EXPECT_EQ(last->weights(0).version(), 2);
+  EXPECT_EQ(Floats(last->weights(0)), (std::vector<float>{-2.0f, -2.5f}));
+}
+
+}  // namespace
+}  // namespace tessera::server

@@ -1,0 +1,491 @@
+// Tests through the real gRPC service on 127.0.0.1:0: every validation error with its code and a
+// message that names the key or field, the shard still serving afterwards, PushPull streams with
+// parked pulls, Pull splitting, health and the checkpoint placeholder.
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/generic/generic_stub.h"
+#include "grpcpp/security/credentials.h"
+#include "grpcpp/support/byte_buffer.h"
+#include "gtest/gtest.h"
+#include "server/internal/test_requests.h"
+#include "server/shard_server.h"
+#include "tessera/v1/parameter.grpc.pb.h"
+
+namespace tessera::server {
+namespace {
+
+using ::testing::HasSubstr;
+using namespace ::tessera::server::testing;  // NOLINT: request builders
+
+constexpr size_t kLimit = size_t{1} << 20;
+
+class GrpcParameterServiceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ShardServerOptions options;
+    options.listen = "127.0.0.1:0";
+    options.max_message_bytes = kLimit;
+    options.threads = 2;
+    auto server = ShardServer::Create(options);
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = *std::move(server);
+    ASSERT_TRUE(server_->Start().ok());
+    ASSERT_GT(server_->port(), 0);
+    grpc::ChannelArguments args;
+    args.SetMaxSendMessageSize(-1);  // so that the client can send what the shard must refuse
+    args.SetMaxReceiveMessageSize(-1);
+    channel_ =
+        grpc::CreateCustomChannel(server_->address(), grpc::InsecureChannelCredentials(), args);
+    stub_ = v1::ParameterService::NewStub(channel_);
+
+    v1::CreateJobStateRequest job;
+    job.set_job_id("job");
+    *job.mutable_config() = Config(v1::CONSISTENCY_BSP, 2, 0.5f);
+    *job.add_partitions() = Dense("w", 0, 4);
+    *job.add_partitions() = Dense("big", 0, 100000);
+    *job.add_partitions() = Dense("big", 1, 100000);
+    *job.add_partitions() = Dense("big", 2, 100000);
+    auto* table = job.add_tables();
+    table->set_name("emb");
+    table->set_dim(2);
+    ASSERT_TRUE(CreateJobState(job).ok());
+
+    v1::CreateJobStateRequest asp;
+    asp.set_job_id("asp");
+    *asp.mutable_config() = Config(v1::CONSISTENCY_ASP, 2, 0.5f);
+    *asp.add_partitions() = Dense("w", 0, 4);
+    ASSERT_TRUE(CreateJobState(asp).ok());
+  }
+
+  void TearDown() override {
+    if (server_) server_->Stop(absl::Seconds(1));
+  }
+
+#define TESSERA_UNARY_CALL(Name)                                                       \
+  grpc::Status Name(const v1::Name##Request& request) {                                \
+    grpc::ClientContext context;                                                       \
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10)); \
+    v1::Name##Response response;                                                       \
+    return stub_->Name(&context, request, &response);                                  \
+  }
+  TESSERA_UNARY_CALL(CreateJobState)
+  TESSERA_UNARY_CALL(UpdateMembership)
+  TESSERA_UNARY_CALL(DropJob)
+  TESSERA_UNARY_CALL(Checkpoint)
+  TESSERA_UNARY_CALL(Restore)
+#undef TESSERA_UNARY_CALL
+
+  grpc::Status Push(const v1::PushPullRequest& r, v1::PushResponse* response = nullptr) {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    v1::PushResponse local;
+    return stub_->Push(&context, r, response ? response : &local);
+  }
+
+  // The shard still serves: an ASP push and a pull on the job "asp" succeed.
+  void ExpectStillServing() {
+    EXPECT_TRUE(Push(Request("asp", 0, 1, 0, ++asp_seq_, {GradSlice("w", 0, {1, 1, 1, 1})})).ok());
+    grpc::ClientContext context;
+    v1::PullRequest pull;
+    pull.set_job_id("asp");
+    pull.set_step(-1);
+    *pull.add_keys() = PullKey("w", 0);
+    auto reader = stub_->Pull(&context, pull);
+    v1::PullResponse response;
+    EXPECT_TRUE(reader->Read(&response));
+    while (reader->Read(&response)) {
+    }
+    EXPECT_TRUE(reader->Finish().ok());
+  }
+
+  std::unique_ptr<ShardServer> server_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::ParameterService::Stub> stub_;
+  uint64_t asp_seq_ = 0;
+};
+
+struct ErrorCase {
+  std::string name;
+  v1::PushPullRequest request;
+  grpc::StatusCode code;
+  std::vector<std::string> mentions;
+};
+
+std::vector<ErrorCase> ErrorCases() {
+  v1::PushPullRequest bad_encoding = Request("job", 0, 1, 0, 1, {GradSlice("w", 0, {1, 1, 1, 1})});
+  bad_encoding.mutable_push(0)->set_encoding(static_cast<v1::Encoding>(99));
+  v1::PushPullRequest nan = Request("job", 0, 1, 0, 1, {GradSlice("w", 0, {1, NAN, 1, 1})});
+  v1::PushPullRequest sparse_no_rows = Request("job", 0, 1, 0, 1, {GradSlice("emb", 0, {1, 2})});
+  v1::PushPullRequest dense_rows = Request("job", 0, 1, 0, 1, {RowsSlice("w", {3}, {1, 1, 1, 1})});
+  v1::PushPullRequest bf16_short =
+      Request("job", 0, 1, 0, 1, {GradSlice("w", 0, {1, 1, 1}, false, v1::ENCODING_BF16)});
+  return {
+      {"unknown job",
+       Request("nope", 0, 1, 0, 1, {GradSlice("w", 0, {1, 1, 1, 1})}),
+       grpc::StatusCode::NOT_FOUND,
+       {"nope"}},
+      {"unknown key",
+       Request("job", 0, 1, 0, 1, {GradSlice("missing", 3, {1})}),
+       grpc::StatusCode::NOT_FOUND,
+       {"missing/3"}},
+      {"byte count",
+       Request("job", 0, 1, 0, 1, {GradSlice("w", 0, {1, 1, 1})}),
+       grpc::StatusCode::INVALID_ARGUMENT,
+       {"w/0", "16 bytes", "12 bytes"}},
+      {"bf16 byte count", bf16_short, grpc::StatusCode::INVALID_ARGUMENT, {"w/0", "8 bytes", "6"}},
+      {"bad encoding", bad_encoding, grpc::StatusCode::INVALID_ARGUMENT, {"w/0", "encoding 99"}},
+      {"row ids on dense", dense_rows, grpc::StatusCode::INVALID_ARGUMENT, {"w/0", "row_ids"}},
+      {"sparse without rows",
+       sparse_no_rows,
+       grpc::StatusCode::INVALID_ARGUMENT,
+       {"emb/0", "row_ids"}},
+      {"worker out of range",
+       Request("job", 7, 1, 0, 1, {GradSlice("w", 0, {1, 1, 1, 1})}),
+       grpc::StatusCode::INVALID_ARGUMENT,
+       {"worker_id", "7", "num_workers 2"}},
+      {"step from the future",
+       Request("job", 0, 1, 5, 1, {GradSlice("w", 0, {1, 1, 1, 1})}),
+       grpc::StatusCode::INVALID_ARGUMENT,
+       {"w/0", "step 5", "version 0"}},
+      {"negative step",
+       Request("job", 0, 1, -2, 1, {GradSlice("w", 0, {1, 1, 1, 1})}),
+       grpc::StatusCode::INVALID_ARGUMENT,
+       {"step", "-2"}},
+      {"NaN", nan, grpc::StatusCode::INVALID_ARGUMENT, {"w/0", "NaN"}},
+  };
+}
+
+TEST_F(GrpcParameterServiceTest, EveryValidationErrorThroughUnaryPush) {
+  for (const ErrorCase& c : ErrorCases()) {
+    SCOPED_TRACE(c.name);
+    grpc::Status status = Push(c.request);
+    EXPECT_EQ(status.error_code(), c.code) << status.error_message();
+    for (const std::string& m : c.mentions) EXPECT_THAT(status.error_message(), HasSubstr(m));
+    ExpectStillServing();
+  }
+}
+
+// The same errors on one PushPull stream: each comes back in PushPullResponse.status with the
+// request's seq, and the stream stays open for the next request.
+TEST_F(GrpcParameterServiceTest, EveryValidationErrorOnOneStream) {
+  grpc::ClientContext context;
+  auto stream = stub_->PushPull(&context);
+  uint64_t seq = 100;
+  for (ErrorCase c : ErrorCases()) {
+    SCOPED_TRACE(c.name);
+    c.request.set_seq(++seq);
+    ASSERT_TRUE(stream->Write(c.request));
+    v1::PushPullResponse response;
+    ASSERT_TRUE(stream->Read(&response));
+    EXPECT_EQ(response.seq(), seq);
+    EXPECT_EQ(response.status().code(), static_cast<int>(c.code)) << response.status().message();
+    for (const std::string& m : c.mentions) EXPECT_THAT(response.status().message(), HasSubstr(m));
+  }
+  // Still open: a good ASP request on the same stream succeeds.
+  ASSERT_TRUE(
+      stream->Write(Request("asp", 1, 1, 0, ++seq, {GradSlice("w", 0, {2, 2, 2, 2}, true)})));
+  v1::PushPullResponse response;
+  ASSERT_TRUE(stream->Read(&response));
+  EXPECT_EQ(response.status().code(), 0) << response.status().message();
+  ASSERT_EQ(response.weights_size(), 1);
+  EXPECT_EQ(Floats(response.weights(0)), (std::vector<float>{-1, -1, -1, -1}));
+  stream->WritesDone();
+  EXPECT_TRUE(stream->Finish().ok());
+  ExpectStillServing();
+}
+
+TEST_F(GrpcParameterServiceTest, NonFiniteSkipPolicyIsCountedNotApplied) {
+  v1::CreateJobStateRequest job;
+  job.set_job_id("skip");
+  *job.mutable_config() = Config(v1::CONSISTENCY_ASP, 1, 0.5f);
+  job.mutable_config()->set_non_finite_policy(v1::NON_FINITE_POLICY_SKIP);
+  *job.add_partitions() = Dense("w", 0, 2);
+  ASSERT_TRUE(CreateJobState(job).ok());
+  v1::PushResponse response;
+  ASSERT_TRUE(
+      Push(Request("skip", 0, 1, 0, 1, {GradSlice("w", 0, {INFINITY, 1})}), &response).ok());
+  EXPECT_EQ(response.skipped_non_finite(), 1u);
+}
+
+TEST_F(GrpcParameterServiceTest, MessageOverTheLimitIsResourceExhausted) {
+  // 2 MiB of gradient against a 1 MiB limit; the job need not even exist.
+  grpc::Status status =
+      Push(Request("asp", 0, 1, 0, 1, {GradSlice("w", 0, std::vector<float>(512 * 1024, 1.0f))}));
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << status.error_message();
+  ExpectStillServing();
+
+  // On a stream the library ends the stream with RESOURCE_EXHAUSTED; the shard serves on.
+  grpc::ClientContext context;
+  auto stream = stub_->PushPull(&context);
+  stream->Write(
+      Request("asp", 0, 1, 0, 1, {GradSlice("w", 0, std::vector<float>(512 * 1024, 1.0f))}));
+  v1::PushPullResponse response;
+  EXPECT_FALSE(stream->Read(&response));
+  EXPECT_EQ(stream->Finish().error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  ExpectStillServing();
+}
+
+// Stopping the shard while a pull is parked answers it with CANCELLED and ends cleanly.
+TEST_F(GrpcParameterServiceTest, StopWithAParkedPullEndsCleanly) {
+  grpc::ClientContext context;
+  auto stream = stub_->PushPull(&context);
+  ASSERT_TRUE(stream->Write(Request("job", 0, 1, 0, 1, {GradSlice("w", 0, {1, 1, 1, 1}, true)})));
+  // The pull parks until worker 1 pushes step 0, which never happens.
+  ASSERT_TRUE(stream->Write(Request("job", 0, 1, 0, 2, {}, {PullKey("w", 0)})));
+  v1::PushPullResponse response;
+  ASSERT_TRUE(stream->Read(&response));
+  EXPECT_EQ(response.seq(), 2u);
+  server_->Stop(absl::Milliseconds(200));
+  if (stream->Read(&response)) {
+    EXPECT_EQ(response.seq(), 1u);
+    EXPECT_EQ(response.status().code(), static_cast<int>(grpc::StatusCode::CANCELLED));
+  }
+  stream->Finish();
+  server_.reset();
+}
+
+TEST_F(GrpcParameterServiceTest, ControlCallsValidate) {
+  v1::CreateJobStateRequest bad;
+  bad.set_job_id("bad");
+  *bad.mutable_config() = Config(v1::CONSISTENCY_BSP, 0, 0.5f);
+  grpc::Status status = CreateJobState(bad);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(status.error_message(), HasSubstr("num_workers"));
+
+  v1::CreateJobStateRequest resized;
+  resized.set_job_id("job");
+  *resized.mutable_config() = Config(v1::CONSISTENCY_BSP, 2, 0.5f);
+  *resized.add_partitions() = Dense("w", 0, 5);
+  status = CreateJobState(resized);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(status.error_message(), HasSubstr("w/0"));
+
+  v1::UpdateMembershipRequest membership;
+  membership.set_job_id("job");
+  membership.add_live_workers(9);
+  status = UpdateMembership(membership);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(status.error_message(), HasSubstr("live_workers"));
+
+  v1::DropJobRequest drop;
+  drop.set_job_id("nope");
+  status = DropJob(drop);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_THAT(status.error_message(), HasSubstr("nope"));
+
+  v1::CheckpointRequest checkpoint;
+  checkpoint.set_job_id("job");
+  status = Checkpoint(checkpoint);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNIMPLEMENTED);
+  EXPECT_EQ(status.error_message(), "checkpoints arrive with issue #6");
+  status = Restore(v1::RestoreRequest());
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNIMPLEMENTED);
+  ExpectStillServing();
+}
+
+// A parked BSP pull does not hold the stream: a later request on it is answered first, and the
+// parked one comes back with its own seq once the other worker pushes.
+TEST_F(GrpcParameterServiceTest, ParkedPullDoesNotBlockLaterRequestsOnTheStream) {
+  grpc::ClientContext context;
+  auto stream = stub_->PushPull(&context);
+  ASSERT_TRUE(stream->Write(Request("job", 0, 1, 0, 1, {GradSlice("w", 0, {2, 4, 6, 8}, true)})));
+  ASSERT_TRUE(stream->Write(Request("job", 0, 1, 0, 2, {}, {PullKey("w", 0)})));
+  v1::PushPullResponse first;
+  ASSERT_TRUE(stream->Read(&first));
+  EXPECT_EQ(first.seq(), 2u);  // the pull for step 0 is open at version 0
+  EXPECT_EQ(first.status().code(), 0) << first.status().message();
+  ASSERT_EQ(first.weights_size(), 1);
+  EXPECT_EQ(first.weights(0).version(), 0);
+
+  ASSERT_TRUE(Push(Request("job", 1, 1, 0, 1, {GradSlice("w", 0, {2, 0, 2, 0})})).ok());
+  v1::PushPullResponse second;
+  ASSERT_TRUE(stream->Read(&second));
+  EXPECT_EQ(second.seq(), 1u);
+  ASSERT_EQ(second.weights_size(), 1);
+  EXPECT_EQ(second.weights(0).version(), 1);
+  EXPECT_EQ(Floats(second.weights(0)), (std::vector<float>{-1, -1, -2, -2}));
+
+  // A retry of seq 1 is a duplicate, answered with the current weights.
+  ASSERT_TRUE(stream->Write(Request("job", 0, 1, 0, 1, {GradSlice("w", 0, {2, 4, 6, 8}, true)})));
+  v1::PushPullResponse retry;
+  ASSERT_TRUE(stream->Read(&retry));
+  EXPECT_EQ(retry.duplicates(), 1u);
+  EXPECT_EQ(Floats(retry.weights(0)), (std::vector<float>{-1, -1, -2, -2}));
+  stream->WritesDone();
+  EXPECT_TRUE(stream->Finish().ok());
+}
+
+// Pull splits its answer: three 400 KB partitions against a 1 MiB limit take two messages or
+// more, none over the limit, and all weights arrive.
+TEST_F(GrpcParameterServiceTest, PullSplitsAnswersUnderTheMessageLimit) {
+  grpc::ClientContext context;
+  v1::PullRequest pull;
+  pull.set_job_id("job");
+  pull.set_step(0);
+  for (uint32_t i = 0; i < 3; ++i) *pull.add_keys() = PullKey("big", i);
+  *pull.add_keys() = PullKey("emb", 0, {4, 5});
+  auto reader = stub_->Pull(&context, pull);
+  v1::PullResponse response;
+  int messages = 0;
+  int slices = 0;
+  while (reader->Read(&response)) {
+    ++messages;
+    EXPECT_LE(response.ByteSizeLong(), kLimit);
+    slices += response.weights_size();
+  }
+  EXPECT_TRUE(reader->Finish().ok());
+  EXPECT_GE(messages, 2);
+  EXPECT_EQ(slices, 4);
+
+  // A Pull of one slice larger than the limit is refused, naming the key.
+  v1::PullRequest fp32;
+  fp32.set_job_id("job");
+  fp32.set_step(-1);
+  std::vector<int64_t> rows(200000);
+  for (size_t i = 0; i < rows.size(); ++i) rows[i] = static_cast<int64_t>(i);
+  *fp32.add_keys() = PullKey("emb", 0, rows);
+  grpc::ClientContext context2;
+  auto reader2 = stub_->Pull(&context2, fp32);
+  while (reader2->Read(&response)) {
+  }
+  grpc::Status status = reader2->Finish();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(status.error_message(), HasSubstr("emb/0"));
+}
+
+TEST_F(GrpcParameterServiceTest, PullValidatesKeysEncodingWorkerAndStep) {
+  struct Case {
+    std::string name;
+    v1::PullRequest request;
+    grpc::StatusCode code;
+    std::vector<std::string> mentions;
+  };
+  auto pull = [](const std::string& job, uint32_t worker, int64_t step, v1::Slice key,
+                 int encoding = 0) {
+    v1::PullRequest r;
+    r.set_job_id(job);
+    r.set_worker_id(worker);
+    r.set_step(step);
+    r.set_encoding(static_cast<v1::Encoding>(encoding));
+    *r.add_keys() = std::move(key);
+    return r;
+  };
+  const std::vector<Case> cases = {
+      {"unknown job", pull("nope", 0, -1, PullKey("w", 0)), grpc::StatusCode::NOT_FOUND, {"nope"}},
+      {"unknown key", pull("job", 0, -1, PullKey("w", 9)), grpc::StatusCode::NOT_FOUND, {"w/9"}},
+      {"bad encoding",
+       pull("job", 0, -1, PullKey("w", 0), 42),
+       grpc::StatusCode::INVALID_ARGUMENT,
+       {"encoding", "42"}},
+      {"worker out of range",
+       pull("job", 5, -1, PullKey("w", 0)),
+       grpc::StatusCode::INVALID_ARGUMENT,
+       {"worker_id", "5"}},
+      {"rows on dense",
+       pull("job", 0, -1, PullKey("w", 0, {1})),
+       grpc::StatusCode::INVALID_ARGUMENT,
+       {"w/0", "row_ids"}},
+      {"sparse without rows",
+       pull("job", 0, -1, PullKey("emb", 0)),
+       grpc::StatusCode::INVALID_ARGUMENT,
+       {"emb/0", "row_ids"}},
+      {"step from the future",
+       pull("job", 0, 7, PullKey("w", 0)),
+       grpc::StatusCode::INVALID_ARGUMENT,
+       {"w/0", "step 7", "version 0"}},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    grpc::ClientContext context;
+    auto reader = stub_->Pull(&context, c.request);
+    v1::PullResponse response;
+    EXPECT_FALSE(reader->Read(&response));
+    grpc::Status status = reader->Finish();
+    EXPECT_EQ(status.error_code(), c.code) << status.error_message();
+    for (const std::string& m : c.mentions) EXPECT_THAT(status.error_message(), HasSubstr(m));
+    ExpectStillServing();
+  }
+}
+
+// Server reflection lists the ParameterService (grpc.reflection.v1alpha, as Debian ships it).
+TEST_F(GrpcParameterServiceTest, ServesReflection) {
+  grpc::GenericStub stub(channel_);
+  grpc::CompletionQueue cq;
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  auto call = stub.PrepareCall(
+      &context, "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo", &cq);
+  void* tag;
+  bool ok;
+  call->StartCall(reinterpret_cast<void*>(1));
+  ASSERT_TRUE(cq.Next(&tag, &ok) && ok);
+  // ServerReflectionRequest{list_services: ""}: field 7, length 0.
+  grpc::Slice request_slice(std::string("\x3a\x00", 2));
+  grpc::ByteBuffer request(&request_slice, 1);
+  call->Write(request, reinterpret_cast<void*>(2));
+  ASSERT_TRUE(cq.Next(&tag, &ok) && ok);
+  grpc::ByteBuffer response;
+  call->Read(&response, reinterpret_cast<void*>(3));
+  ASSERT_TRUE(cq.Next(&tag, &ok) && ok);
+  std::vector<grpc::Slice> slices;
+  ASSERT_TRUE(response.Dump(&slices).ok());
+  std::string bytes;
+  for (const grpc::Slice& s : slices)
+    bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  EXPECT_THAT(bytes, HasSubstr("tessera.v1.ParameterService"));
+  EXPECT_THAT(bytes, HasSubstr("grpc.health.v1.Health"));
+  call->WritesDone(reinterpret_cast<void*>(4));
+  ASSERT_TRUE(cq.Next(&tag, &ok));
+  grpc::Status status;
+  call->Finish(&status, reinterpret_cast<void*>(5));
+  ASSERT_TRUE(cq.Next(&tag, &ok));
+  EXPECT_TRUE(status.ok()) << status.error_message();
+  cq.Shutdown();
+  while (cq.Next(&tag, &ok)) {
+  }
+}
+
+grpc::Status GenericUnary(grpc::Channel* channel, const std::string& method,
+                          const std::string& request_bytes, std::string* response_bytes) {
+  grpc::GenericStub stub(channel->shared_from_this());
+  grpc::CompletionQueue cq;
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  grpc::Slice slice(request_bytes);
+  grpc::ByteBuffer request(&slice, 1);
+  auto call = stub.PrepareUnaryCall(&context, method, request, &cq);
+  call->StartCall();
+  grpc::ByteBuffer response;
+  grpc::Status status;
+  call->Finish(&response, &status, reinterpret_cast<void*>(1));
+  void* tag;
+  bool ok;
+  cq.Next(&tag, &ok);
+  std::vector<grpc::Slice> slices;
+  if (status.ok() && response.Dump(&slices).ok()) {
+    for (const grpc::Slice& s : slices) {
+      response_bytes->append(reinterpret_cast<const char*>(s.begin()), s.size());
+    }
+  }
+  cq.Shutdown();
+  while (cq.Next(&tag, &ok)) {
+  }
+  return status;
+}
+
+TEST_F(GrpcParameterServiceTest, ServesTheStandardHealthService) {
+  std::string response;
+  // HealthCheckRequest{} is empty; HealthCheckResponse{status: SERVING} is 08 01.
+  grpc::Status status = GenericUnary(channel_.get(), "/grpc.health.v1.Health/Check", "", &response);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  EXPECT_EQ(response, std::string("\x08\x01", 2));
+}
+
+}  // namespace
+}  // namespace tessera::server

@@ -1,0 +1,981 @@
+#include "server/parameter_store.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/encoding.h"
+#include "common/status_macros.h"
+#include "google/protobuf/util/message_differencer.h"
+#include "kernels/schedule.h"
+
+namespace tessera::server {
+namespace {
+
+constexpr int64_t kMaxPartitionElements = int64_t{1} << 28;  // 1 GiB of fp32
+constexpr uint32_t kMaxSparseDim = 1u << 20;
+constexpr uint32_t kMaxWorkers = 1u << 16;
+constexpr double kPi = 3.14159265358979323846;
+
+std::string KeyName(const v1::PartitionKey& key) {
+  return absl::StrCat(key.tensor(), "/", key.index());
+}
+
+// A sparse gradient with unique row ids (duplicates in a push are summed in order).
+struct SparseGrad {
+  std::vector<int64_t> ids;
+  std::vector<float> values;  // ids.size() * dim
+};
+
+// SplitMix64: a small, portable generator so row r of a table initialises the same everywhere.
+uint64_t SplitMix(uint64_t* state) {
+  uint64_t z = (*state += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+// Uniform in [0, 1) with 24 random bits.
+float UnitFloat(uint64_t* state) {
+  return static_cast<float>(SplitMix(state) >> 40) * (1.0f / 16777216.0f);
+}
+
+void InitRow(const v1::Initializer& init, int64_t row, float* out, uint32_t dim) {
+  uint64_t state = init.seed() ^ (static_cast<uint64_t>(row) * 0xd1b54a32d192ed03ull);
+  switch (init.kind()) {
+    case v1::Initializer::KIND_CONSTANT:
+      std::fill(out, out + dim, init.value());
+      return;
+    case v1::Initializer::KIND_UNIFORM:
+      for (uint32_t i = 0; i < dim; ++i) out[i] = (2.0f * UnitFloat(&state) - 1.0f) * init.scale();
+      return;
+    case v1::Initializer::KIND_NORMAL:
+      for (uint32_t i = 0; i < dim; i += 2) {
+        // Box-Muller; 1 - u keeps the logarithm finite.
+        const double u1 = 1.0 - UnitFloat(&state);
+        const double u2 = UnitFloat(&state);
+        const double r = std::sqrt(-2.0 * std::log(u1));
+        out[i] = static_cast<float>(r * std::cos(2.0 * kPi * u2)) * init.scale();
+        if (i + 1 < dim)
+          out[i + 1] = static_cast<float>(r * std::sin(2.0 * kPi * u2)) * init.scale();
+      }
+      return;
+    default:
+      std::fill(out, out + dim, 0.0f);
+  }
+}
+
+// True when any value in `bytes` is NaN or Inf, checked on the raw bits.
+bool HasNonFinite(v1::Encoding encoding, absl::string_view bytes) {
+  const char* p = bytes.data();
+  if (BytesPerValue(encoding) == 4) {
+    const size_t n = bytes.size() / 4;
+    uint32_t bad = 0;
+#pragma omp simd reduction(| : bad)
+    for (size_t i = 0; i < n; ++i) {
+      uint32_t u;
+      std::memcpy(&u, p + 4 * i, 4);
+      bad |= static_cast<uint32_t>((u & 0x7f800000u) == 0x7f800000u);
+    }
+    return bad != 0;
+  }
+  const uint16_t mask = encoding == v1::ENCODING_BF16 ? 0x7f80u : 0x7c00u;
+  const size_t n = bytes.size() / 2;
+  uint32_t bad = 0;
+#pragma omp simd reduction(| : bad)
+  for (size_t i = 0; i < n; ++i) {
+    uint16_t h;
+    std::memcpy(&h, p + 2 * i, 2);
+    bad |= static_cast<uint32_t>((h & mask) == mask);
+  }
+  return bad != 0;
+}
+
+// The gradient as floats: the payload itself when it is aligned fp32, otherwise decoded into
+// *scratch. REQUIRES: the size and encoding were validated.
+const float* GradientFloats(const v1::Slice& slice, size_t n, std::vector<float>* scratch) {
+  const std::string& data = slice.data();
+  if (BytesPerValue(slice.encoding()) == 4 &&
+      reinterpret_cast<uintptr_t>(data.data()) % alignof(float) == 0) {
+    return reinterpret_cast<const float*>(data.data());
+  }
+  scratch->resize(n);
+  DecodeValues(slice.encoding(), data, scratch->data(), n).IgnoreError();
+  return scratch->data();
+}
+
+SparseGrad MergeRows(const v1::Slice& slice, uint32_t dim) {
+  const size_t k = static_cast<size_t>(slice.row_ids_size());
+  std::vector<float> raw(k * dim);
+  DecodeValues(slice.encoding(), slice.data(), raw.data(), raw.size()).IgnoreError();
+  std::vector<size_t> order(k);
+  for (size_t i = 0; i < k; ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return slice.row_ids(a) < slice.row_ids(b); });
+  SparseGrad out;
+  out.ids.reserve(k);
+  out.values.reserve(k * dim);
+  for (size_t i : order) {
+    const float* src = raw.data() + i * dim;
+    if (!out.ids.empty() && out.ids.back() == slice.row_ids(i)) {
+      float* dst = out.values.data() + (out.ids.size() - 1) * dim;
+      for (uint32_t j = 0; j < dim; ++j) dst[j] += src[j];
+    } else {
+      out.ids.push_back(slice.row_ids(i));
+      out.values.insert(out.values.end(), src, src + dim);
+    }
+  }
+  return out;
+}
+
+// Identifies the wait whose gate is being checked inline on this thread (see AnswerWhenOpen).
+thread_local const void* inline_wait_token = nullptr;
+
+}  // namespace
+
+// One dense partition or one sparse table.
+struct ParameterStore::Partition {
+  struct Seq {
+    bool seen = false;
+    uint64_t incarnation = 0;
+    uint64_t seq = 0;
+  };
+  struct Row {
+    std::vector<float> values;  // dim weights, then NumSlots * dim slot values
+    int64_t updates = 0;
+  };
+
+  std::string name;  // "tensor/index", for messages
+  bool sparse = false;
+  int64_t num_elements = 0;  // dense
+  uint32_t dim = 0;          // sparse
+  v1::Initializer initializer;
+  std::string table_decl;  // serialized SparseTableDecl, to check redeclarations
+  kernels::OptimizerParams params;
+  int num_slots = 0;
+
+  // Written under mu; read without it by parked pulls.
+  std::atomic<int64_t> version{0};
+  WorkerClocks clocks;  // sized at creation, steps completed per worker
+
+  mutable absl::Mutex mu;
+  std::vector<Seq> last_applied ABSL_GUARDED_BY(mu);  // per worker
+  // BSP staging of step == version: which workers pushed, which of those were skipped.
+  std::vector<uint8_t> contributed ABSL_GUARDED_BY(mu);
+  std::vector<uint8_t> skipped ABSL_GUARDED_BY(mu);
+  uint32_t contributors ABSL_GUARDED_BY(mu) = 0;
+  // Dense.
+  std::vector<float> weights ABSL_GUARDED_BY(mu);
+  std::vector<std::vector<float>> slots ABSL_GUARDED_BY(mu);
+  std::vector<std::vector<float>> staged ABSL_GUARDED_BY(mu);  // per worker
+  // Sparse.
+  absl::flat_hash_map<int64_t, Row> rows ABSL_GUARDED_BY(mu);
+  std::vector<SparseGrad> staged_rows ABSL_GUARDED_BY(mu);  // per worker
+
+  Row& RowLocked(int64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    auto [it, inserted] = rows.try_emplace(id);
+    if (inserted) {
+      it->second.values.resize(static_cast<size_t>(dim) * (1 + num_slots));
+      InitRow(initializer, id, it->second.values.data(), dim);
+      for (int s = 0; s < num_slots; ++s) {
+        float* slot = it->second.values.data() + static_cast<size_t>(dim) * (1 + s);
+        std::fill(slot, slot + dim, kernels::SlotInitialValue(params, s));
+      }
+    }
+    return it->second;
+  }
+
+  // Applies a dense gradient (n values) in place; bumps the version.
+  void ApplyDenseLocked(const v1::JobConfig& config, int64_t step, float scale, const float* g)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    const int64_t v = version.load(std::memory_order_relaxed);
+    const float lr = kernels::ScheduledLearningRate(config.schedule(), params.learning_rate, step);
+    float* slot_ptrs[4] = {nullptr, nullptr, nullptr, nullptr};
+    for (int s = 0; s < num_slots; ++s) slot_ptrs[s] = slots[s].data();
+    kernels::ApplyUpdateCpu(params, lr, v + 1, scale, g, weights.data(), slot_ptrs, num_elements);
+  }
+
+  void ApplySparseLocked(const v1::JobConfig& config, int64_t step, float scale,
+                         const SparseGrad& grad) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    const float lr = kernels::ScheduledLearningRate(config.schedule(), params.learning_rate, step);
+    for (size_t i = 0; i < grad.ids.size(); ++i) {
+      Row& row = RowLocked(grad.ids[i]);
+      float* slot_ptrs[4] = {nullptr, nullptr, nullptr, nullptr};
+      for (int s = 0; s < num_slots; ++s) {
+        slot_ptrs[s] = row.values.data() + static_cast<size_t>(dim) * (1 + s);
+      }
+      ++row.updates;
+      kernels::ApplyUpdateCpu(params, lr, row.updates, scale, grad.values.data() + i * dim,
+                              row.values.data(), slot_ptrs, dim);
+    }
+  }
+
+  // Copies the weights (dense) or rows `row_ids` (sparse) into `slice`.
+  void ReadInto(const std::vector<int64_t>& row_ids, v1::Encoding encoding, v1::Slice* slice) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu) {
+    slice->set_encoding(encoding == v1::ENCODING_UNSPECIFIED ? v1::ENCODING_FP32 : encoding);
+    slice->set_version(version.load(std::memory_order_relaxed));
+    if (!sparse) {
+      if (BytesPerValue(encoding) == 4) {
+        // One copy, without the zero fill of a resize.
+        slice->mutable_data()->assign(reinterpret_cast<const char*>(weights.data()),
+                                      weights.size() * sizeof(float));
+      } else {
+        EncodeValues(encoding, weights.data(), weights.size(), slice->mutable_data());
+      }
+      return;
+    }
+    std::vector<float> out(row_ids.size() * dim);
+    for (size_t i = 0; i < row_ids.size(); ++i) {
+      auto it = rows.find(row_ids[i]);
+      if (it != rows.end()) {
+        std::copy_n(it->second.values.data(), dim, out.data() + i * dim);
+      } else {
+        InitRow(initializer, row_ids[i], out.data() + i * dim, dim);
+      }
+    }
+    for (int64_t id : row_ids) slice->add_row_ids(id);
+    EncodeValues(encoding, out.data(), out.size(), slice->mutable_data());
+  }
+};
+
+struct ParameterStore::Job {
+  Job(std::string job_id, const v1::JobConfig& cfg, absl::StatusOr<kernels::OptimizerParams> p)
+      : id(std::move(job_id)),
+        config(cfg),
+        dense_params(std::move(p)),
+        gate(cfg.consistency(), cfg.staleness(), cfg.num_workers()) {}
+
+  const std::string id;
+  const v1::JobConfig config;
+  // The job's optimizer for dense partitions, or why it cannot update them (FTRL).
+  const absl::StatusOr<kernels::OptimizerParams> dense_params;
+  ConsistencyGate gate;
+
+  mutable absl::Mutex mu;
+  absl::flat_hash_map<std::pair<std::string, uint32_t>, std::shared_ptr<Partition>> dense
+      ABSL_GUARDED_BY(mu);
+  absl::flat_hash_map<std::string, std::shared_ptr<Partition>> tables ABSL_GUARDED_BY(mu);
+
+  std::atomic<int64_t> duplicates{0};
+  std::atomic<int64_t> skipped_non_finite{0};
+  std::atomic<int64_t> updates_applied{0};
+
+  bool bsp() const { return gate.mode() == v1::CONSISTENCY_BSP; }
+
+  // The partition or table named by `key`, or NOT_FOUND.
+  absl::StatusOr<std::shared_ptr<Partition>> Find(const v1::PartitionKey& key) const {
+    absl::ReaderMutexLock lock(&mu);
+    auto it = dense.find(std::make_pair(key.tensor(), key.index()));
+    if (it != dense.end()) return it->second;
+    if (key.index() == 0) {
+      auto t = tables.find(key.tensor());
+      if (t != tables.end()) return t->second;
+    }
+    return absl::NotFoundError(
+        absl::StrCat("job '", id, "': unknown key ", KeyName(key), " on this shard"));
+  }
+
+  // BSP: when every worker live at the staged step has pushed, applies sum / contributors once
+  // (sum in ascending worker order) and moves to the next step. Returns true when it applied.
+  bool CompleteBspStepLocked(Partition& p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(p.mu) {
+    if (p.contributors == 0) return false;
+    const int64_t step = p.version.load(std::memory_order_relaxed);
+    const std::vector<bool> live = gate.LiveSet(step);
+    for (size_t w = 0; w < live.size(); ++w) {
+      if (live[w] && !p.contributed[w]) return false;
+    }
+    const float scale = 1.0f / static_cast<float>(p.contributors);
+    if (!p.sparse) {
+      std::vector<float>* sum = nullptr;
+      for (size_t w = 0; w < p.contributed.size(); ++w) {
+        if (!p.contributed[w] || p.skipped[w]) continue;
+        if (sum == nullptr) {
+          sum = &p.staged[w];
+          continue;
+        }
+        const float* __restrict__ src = p.staged[w].data();
+        float* __restrict__ dst = sum->data();
+        for (int64_t i = 0; i < p.num_elements; ++i) dst[i] += src[i];
+      }
+      if (sum != nullptr) {
+        p.ApplyDenseLocked(config, step, scale, sum->data());
+        updates_applied.fetch_add(1, std::memory_order_relaxed);
+      }
+    } else {
+      SparseGrad merged;
+      absl::flat_hash_map<int64_t, size_t> index;
+      for (size_t w = 0; w < p.contributed.size(); ++w) {
+        if (!p.contributed[w] || p.skipped[w]) continue;
+        const SparseGrad& g = p.staged_rows[w];
+        for (size_t i = 0; i < g.ids.size(); ++i) {
+          auto [it, inserted] = index.try_emplace(g.ids[i], merged.ids.size());
+          const float* src = g.values.data() + i * p.dim;
+          if (inserted) {
+            merged.ids.push_back(g.ids[i]);
+            merged.values.insert(merged.values.end(), src, src + p.dim);
+          } else {
+            float* dst = merged.values.data() + it->second * p.dim;
+            for (uint32_t j = 0; j < p.dim; ++j) dst[j] += src[j];
+          }
+        }
+        p.staged_rows[w].ids.clear();
+        p.staged_rows[w].values.clear();
+      }
+      if (!merged.ids.empty()) {
+        p.ApplySparseLocked(config, step, scale, merged);
+        updates_applied.fetch_add(1, std::memory_order_relaxed);
+      }
+    }
+    std::fill(p.contributed.begin(), p.contributed.end(), 0);
+    std::fill(p.skipped.begin(), p.skipped.end(), 0);
+    p.contributors = 0;
+    p.version.store(step + 1, std::memory_order_release);
+    return true;
+  }
+
+  std::vector<std::shared_ptr<Partition>> AllPartitions() const {
+    absl::ReaderMutexLock lock(&mu);
+    std::vector<std::shared_ptr<Partition>> out;
+    out.reserve(dense.size() + tables.size());
+    for (const auto& [k, p] : dense) out.push_back(p);
+    for (const auto& [k, p] : tables) out.push_back(p);
+    return out;
+  }
+};
+
+// One key of a pull with the step its gate opens at (-1: no gating).
+struct ParameterStore::PullItem {
+  std::shared_ptr<Partition> partition;
+  v1::PartitionKey key;
+  std::vector<int64_t> row_ids;
+  int64_t gate_step = -1;
+};
+
+ParameterStore::ParameterStore(ParameterStoreOptions options) : options_(std::move(options)) {}
+
+ParameterStore::~ParameterStore() {
+  CloseAll(absl::CancelledError("the parameter store is shutting down"));
+}
+
+absl::StatusOr<std::shared_ptr<ParameterStore::Job>> ParameterStore::FindJob(
+    absl::string_view job_id) const {
+  absl::ReaderMutexLock lock(&mu_);
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) {
+    return absl::NotFoundError(absl::StrCat("job_id: unknown job '", job_id, "' on this shard"));
+  }
+  return it->second;
+}
+
+absl::StatusOr<v1::CreateJobStateResponse> ParameterStore::CreateJobState(
+    const v1::CreateJobStateRequest& request) {
+  if (request.job_id().empty()) return absl::InvalidArgumentError("job_id: must not be empty");
+  const v1::JobConfig& config = request.config();
+  if (config.num_workers() < 1 || config.num_workers() > kMaxWorkers) {
+    return absl::InvalidArgumentError(absl::StrCat("config.num_workers: must be in [1, ",
+                                                   kMaxWorkers, "], got ", config.num_workers()));
+  }
+  if (!v1::Consistency_IsValid(config.consistency())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("config.consistency: unknown value ", static_cast<int>(config.consistency())));
+  }
+  if (config.consistency() != v1::CONSISTENCY_SSP && config.staleness() != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("config.staleness: only SSP has a staleness bound, got ", config.staleness(),
+                     " for ", v1::Consistency_Name(config.consistency())));
+  }
+  if (!v1::NonFinitePolicy_IsValid(config.non_finite_policy())) {
+    return absl::InvalidArgumentError(absl::StrCat("config.non_finite_policy: unknown value ",
+                                                   static_cast<int>(config.non_finite_policy())));
+  }
+  absl::StatusOr<kernels::OptimizerParams> dense_params =
+      kernels::MakeOptimizerParams(config.optimizer(), /*sparse=*/false);
+  if (!dense_params.ok()) {
+    // A job whose optimizer only updates sparse rows (FTRL) may still hold tables.
+    absl::StatusOr<kernels::OptimizerParams> sparse_params =
+        kernels::MakeOptimizerParams(config.optimizer(), /*sparse=*/true);
+    if (!sparse_params.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("config.", dense_params.status().message()));
+    }
+  }
+  absl::Status schedule = kernels::ValidateSchedule(config.schedule());
+  if (!schedule.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("config.", schedule.message()));
+  }
+
+  // Validate every declaration before touching any state.
+  for (int i = 0; i < request.partitions_size(); ++i) {
+    const v1::DensePartitionDecl& d = request.partitions(i);
+    const std::string field = absl::StrCat("partitions[", i, "]");
+    if (d.key().tensor().empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(field, ".key.tensor: must not be empty"));
+    }
+    if (d.num_elements() < 1 || d.num_elements() > kMaxPartitionElements) {
+      return absl::InvalidArgumentError(absl::StrCat(field, ".num_elements (key ", KeyName(d.key()),
+                                                     "): must be in [1, ", kMaxPartitionElements,
+                                                     "], got ", d.num_elements()));
+    }
+    if (!d.initial_values().empty() &&
+        d.initial_values().size() != static_cast<size_t>(d.num_elements()) * 4) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ".initial_values (key ", KeyName(d.key()), "): expected ", d.num_elements() * 4,
+          " bytes (", d.num_elements(), " fp32 values) or none, got ", d.initial_values().size()));
+    }
+    if (!dense_params.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, " (key ", KeyName(d.key()), "): config.optimizer.kind ",
+          v1::OptimizerKind_Name(config.optimizer().kind()), " cannot update dense partitions"));
+    }
+  }
+  std::vector<kernels::OptimizerParams> table_params;
+  for (int i = 0; i < request.tables_size(); ++i) {
+    const v1::SparseTableDecl& t = request.tables(i);
+    const std::string field = absl::StrCat("tables[", i, "]");
+    if (t.name().empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(field, ".name: must not be empty"));
+    }
+    if (t.dim() < 1 || t.dim() > kMaxSparseDim) {
+      return absl::InvalidArgumentError(absl::StrCat(field, ".dim (table ", t.name(),
+                                                     "): must be in [1, ", kMaxSparseDim, "], got ",
+                                                     t.dim()));
+    }
+    const v1::Initializer& init = t.initializer();
+    if (!v1::Initializer::Kind_IsValid(init.kind()) || !std::isfinite(init.value()) ||
+        !std::isfinite(init.scale()) || init.scale() < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ".initializer (table ", t.name(), "): needs a known kind and finite value and ",
+          "scale >= 0, got kind ", static_cast<int>(init.kind()), " value ", init.value(),
+          " scale ", init.scale()));
+    }
+    const v1::OptimizerConfig& opt = t.has_optimizer() ? t.optimizer() : config.optimizer();
+    absl::StatusOr<kernels::OptimizerParams> params = kernels::MakeOptimizerParams(opt, true);
+    const v1::OptimizerKind kind = opt.kind();
+    if (params.ok() && kind != v1::OPTIMIZER_KIND_SGD && kind != v1::OPTIMIZER_KIND_ADAGRAD &&
+        kind != v1::OPTIMIZER_KIND_ADAM && kind != v1::OPTIMIZER_KIND_FTRL) {
+      params = absl::InvalidArgumentError(absl::StrCat("optimizer.kind: sparse tables take SGD, ",
+                                                       "ADAGRAD, ADAM or FTRL, got ",
+                                                       v1::OptimizerKind_Name(kind)));
+    }
+    if (!params.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, t.has_optimizer() ? "." : " (job optimizer, no override): ",
+                       params.status().message(), " (table ", t.name(), ")"));
+    }
+    table_params.push_back(*params);
+  }
+
+  std::shared_ptr<Job> job;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = jobs_.find(request.job_id());
+    if (it == jobs_.end()) {
+      job = std::make_shared<Job>(request.job_id(), config, dense_params);
+      if (!closed_.ok()) job->gate.Close(closed_);
+      jobs_.emplace(request.job_id(), job);
+    } else {
+      job = it->second;
+      if (!google::protobuf::util::MessageDifferencer::Equals(job->config, config)) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("config: job '", request.job_id(),
+                         "' already exists on this shard with a different config"));
+      }
+    }
+  }
+
+  absl::MutexLock lock(&job->mu);
+  // Check redeclarations first so that the call stays all or nothing.
+  for (int i = 0; i < request.partitions_size(); ++i) {
+    const v1::DensePartitionDecl& d = request.partitions(i);
+    auto it = job->dense.find(std::make_pair(d.key().tensor(), d.key().index()));
+    if (it != job->dense.end() && it->second->num_elements != d.num_elements()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("partitions[", i, "]: key ", KeyName(d.key()), " already exists with ",
+                       it->second->num_elements, " elements, redeclared with ", d.num_elements()));
+    }
+    if (d.key().index() == 0 && job->tables.contains(d.key().tensor())) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "partitions[", i, "]: key ", KeyName(d.key()), " is already a sparse table"));
+    }
+  }
+  for (int i = 0; i < request.tables_size(); ++i) {
+    const v1::SparseTableDecl& t = request.tables(i);
+    auto it = job->tables.find(t.name());
+    if (it != job->tables.end() && it->second->table_decl != t.SerializeAsString()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "tables[", i, "]: table ", t.name(), " already exists with dim ", it->second->dim,
+          " and another declaration (redeclared with dim ", t.dim(), ")"));
+    }
+    if (job->dense.contains(std::make_pair(t.name(), 0u))) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("tables[", i, "]: ", t.name(), " is already a dense tensor"));
+    }
+  }
+  const uint32_t workers = config.num_workers();
+  for (const v1::DensePartitionDecl& d : request.partitions()) {
+    auto key = std::make_pair(d.key().tensor(), d.key().index());
+    if (job->dense.contains(key)) continue;
+    auto p = std::make_shared<Partition>();
+    p->name = KeyName(d.key());
+    p->num_elements = d.num_elements();
+    p->params = *job->dense_params;
+    p->num_slots = kernels::NumSlots(p->params.kind);
+    p->clocks = WorkerClocks(workers);
+    absl::MutexLock plock(&p->mu);
+    p->last_applied.resize(workers);
+    p->contributed.assign(workers, 0);
+    p->skipped.assign(workers, 0);
+    p->staged.resize(workers);
+    p->weights.assign(static_cast<size_t>(d.num_elements()), 0.0f);
+    if (!d.initial_values().empty()) {
+      std::memcpy(p->weights.data(), d.initial_values().data(), d.initial_values().size());
+    }
+    for (int s = 0; s < p->num_slots; ++s) {
+      p->slots.emplace_back(static_cast<size_t>(d.num_elements()),
+                            kernels::SlotInitialValue(p->params, s));
+    }
+    job->dense.emplace(std::move(key), std::move(p));
+  }
+  for (int i = 0; i < request.tables_size(); ++i) {
+    const v1::SparseTableDecl& t = request.tables(i);
+    if (job->tables.contains(t.name())) continue;
+    auto p = std::make_shared<Partition>();
+    p->name = absl::StrCat(t.name(), "/0");
+    p->sparse = true;
+    p->dim = t.dim();
+    p->initializer = t.initializer();
+    p->table_decl = t.SerializeAsString();
+    p->params = table_params[i];
+    p->num_slots = kernels::NumSlots(p->params.kind);
+    p->clocks = WorkerClocks(workers);
+    absl::MutexLock plock(&p->mu);
+    p->last_applied.resize(workers);
+    p->contributed.assign(workers, 0);
+    p->skipped.assign(workers, 0);
+    p->staged_rows.resize(workers);
+    job->tables.emplace(t.name(), std::move(p));
+  }
+  v1::CreateJobStateResponse response;
+  response.set_partitions(static_cast<uint32_t>(job->dense.size()));
+  response.set_tables(static_cast<uint32_t>(job->tables.size()));
+  return response;
+}
+
+absl::Status ParameterStore::UpdateMembership(const v1::UpdateMembershipRequest& request) {
+  TESSERA_ASSIGN_OR_RETURN(std::shared_ptr<Job> job, FindJob(request.job_id()));
+  std::vector<uint32_t> live(request.live_workers().begin(), request.live_workers().end());
+  TESSERA_RETURN_IF_ERROR(job->gate.UpdateMembership(live, request.effective_step()));
+  if (job->bsp()) {
+    // A step that waited only for removed workers is complete now.
+    bool applied = false;
+    for (const std::shared_ptr<Partition>& p : job->AllPartitions()) {
+      absl::MutexLock lock(&p->mu);
+      applied |= job->CompleteBspStepLocked(*p);
+    }
+    if (applied) job->gate.Notify();
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParameterStore::DropJob(absl::string_view job_id) {
+  std::shared_ptr<Job> job;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = jobs_.find(job_id);
+    if (it == jobs_.end()) {
+      return absl::NotFoundError(absl::StrCat("job_id: unknown job '", job_id, "' on this shard"));
+    }
+    job = std::move(it->second);
+    jobs_.erase(it);
+  }
+  job->gate.Close(absl::AbortedError(absl::StrCat("job '", job_id, "' was dropped")));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<PushAck> ParameterStore::Push(const v1::PushPullRequest& request) {
+  TESSERA_ASSIGN_OR_RETURN(std::shared_ptr<Job> job, FindJob(request.job_id()));
+  return PushToJob(*job, request);
+}
+
+absl::StatusOr<PushAck> ParameterStore::PushToJob(Job& job, const v1::PushPullRequest& request) {
+  const uint32_t worker = request.worker_id();
+  const int64_t step = request.step();
+  if (worker >= job.gate.num_workers()) {
+    return absl::InvalidArgumentError(absl::StrCat("worker_id: ", worker,
+                                                   " is out of range for job '", job.id,
+                                                   "' (num_workers ", job.gate.num_workers(), ")"));
+  }
+  if (step < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("step: must be >= 0, got ", step));
+  }
+  PushAck ack;
+  if (request.push_size() == 0) return ack;
+  if (!job.gate.IsLive(worker, step)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "worker_id: worker ", worker, " is not live in job '", job.id, "' at step ", step));
+  }
+
+  // 1. Resolve and check every slice without locks.
+  struct Item {
+    const v1::Slice* slice;
+    std::shared_ptr<Partition> partition;
+    bool skip = false;       // non-finite under NON_FINITE_POLICY_SKIP
+    bool duplicate = false;  // seen (worker, incarnation, seq)
+  };
+  std::vector<Item> items;
+  items.reserve(request.push_size());
+  const bool skip_policy = job.config.non_finite_policy() == v1::NON_FINITE_POLICY_SKIP;
+  for (int i = 0; i < request.push_size(); ++i) {
+    const v1::Slice& s = request.push(i);
+    TESSERA_ASSIGN_OR_RETURN(std::shared_ptr<Partition> p, job.Find(s.key()));
+    const std::string key = KeyName(s.key());
+    const size_t width = BytesPerValue(s.encoding());
+    if (width == 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "push[", i, "] key ", key, ": unknown encoding ", static_cast<int>(s.encoding())));
+    }
+    size_t values = 0;
+    if (!p->sparse) {
+      if (s.row_ids_size() != 0) {
+        return absl::InvalidArgumentError(absl::StrCat("push[", i, "] key ", key, ": row_ids (",
+                                                       s.row_ids_size(),
+                                                       ") given for a dense partition"));
+      }
+      values = static_cast<size_t>(p->num_elements);
+    } else {
+      if (s.row_ids_size() == 0 && !s.data().empty()) {
+        return absl::InvalidArgumentError(absl::StrCat("push[", i, "] key ", key,
+                                                       ": row_ids missing for sparse table (",
+                                                       s.data().size(), " bytes of data)"));
+      }
+      values = static_cast<size_t>(s.row_ids_size()) * p->dim;
+    }
+    if (s.data().size() != values * width) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "push[", i, "] key ", key, ": expected ", values, " values (", values * width,
+          " bytes of ", v1::Encoding_Name(s.encoding()), ") but got ", s.data().size(), " bytes"));
+    }
+    if (job.gate.mode() == v1::CONSISTENCY_SSP) {
+      // Clocks only grow, so this still holds when the push is applied.
+      TESSERA_RETURN_IF_ERROR(job.gate.CheckSspPushStep(key, p->clocks, step));
+    }
+    Item item{&s, std::move(p)};
+    if (HasNonFinite(s.encoding(), s.data())) {
+      if (!skip_policy) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "push[", i, "] key ", key, ": gradient holds NaN or Inf (non_finite_policy REJECT)"));
+      }
+      item.skip = true;
+    }
+    for (const Item& other : items) {
+      if (other.partition == item.partition) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("push[", i, "] key ", key, ": key appears twice in one request"));
+      }
+    }
+    items.push_back(std::move(item));
+  }
+
+  // 2. Lock in address order, then check sequence numbers and steps.
+  std::vector<Partition*> order;
+  order.reserve(items.size());
+  for (const Item& it : items) order.push_back(it.partition.get());
+  std::sort(order.begin(), order.end());
+  for (Partition* p : order) p->mu.Lock();
+  auto unlock_all = [&order] {
+    for (auto it = order.rbegin(); it != order.rend(); ++it) (*it)->mu.Unlock();
+  };
+  const uint64_t incarnation = request.incarnation();
+  const uint64_t seq = request.seq();
+  const bool bsp = job.bsp();
+  for (Item& item : items) {
+    Partition& p = *item.partition;
+    p.mu.AssertHeld();
+    const Partition::Seq& last = p.last_applied[worker];
+    if (last.seen && incarnation < last.incarnation) {
+      unlock_all();
+      return absl::FailedPreconditionError(
+          absl::StrCat("key ", p.name, ": worker ", worker, " incarnation ", incarnation,
+                       " is older than incarnation ", last.incarnation, " already applied"));
+    }
+    if (last.seen && incarnation == last.incarnation && seq <= last.seq) {
+      item.duplicate = true;
+      continue;
+    }
+    if (!bsp) continue;
+    const int64_t version = p.version.load(std::memory_order_relaxed);
+    if (step > version) {
+      unlock_all();
+      return absl::InvalidArgumentError(absl::StrCat("key ", p.name, ": step ", step,
+                                                     " is from the future (partition version ",
+                                                     version, ", BSP accepts step ", version, ")"));
+    }
+    if (step < version) {
+      unlock_all();
+      return absl::FailedPreconditionError(absl::StrCat("key ", p.name, ": step ", step,
+                                                        " was already applied (version ", version,
+                                                        ") without worker ", worker));
+    }
+    if (p.contributed[worker]) item.duplicate = true;  // pushed by an earlier incarnation
+  }
+
+  // 3. Apply.
+  bool version_changed = false;
+  const float scale = job.gate.mode() == v1::CONSISTENCY_SSP
+                          ? 1.0f / static_cast<float>(job.gate.NumLive(step))
+                          : 1.0f;
+  std::vector<float> scratch;
+  for (Item& item : items) {
+    Partition& p = *item.partition;
+    p.mu.AssertHeld();
+    std::atomic<int64_t>& clock = p.clocks[worker];
+    if (clock.load(std::memory_order_relaxed) < step + 1) {
+      clock.store(step + 1, std::memory_order_release);
+    }
+    if (item.duplicate) {
+      ++ack.duplicates;
+      continue;
+    }
+    p.last_applied[worker] = Partition::Seq{true, incarnation, seq};
+    if (item.skip) ++ack.skipped_non_finite;
+    const v1::Slice& s = *item.slice;
+    if (bsp) {
+      p.contributed[worker] = 1;
+      p.skipped[worker] = item.skip ? 1 : 0;
+      ++p.contributors;
+      if (!item.skip) {
+        if (!p.sparse) {
+          p.staged[worker].resize(static_cast<size_t>(p.num_elements));
+          DecodeValues(s.encoding(), s.data(), p.staged[worker].data(), p.staged[worker].size())
+              .IgnoreError();
+        } else {
+          p.staged_rows[worker] = MergeRows(s, p.dim);
+        }
+      }
+      version_changed |= job.CompleteBspStepLocked(p);
+      continue;
+    }
+    if (item.skip) continue;
+    if (!p.sparse) {
+      p.ApplyDenseLocked(job.config, step, scale,
+                         GradientFloats(s, static_cast<size_t>(p.num_elements), &scratch));
+    } else {
+      if (s.row_ids_size() == 0) continue;
+      p.ApplySparseLocked(job.config, step, scale, MergeRows(s, p.dim));
+    }
+    p.version.fetch_add(1, std::memory_order_release);
+    job.updates_applied.fetch_add(1, std::memory_order_relaxed);
+    version_changed = true;
+  }
+  unlock_all();
+
+  // 4. Release the pulls that the new versions (BSP) or clocks (SSP) open.
+  job.duplicates.fetch_add(ack.duplicates, std::memory_order_relaxed);
+  job.skipped_non_finite.fetch_add(ack.skipped_non_finite, std::memory_order_relaxed);
+  if ((version_changed && bsp) || job.gate.mode() == v1::CONSISTENCY_SSP) job.gate.Notify();
+  return ack;
+}
+
+absl::Status ParameterStore::ResolvePulls(const Job& job, const v1::PushPullRequest& request,
+                                          std::vector<PullItem>* items) const {
+  const int64_t step = request.step();
+  // A sparse push without rows (a BSP "nothing this step" contribution) may want weights: it
+  // gets an empty slice back.
+  auto add = [&](const v1::Slice& s, int64_t gate_step, absl::string_view field,
+                 bool allow_no_rows) -> absl::Status {
+    TESSERA_ASSIGN_OR_RETURN(std::shared_ptr<Partition> p, job.Find(s.key()));
+    if (!p->sparse && s.row_ids_size() != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(field, " key ", KeyName(s.key()),
+                                                     ": row_ids (", s.row_ids_size(),
+                                                     ") given for a dense partition"));
+    }
+    if (p->sparse && s.row_ids_size() == 0 && !allow_no_rows) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, " key ", KeyName(s.key()), ": row_ids missing for sparse table"));
+    }
+    if (job.bsp() && gate_step >= 0) {
+      const int64_t version = p->version.load(std::memory_order_acquire);
+      if (gate_step > version + 1) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(field, " key ", KeyName(s.key()), ": pull for step ", gate_step,
+                         " is from the future (partition version ", version, ")"));
+      }
+    }
+    PullItem item;
+    item.partition = std::move(p);
+    item.key = s.key();
+    item.row_ids.assign(s.row_ids().begin(), s.row_ids().end());
+    item.gate_step = gate_step;
+    items->push_back(std::move(item));
+    return absl::OkStatus();
+  };
+  for (int i = 0; i < request.pull_size(); ++i) {
+    TESSERA_RETURN_IF_ERROR(add(request.pull(i), step, absl::StrCat("pull[", i, "]"), false));
+  }
+  for (int i = 0; i < request.push_size(); ++i) {
+    if (!request.push(i).want_weights()) continue;
+    // The rows of a sparse push are the rows wanted back.
+    TESSERA_RETURN_IF_ERROR(
+        add(request.push(i), step + 1, absl::StrCat("push[", i, "]"), /*allow_no_rows=*/true));
+  }
+  return absl::OkStatus();
+}
+
+void ParameterStore::AnswerWhenOpen(
+    std::shared_ptr<Job> job, std::vector<PullItem> items, v1::Encoding encoding,
+    std::function<void(absl::StatusOr<std::vector<v1::Slice>>)> done) {
+  ConsistencyGate::Wait wait;
+  if (job->bsp()) {
+    for (const PullItem& item : items) {
+      if (item.gate_step < 0) continue;
+      wait.versions.emplace_back(
+          std::shared_ptr<const std::atomic<int64_t>>(item.partition, &item.partition->version),
+          item.gate_step);
+    }
+  } else if (job->gate.mode() == v1::CONSISTENCY_SSP) {
+    for (const PullItem& item : items) {
+      if (item.gate_step < 0) continue;
+      wait.clocks.emplace_back(
+          std::shared_ptr<const WorkerClocks>(item.partition, &item.partition->clocks),
+          item.gate_step);
+    }
+  }
+  auto token = std::make_shared<char>();
+  auto answer = [items = std::move(items), encoding, done = std::move(done)](absl::Status status) {
+    if (!status.ok()) {
+      done(status);
+      return;
+    }
+    std::vector<v1::Slice> slices(items.size());
+    for (size_t i = 0; i < items.size(); ++i) {
+      const Partition& p = *items[i].partition;
+      absl::ReaderMutexLock lock(&p.mu);
+      *slices[i].mutable_key() = items[i].key;
+      p.ReadInto(items[i].row_ids, encoding, &slices[i]);
+    }
+    done(std::move(slices));
+  };
+  wait.done = [this, token, answer = std::move(answer)](absl::Status status) mutable {
+    if (inline_wait_token == token.get() || !options_.executor) {
+      answer(std::move(status));
+    } else {
+      options_.executor(
+          [answer = std::move(answer), status = std::move(status)]() mutable { answer(status); });
+    }
+  };
+  inline_wait_token = token.get();
+  job->gate.Park(std::move(wait));
+  inline_wait_token = nullptr;
+}
+
+void ParameterStore::PushPull(const v1::PushPullRequest& request, PushPullDone done) {
+  absl::StatusOr<std::shared_ptr<Job>> job = FindJob(request.job_id());
+  if (!job.ok()) {
+    done(job.status());
+    return;
+  }
+  if (BytesPerValue(request.pull_encoding()) == 0) {
+    done(absl::InvalidArgumentError(absl::StrCat("pull_encoding: unknown encoding ",
+                                                 static_cast<int>(request.pull_encoding()))));
+    return;
+  }
+  if (request.worker_id() >= (*job)->gate.num_workers()) {
+    done(absl::InvalidArgumentError(
+        absl::StrCat("worker_id: ", request.worker_id(), " is out of range for job '",
+                     request.job_id(), "' (num_workers ", (*job)->gate.num_workers(), ")")));
+    return;
+  }
+  if (request.step() < 0) {
+    done(absl::InvalidArgumentError(absl::StrCat("step: must be >= 0, got ", request.step())));
+    return;
+  }
+  std::vector<PullItem> items;
+  absl::Status resolved = ResolvePulls(**job, request, &items);
+  if (!resolved.ok()) {
+    done(resolved);
+    return;
+  }
+  absl::StatusOr<PushAck> ack = PushToJob(**job, request);
+  if (!ack.ok()) {
+    done(ack.status());
+    return;
+  }
+  v1::PushPullResponse response;
+  response.set_seq(request.seq());
+  response.set_duplicates(ack->duplicates);
+  response.set_skipped_non_finite(ack->skipped_non_finite);
+  if (items.empty()) {
+    done(std::move(response));
+    return;
+  }
+  AnswerWhenOpen(*std::move(job), std::move(items), request.pull_encoding(),
+                 [response = std::move(response),
+                  done = std::move(done)](absl::StatusOr<std::vector<v1::Slice>> slices) mutable {
+                   if (!slices.ok()) {
+                     done(slices.status());
+                     return;
+                   }
+                   for (v1::Slice& s : *slices) response.add_weights()->Swap(&s);
+                   done(std::move(response));
+                 });
+}
+
+void ParameterStore::Pull(const v1::PullRequest& request, PullDone done) {
+  absl::StatusOr<std::shared_ptr<Job>> job = FindJob(request.job_id());
+  if (!job.ok()) {
+    done(job.status());
+    return;
+  }
+  if (BytesPerValue(request.encoding()) == 0) {
+    done(absl::InvalidArgumentError(
+        absl::StrCat("encoding: unknown encoding ", static_cast<int>(request.encoding()))));
+    return;
+  }
+  if (request.worker_id() >= (*job)->gate.num_workers()) {
+    done(absl::InvalidArgumentError(
+        absl::StrCat("worker_id: ", request.worker_id(), " is out of range for job '",
+                     request.job_id(), "' (num_workers ", (*job)->gate.num_workers(), ")")));
+    return;
+  }
+  // Reuse the PushPull resolution: the keys are pulls for request.step.
+  v1::PushPullRequest as_push_pull;
+  as_push_pull.set_step(request.step() < 0 ? -1 : request.step());
+  for (const v1::Slice& k : request.keys()) {
+    v1::Slice* s = as_push_pull.add_pull();
+    *s->mutable_key() = k.key();
+    *s->mutable_row_ids() = k.row_ids();
+  }
+  std::vector<PullItem> items;
+  absl::Status resolved = ResolvePulls(**job, as_push_pull, &items);
+  if (!resolved.ok()) {
+    done(resolved);
+    return;
+  }
+  AnswerWhenOpen(*std::move(job), std::move(items), request.encoding(), std::move(done));
+}
+
+absl::StatusOr<JobStats> ParameterStore::GetJobStats(absl::string_view job_id) const {
+  TESSERA_ASSIGN_OR_RETURN(std::shared_ptr<Job> job, FindJob(job_id));
+  JobStats stats;
+  stats.duplicates = job->duplicates.load();
+  stats.skipped_non_finite = job->skipped_non_finite.load();
+  stats.updates_applied = job->updates_applied.load();
+  stats.max_staleness_served = job->gate.MaxStalenessServed();
+  stats.parked_pulls = job->gate.NumParked();
+  return stats;
+}
+
+void ParameterStore::CloseAll(const absl::Status& status) {
+  std::vector<std::shared_ptr<Job>> jobs;
+  {
+    absl::MutexLock lock(&mu_);
+    if (closed_.ok()) closed_ = status;
+    for (const auto& [id, job] : jobs_) jobs.push_back(job);
+  }
+  for (const std::shared_ptr<Job>& job : jobs) job->gate.Close(status);
+}
+
+}  // namespace tessera::server

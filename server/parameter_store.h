@@ -1,0 +1,132 @@
+// ParameterStore: the state of one parameter shard, without any transport (DESIGN.md §2-4).
+//
+// Per job it holds dense partitions and sparse embedding tables, each with its weights, optimizer
+// slots, version (number of updates applied) and, for each worker, the last applied
+// (incarnation, seq). A ConsistencyGate per job decides when pulls are answered.
+//
+// Request path of a push (PushPull, Push):
+//   1. Resolve the job and every key, and check every slice without locks: worker_id, step,
+//      encoding, byte counts, row ids, non-finite values. Any error fails the whole request.
+//   2. Lock the touched partitions in address order (independent partitions never share a lock),
+//      then per slice: a seen (worker, incarnation, seq) is a duplicate and is acknowledged only;
+//      a stale incarnation is FAILED_PRECONDITION; the step is checked against the gate (a step
+//      from the future is INVALID_ARGUMENT). Any error still fails the whole request.
+//   3. Apply: BSP stages the worker's gradient for the step and, once every live worker of the
+//      step has pushed, applies sum / contributors once (the sum runs in ascending worker order, so
+//      the result does not depend on arrival order); SSP applies grad / num_live at once; ASP
+//      applies grad at once. The learning rate is ScheduledLearningRate(schedule, lr, step).
+//      Every pushed partition's clock for the worker becomes max(clock, step + 1).
+//   4. Unlock and release the pulls this opens.
+// The pull half waits on the gate (see consistency_gate.h) and never blocks a thread.
+#ifndef TESSERA_SERVER_PARAMETER_STORE_H_
+#define TESSERA_SERVER_PARAMETER_STORE_H_
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "kernels/optimizer.h"
+#include "server/consistency_gate.h"
+#include "tessera/v1/parameter.pb.h"
+
+namespace tessera::server {
+
+// What a push did besides applying: slices acknowledged as already applied, and slices skipped
+// for NaN/Inf under NON_FINITE_POLICY_SKIP.
+struct PushAck {
+  uint32_t duplicates = 0;
+  uint32_t skipped_non_finite = 0;
+};
+
+// Counters of one job on this shard.
+struct JobStats {
+  int64_t duplicates = 0;
+  int64_t skipped_non_finite = 0;
+  int64_t updates_applied = 0;  // optimizer applications, over all partitions and tables
+  int64_t max_staleness_served = 0;
+  size_t parked_pulls = 0;
+};
+
+struct ParameterStoreOptions {
+  // Runs the continuation of a parked pull once its gate opens. Empty: it runs inline on the thread
+  // that opened the gate (a pushing thread).
+  std::function<void(std::function<void()>)> executor;
+};
+
+// Thread-safe. Never blocks on a gate: waiting pulls park and finish through their callback.
+class ParameterStore {
+ public:
+  using PushPullDone = std::function<void(absl::StatusOr<v1::PushPullResponse>)>;
+  using PullDone = std::function<void(absl::StatusOr<std::vector<v1::Slice>>)>;
+
+  explicit ParameterStore(ParameterStoreOptions options = {});
+  // Fails every parked pull with CANCELLED.
+  ~ParameterStore();
+
+  ParameterStore(const ParameterStore&) = delete;
+  ParameterStore& operator=(const ParameterStore&) = delete;
+
+  // Creates the job or adds partitions and tables to it; additive and idempotent. INVALID_ARGUMENT
+  // for a bad config or declaration (the message names the field); FAILED_PRECONDITION when the
+  // job exists with another config, or a partition or table exists with another size or
+  // declaration. All or nothing.
+  absl::StatusOr<v1::CreateJobStateResponse> CreateJobState(
+      const v1::CreateJobStateRequest& request);
+
+  // Changes the live workers from request.effective_step on; completes a BSP step that no longer
+  // waits for anyone. NOT_FOUND for an unknown job, INVALID_ARGUMENT for bad ids or steps.
+  absl::Status UpdateMembership(const v1::UpdateMembershipRequest& request);
+
+  // Removes the job; its parked pulls fail with ABORTED. NOT_FOUND for an unknown job.
+  absl::Status DropJob(absl::string_view job_id);
+
+  // Applies the push slices of `request` (all or nothing) and advances the worker's clock on each
+  // pushed partition; ignores its pull slices. Never waits.
+  absl::StatusOr<PushAck> Push(const v1::PushPullRequest& request);
+
+  // Push, then answers request.pull (gated for request.step) and the push slices with
+  // want_weights (gated for request.step + 1) in one response, with duplicates and
+  // skipped_non_finite filled in. `done` runs exactly once: inline when nothing waits, later
+  // (see ParameterStoreOptions::executor) otherwise. Validation errors fail before anything is
+  // applied.
+  void PushPull(const v1::PushPullRequest& request, PushPullDone done);
+
+  // Answers request.keys once the gate opens for request.step (negative: no gating).
+  void Pull(const v1::PullRequest& request, PullDone done);
+
+  absl::StatusOr<JobStats> GetJobStats(absl::string_view job_id) const;
+
+  // Fails every parked pull with `status` (server shutdown). Later pulls that must wait fail too.
+  void CloseAll(const absl::Status& status);
+
+ private:
+  struct Job;
+  struct Partition;
+  struct PullItem;
+
+  absl::StatusOr<std::shared_ptr<Job>> FindJob(absl::string_view job_id) const;
+  absl::Status ResolvePulls(const Job& job, const v1::PushPullRequest& request,
+                            std::vector<PullItem>* items) const;
+  absl::StatusOr<PushAck> PushToJob(Job& job, const v1::PushPullRequest& request);
+  void AnswerWhenOpen(std::shared_ptr<Job> job, std::vector<PullItem> items, v1::Encoding encoding,
+                      std::function<void(absl::StatusOr<std::vector<v1::Slice>>)> done);
+
+  const ParameterStoreOptions options_;
+  mutable absl::Mutex mu_;
+  absl::flat_hash_map<std::string, std::shared_ptr<Job>> jobs_ ABSL_GUARDED_BY(mu_);
+  absl::Status closed_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace tessera::server
+
+#endif  // TESSERA_SERVER_PARAMETER_STORE_H_

@@ -1,0 +1,631 @@
+#include "server/parameter_store.h"
+
+#include <cmath>
+#include <map>
+#include <optional>
+#include <random>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/internal/test_requests.h"
+
+namespace tessera::server {
+namespace {
+
+using ::testing::HasSubstr;
+using namespace ::tessera::server::testing;  // NOLINT: request builders
+
+absl::StatusOr<std::vector<v1::Slice>> PullNow(ParameterStore& store, const std::string& job,
+                                               const std::vector<v1::Slice>& keys,
+                                               v1::Encoding encoding = v1::ENCODING_FP32) {
+  v1::PullRequest r;
+  r.set_job_id(job);
+  r.set_step(-1);
+  r.set_encoding(encoding);
+  for (const v1::Slice& k : keys) *r.add_keys() = k;
+  std::optional<absl::StatusOr<std::vector<v1::Slice>>> out;
+  store.Pull(r, [&out](absl::StatusOr<std::vector<v1::Slice>> w) { out = std::move(w); });
+  if (!out.has_value()) return absl::InternalError("an ungated pull parked");
+  return *std::move(out);
+}
+
+std::vector<float> PullDense(ParameterStore& store, const std::string& job,
+                             const std::string& tensor, uint32_t index) {
+  auto w = PullNow(store, job, {PullKey(tensor, index)});
+  EXPECT_TRUE(w.ok()) << w.status();
+  if (!w.ok()) return {};
+  return Floats((*w)[0]);
+}
+
+v1::CreateJobStateRequest JobRequest(const std::string& id, const v1::JobConfig& config) {
+  v1::CreateJobStateRequest r;
+  r.set_job_id(id);
+  *r.mutable_config() = config;
+  return r;
+}
+
+// --- CreateJobState --------------------------------------------------------------------------
+
+TEST(ParameterStoreTest, CreateJobStateIsAdditiveAndIdempotent) {
+  ParameterStore store;
+  v1::CreateJobStateRequest r = JobRequest("j", Config(v1::CONSISTENCY_ASP, 2, 0.5f));
+  *r.add_partitions() = Dense("w", 0, 4, {1, 2, 3, 4});
+  auto first = store.CreateJobState(r);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(first->partitions(), 1u);
+
+  // Same declaration again plus a new partition: the existing one keeps its (updated) weights.
+  ASSERT_TRUE(store.Push(Request("j", 0, 1, 0, 1, {GradSlice("w", 0, {2, 2, 2, 2})})).ok());
+  *r.add_partitions() = Dense("w", 1, 3);
+  auto second = store.CreateJobState(r);
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ(second->partitions(), 2u);
+  EXPECT_EQ(PullDense(store, "j", "w", 0), (std::vector<float>{0, 1, 2, 3}));
+  EXPECT_EQ(PullDense(store, "j", "w", 1), (std::vector<float>{0, 0, 0}));
+}
+
+TEST(ParameterStoreTest, CreateJobStateRefusesConflicts) {
+  ParameterStore store;
+  v1::CreateJobStateRequest r = JobRequest("j", Config(v1::CONSISTENCY_BSP, 2, 0.5f));
+  *r.add_partitions() = Dense("w", 0, 4);
+  ASSERT_TRUE(store.CreateJobState(r).ok());
+
+  v1::CreateJobStateRequest resized = r;
+  resized.mutable_partitions(0)->set_num_elements(5);
+  *resized.add_partitions() = Dense("fresh", 0, 2);
+  auto status = store.CreateJobState(resized).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(status.message(), HasSubstr("w/0"));
+  // All or nothing: the fresh partition of the refused call does not exist.
+  EXPECT_EQ(PullNow(store, "j", {PullKey("fresh", 0)}).status().code(),
+            absl::StatusCode::kNotFound);
+
+  v1::CreateJobStateRequest other_config = r;
+  other_config.mutable_config()->set_num_workers(3);
+  status = store.CreateJobState(other_config).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(status.message(), HasSubstr("config"));
+}
+
+struct BadConfigCase {
+  std::string name;
+  std::function<void(v1::CreateJobStateRequest*)> mutate;
+  std::string field;
+};
+
+TEST(ParameterStoreTest, CreateJobStateValidatesEveryField) {
+  const std::vector<BadConfigCase> cases = {
+      {"no workers", [](auto* r) { r->mutable_config()->set_num_workers(0); },
+       "config.num_workers"},
+      {"bad lr", [](auto* r) { r->mutable_config()->mutable_optimizer()->set_learning_rate(-1); },
+       "learning_rate"},
+      {"staleness without SSP", [](auto* r) { r->mutable_config()->set_staleness(3); },
+       "config.staleness"},
+      {"bad schedule",
+       [](auto* r) {
+         r->mutable_config()->mutable_schedule()->set_kind(v1::LearningRateSchedule::KIND_STEP);
+       },
+       "config."},
+      {"bad consistency",
+       [](auto* r) { r->mutable_config()->set_consistency(static_cast<v1::Consistency>(17)); },
+       "config.consistency"},
+      {"empty partition", [](auto* r) { *r->add_partitions() = Dense("x", 0, 0); },
+       "partitions[0].num_elements"},
+      {"short initial values",
+       [](auto* r) {
+         *r->add_partitions() = Dense("x", 0, 3, {1, 2});
+       },
+       "partitions[0].initial_values"},
+      {"table dim 0",
+       [](auto* r) {
+         auto* t = r->add_tables();
+         t->set_name("emb");
+       },
+       "tables[0].dim"},
+      {"table momentum",
+       [](auto* r) {
+         auto* t = r->add_tables();
+         t->set_name("emb");
+         t->set_dim(4);
+         t->mutable_optimizer()->set_kind(v1::OPTIMIZER_KIND_MOMENTUM);
+         t->mutable_optimizer()->set_learning_rate(0.1f);
+       },
+       "tables[0]"},
+      {"empty job id", [](auto* r) { r->set_job_id(""); }, "job_id"},
+  };
+  for (const BadConfigCase& c : cases) {
+    SCOPED_TRACE(c.name);
+    ParameterStore store;
+    v1::CreateJobStateRequest r = JobRequest("j", Config(v1::CONSISTENCY_BSP, 2, 0.5f));
+    c.mutate(&r);
+    auto status = store.CreateJobState(r).status();
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+    EXPECT_THAT(status.message(), HasSubstr(c.field));
+  }
+}
+
+// --- Reference model -------------------------------------------------------------------------
+
+// A naive optimizer in double precision, written from the formulas in kernels/optimizer.h.
+struct ReferenceOptimizer {
+  v1::OptimizerKind kind;
+  double lr;
+  double momentum = 0.5;
+  double b1 = 0.9, b2 = 0.999, eps = 1e-8;
+  double init_acc = 0.1;
+
+  struct State {
+    std::vector<double> w, s0, s1;
+    int64_t t = 0;
+  };
+
+  State Make(const std::vector<float>& initial) const {
+    State s;
+    s.w.assign(initial.begin(), initial.end());
+    s.s0.assign(initial.size(), kind == v1::OPTIMIZER_KIND_ADAGRAD ? init_acc : 0.0);
+    s.s1.assign(initial.size(), 0.0);
+    return s;
+  }
+
+  void Apply(State& s, const std::vector<float>& g, double scale) const {
+    ++s.t;
+    for (size_t i = 0; i < g.size(); ++i) {
+      const double gi = scale * g[i];
+      switch (kind) {
+        case v1::OPTIMIZER_KIND_SGD:
+          s.w[i] -= lr * gi;
+          break;
+        case v1::OPTIMIZER_KIND_MOMENTUM:
+          s.s0[i] = momentum * s.s0[i] + gi;
+          s.w[i] -= lr * s.s0[i];
+          break;
+        case v1::OPTIMIZER_KIND_ADAGRAD:
+          s.s0[i] += gi * gi;
+          s.w[i] -= lr * gi / (std::sqrt(s.s0[i]) + eps_adagrad);
+          break;
+        case v1::OPTIMIZER_KIND_ADAM: {
+          s.s0[i] = b1 * s.s0[i] + (1 - b1) * gi;
+          s.s1[i] = b2 * s.s1[i] + (1 - b2) * gi * gi;
+          const double mhat = s.s0[i] / (1 - std::pow(b1, s.t));
+          const double vhat = s.s1[i] / (1 - std::pow(b2, s.t));
+          s.w[i] -= lr * mhat / (std::sqrt(vhat) + eps);
+          break;
+        }
+        default:
+          FAIL() << "no reference for " << kind;
+      }
+    }
+  }
+  double eps_adagrad = 1e-8;
+};
+
+v1::JobConfig ReferenceConfig(const ReferenceOptimizer& ref) {
+  v1::JobConfig c = Config(v1::CONSISTENCY_ASP, 1, static_cast<float>(ref.lr), ref.kind);
+  if (ref.kind == v1::OPTIMIZER_KIND_MOMENTUM) {
+    c.mutable_optimizer()->set_momentum(static_cast<float>(ref.momentum));
+  }
+  return c;
+}
+
+// One worker, a long random sequence of pushes (fp32, bf16 and fp16 payloads of small integers,
+// which all three encode exactly) and pulls (in all three encodings), every pull compared with the
+// reference. SGD with lr 0.5 is exact; the others agree to float rounding.
+TEST(ParameterStoreTest, MatchesReferenceModelUnderRandomOperations) {
+  const std::vector<ReferenceOptimizer> optimizers = {
+      {v1::OPTIMIZER_KIND_SGD, 0.5},
+      {v1::OPTIMIZER_KIND_MOMENTUM, 0.25},
+      {v1::OPTIMIZER_KIND_ADAM, 0.01},
+  };
+  for (const ReferenceOptimizer& ref : optimizers) {
+    SCOPED_TRACE(v1::OptimizerKind_Name(ref.kind));
+    const bool exact = ref.kind == v1::OPTIMIZER_KIND_SGD;
+    ParameterStore store;
+    std::mt19937 rng(42);
+    v1::CreateJobStateRequest job = JobRequest("ref", ReferenceConfig(ref));
+    std::map<uint32_t, ReferenceOptimizer::State> model;
+    for (uint32_t p = 0; p < 6; ++p) {
+      const int64_t n = 1 + static_cast<int64_t>(rng() % 700);
+      std::vector<float> initial(n);
+      for (float& v : initial) v = static_cast<float>(static_cast<int>(rng() % 17) - 8);
+      *job.add_partitions() = Dense("t", p, n, initial);
+      model[p] = ref.Make(initial);
+    }
+    ASSERT_TRUE(store.CreateJobState(job).ok());
+    const v1::Encoding encodings[] = {v1::ENCODING_FP32, v1::ENCODING_BF16, v1::ENCODING_FP16};
+    uint64_t seq = 0;
+    int64_t step = 0;
+    for (int op = 0; op < 400; ++op) {
+      const uint32_t p = rng() % 6;
+      auto& state = model[p];
+      if (rng() % 3 != 0) {
+        std::vector<float> g(state.w.size());
+        for (float& v : g) v = static_cast<float>(static_cast<int>(rng() % 9) - 4);
+        const v1::Encoding enc = encodings[rng() % 3];
+        auto ack =
+            store.Push(Request("ref", 0, 1, step++, ++seq, {GradSlice("t", p, g, false, enc)}));
+        ASSERT_TRUE(ack.ok()) << ack.status();
+        ref.Apply(state, g, 1.0);
+      } else {
+        const v1::Encoding enc = encodings[rng() % 3];
+        auto w = PullNow(store, "ref", {PullKey("t", p)}, enc);
+        ASSERT_TRUE(w.ok()) << w.status();
+        ASSERT_EQ((*w)[0].version(), state.t);
+        const std::vector<float> got = Floats((*w)[0]);
+        ASSERT_EQ(got.size(), state.w.size());
+        for (size_t i = 0; i < got.size(); ++i) {
+          const float want32 = static_cast<float>(state.w[i]);
+          float want = want32;
+          if (enc == v1::ENCODING_BF16) want = Bf16ToFloat(FloatToBf16(want32));
+          if (enc == v1::ENCODING_FP16) want = Fp16ToFloat(FloatToFp16(want32));
+          if (exact) {
+            ASSERT_EQ(got[i], want) << "partition " << p << " element " << i;
+          } else {
+            const double tol = enc == v1::ENCODING_FP32 ? 1e-4 : 1e-2 * (1 + std::fabs(want));
+            ASSERT_NEAR(got[i], state.w[i], tol) << "partition " << p << " element " << i;
+          }
+        }
+      }
+    }
+  }
+}
+
+// Several workers push concurrently to overlapping partitions, with random retries and pulls;
+// the final weights equal the reference exactly (integer gradients, lr 0.5, ASP) and each
+// partition's version counts exactly the applied pushes.
+TEST(ParameterStoreTest, ConcurrentRandomPushesMatchReferenceExactly) {
+  constexpr int kWorkers = 4;
+  constexpr int kPartitions = 8;
+  constexpr int kOpsPerWorker = 300;
+  ParameterStore store;
+  v1::CreateJobStateRequest job = JobRequest("c", Config(v1::CONSISTENCY_ASP, kWorkers, 0.5f));
+  std::vector<int64_t> sizes;
+  std::mt19937 size_rng(7);
+  for (int p = 0; p < kPartitions; ++p) {
+    sizes.push_back(1 + size_rng() % 3000);
+    *job.add_partitions() = Dense("w", p, sizes.back(), std::vector<float>(sizes.back(), 100.0f));
+  }
+  ASSERT_TRUE(store.CreateJobState(job).ok());
+
+  absl::Mutex mu;
+  std::vector<std::vector<double>> sums(kPartitions);
+  std::vector<int64_t> applied(kPartitions, 0);
+  for (int p = 0; p < kPartitions; ++p) sums[p].assign(sizes[p], 0.0);
+  std::vector<std::thread> threads;
+  for (int w = 0; w < kWorkers; ++w) {
+    threads.emplace_back([&, w] {
+      std::mt19937 rng(100 + w);
+      uint64_t seq = 0;
+      for (int op = 0; op < kOpsPerWorker; ++op) {
+        if (rng() % 5 == 0) {
+          const uint32_t p = rng() % kPartitions;
+          auto pulled = PullNow(store, "c", {PullKey("w", p)});
+          ASSERT_TRUE(pulled.ok()) << pulled.status();
+          ASSERT_EQ(Floats((*pulled)[0]).size(), static_cast<size_t>(sizes[p]));
+          continue;
+        }
+        // Push to 1-3 distinct partitions at once.
+        std::vector<uint32_t> parts;
+        const int count = 1 + rng() % 3;
+        while (static_cast<int>(parts.size()) < count) {
+          const uint32_t p = rng() % kPartitions;
+          if (std::find(parts.begin(), parts.end(), p) == parts.end()) parts.push_back(p);
+        }
+        std::vector<v1::Slice> slices;
+        std::vector<std::vector<float>> grads;
+        for (uint32_t p : parts) {
+          std::vector<float> g(sizes[p]);
+          for (float& v : g) v = static_cast<float>(static_cast<int>(rng() % 7) - 3);
+          slices.push_back(GradSlice("w", p, g));
+          grads.push_back(std::move(g));
+        }
+        const auto request = Request("c", w, 1, op, ++seq, slices);
+        auto ack = store.Push(request);
+        ASSERT_TRUE(ack.ok()) << ack.status();
+        ASSERT_EQ(ack->duplicates, 0u);
+        {
+          absl::MutexLock lock(&mu);
+          for (size_t i = 0; i < parts.size(); ++i) {
+            ++applied[parts[i]];
+            for (int64_t j = 0; j < sizes[parts[i]]; ++j) sums[parts[i]][j] += grads[i][j];
+          }
+        }
+        if (rng() % 4 == 0) {  // a retry of the same request is acknowledged, not applied
+          auto retry = store.Push(request);
+          ASSERT_TRUE(retry.ok()) << retry.status();
+          ASSERT_EQ(retry->duplicates, parts.size());
+        }
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int p = 0; p < kPartitions; ++p) {
+    auto pulled = PullNow(store, "c", {PullKey("w", p)});
+    ASSERT_TRUE(pulled.ok());
+    EXPECT_EQ((*pulled)[0].version(), applied[p]);
+    const std::vector<float> got = Floats((*pulled)[0]);
+    for (int64_t j = 0; j < sizes[p]; ++j) {
+      ASSERT_EQ(got[j], static_cast<float>(100.0 - 0.5 * sums[p][j]))
+          << "partition " << p << " element " << j;
+    }
+  }
+}
+
+// --- Sparse tables ----------------------------------------------------------------------------
+
+v1::SparseTableDecl Table(const std::string& name, uint32_t dim, v1::Initializer::Kind kind,
+                          uint64_t seed) {
+  v1::SparseTableDecl t;
+  t.set_name(name);
+  t.set_dim(dim);
+  t.mutable_initializer()->set_kind(kind);
+  t.mutable_initializer()->set_scale(0.5f);
+  t.mutable_initializer()->set_value(0.25f);
+  t.mutable_initializer()->set_seed(seed);
+  return t;
+}
+
+std::vector<float> PullRows(ParameterStore& store, const std::string& job, const std::string& table,
+                            const std::vector<int64_t>& rows) {
+  auto w = PullNow(store, job, {PullKey(table, 0, rows)});
+  EXPECT_TRUE(w.ok()) << w.status();
+  if (!w.ok()) return {};
+  EXPECT_EQ((*w)[0].row_ids_size(), static_cast<int>(rows.size()));
+  return Floats((*w)[0]);
+}
+
+TEST(ParameterStoreTest, SparseRowsInitialiseDeterministicallyFromSeedAndRow) {
+  ParameterStore store;
+  v1::CreateJobStateRequest job = JobRequest("s", Config(v1::CONSISTENCY_ASP, 1, 0.5f));
+  *job.add_tables() = Table("u1", 8, v1::Initializer::KIND_UNIFORM, 3);
+  *job.add_tables() = Table("u2", 8, v1::Initializer::KIND_UNIFORM, 3);
+  *job.add_tables() = Table("u3", 8, v1::Initializer::KIND_UNIFORM, 4);
+  *job.add_tables() = Table("n", 8, v1::Initializer::KIND_NORMAL, 3);
+  *job.add_tables() = Table("c", 8, v1::Initializer::KIND_CONSTANT, 3);
+  ASSERT_TRUE(store.CreateJobState(job).ok());
+  const std::vector<int64_t> rows = {5, -9, int64_t{1} << 40};
+  const std::vector<float> a = PullRows(store, "s", "u1", rows);
+  EXPECT_EQ(a, PullRows(store, "s", "u2", rows));  // same initializer, same rows
+  EXPECT_EQ(a, PullRows(store, "s", "u1", rows));  // pulling twice
+  EXPECT_NE(a, PullRows(store, "s", "u3", rows));  // another seed
+  for (float v : a) EXPECT_LE(std::fabs(v), 0.5f);
+  EXPECT_NE(std::vector<float>(a.begin(), a.begin() + 8),
+            std::vector<float>(a.begin() + 8, a.begin() + 16));  // rows differ
+  EXPECT_EQ(PullRows(store, "s", "c", {1}), std::vector<float>(8, 0.25f));
+  double sum_sq = 0;
+  const std::vector<float> normal = PullRows(store, "s", "n", {1, 2, 3, 4, 5, 6, 7, 8});
+  for (float v : normal) sum_sq += v * v;
+  EXPECT_GT(sum_sq / normal.size(), 0.05);  // N(0, 0.25): variance 0.25
+  EXPECT_LT(sum_sq / normal.size(), 0.6);
+}
+
+// Random pushes of rows (with repeated ids in one push, which add up) checked against a
+// reference in float: with SGD each coordinate is w - lr * g, rounded once, as in the kernel.
+TEST(ParameterStoreTest, SparseTableMatchesReference) {
+  ParameterStore store;
+  v1::CreateJobStateRequest job = JobRequest("s", Config(v1::CONSISTENCY_ASP, 1, 0.5f));
+  *job.add_tables() = Table("emb", 4, v1::Initializer::KIND_UNIFORM, 11);
+  v1::SparseTableDecl ada = Table("ada", 3, v1::Initializer::KIND_CONSTANT, 0);
+  ada.mutable_optimizer()->set_kind(v1::OPTIMIZER_KIND_ADAGRAD);
+  ada.mutable_optimizer()->set_learning_rate(0.1f);
+  *job.add_tables() = ada;
+  ASSERT_TRUE(store.CreateJobState(job).ok());
+
+  std::mt19937 rng(5);
+  std::map<int64_t, std::vector<float>> emb;
+  std::map<int64_t, ReferenceOptimizer::State> adagrad;
+  ReferenceOptimizer ada_ref{v1::OPTIMIZER_KIND_ADAGRAD, 0.1};
+  uint64_t seq = 0;
+  for (int op = 0; op < 200; ++op) {
+    std::vector<int64_t> rows;
+    const int k = 1 + rng() % 6;
+    for (int i = 0; i < k; ++i) rows.push_back(static_cast<int64_t>(rng() % 20) - 5);
+    std::vector<float> g(rows.size() * 4);
+    for (float& v : g) v = static_cast<float>(static_cast<int>(rng() % 9) - 4);
+    for (int64_t r : rows) {
+      if (!emb.count(r)) emb[r] = PullRows(store, "s", "emb", {r});
+    }
+    std::map<int64_t, std::vector<float>> summed;
+    for (size_t i = 0; i < rows.size(); ++i) {
+      auto& s = summed[rows[i]];
+      s.resize(4, 0.0f);
+      for (int j = 0; j < 4; ++j) s[j] += g[i * 4 + j];
+    }
+    for (auto& [r, s] : summed) {
+      for (int j = 0; j < 4; ++j) emb[r][j] = emb[r][j] - 0.5f * s[j];
+    }
+    std::vector<float> g3(rows.size() * 3);
+    for (float& v : g3) v = static_cast<float>(static_cast<int>(rng() % 5) - 2);
+    std::map<int64_t, std::vector<float>> summed3;
+    for (size_t i = 0; i < rows.size(); ++i) {
+      auto& s = summed3[rows[i]];
+      s.resize(3, 0.0f);
+      for (int j = 0; j < 3; ++j) s[j] += g3[i * 3 + j];
+    }
+    for (auto& [r, s] : summed3) {
+      if (!adagrad.count(r))
+        adagrad[r] = ada_ref.Make({0.25f, 0.25f, 0.25f});  // KIND_CONSTANT 0.25
+      ada_ref.Apply(adagrad[r], s, 1.0);
+    }
+    auto ack = store.Push(
+        Request("s", 0, 1, op, ++seq, {RowsSlice("emb", rows, g), RowsSlice("ada", rows, g3)}));
+    ASSERT_TRUE(ack.ok()) << ack.status();
+  }
+  for (const auto& [r, want] : emb) {
+    EXPECT_EQ(PullRows(store, "s", "emb", {r}), want) << "row " << r;
+  }
+  for (const auto& [r, state] : adagrad) {
+    const std::vector<float> got = PullRows(store, "s", "ada", {r});
+    for (int j = 0; j < 3; ++j) EXPECT_NEAR(got[j], state.w[j], 1e-4) << "row " << r;
+  }
+}
+
+// --- Exactly-once ----------------------------------------------------------------------------
+
+// Workers push integer gradients with plain SGD while every push is delivered 1-3 times (some
+// retries arrive after later pushes), and one worker restarts with a new incarnation half-way.
+// The final weight is initial - lr * sum(gradients acknowledged as applied), exactly, and every
+// extra delivery is counted as a duplicate.
+TEST(ParameterStoreTest, ExactlyOnceUnderInjectedDuplicateDeliveries) {
+  for (v1::Consistency mode : {v1::CONSISTENCY_ASP, v1::CONSISTENCY_BSP}) {
+    SCOPED_TRACE(v1::Consistency_Name(mode));
+    constexpr int kWorkers = 4;
+    constexpr int kSteps = 40;
+    constexpr int64_t kN = 33;
+    ParameterStore store;
+    v1::CreateJobStateRequest job = JobRequest("e", Config(mode, kWorkers, 0.5f));
+    *job.add_partitions() = Dense("w", 0, kN, std::vector<float>(kN, 1000.0f));
+    *job.add_partitions() = Dense("w", 1, kN, std::vector<float>(kN, -1000.0f));
+    ASSERT_TRUE(store.CreateJobState(job).ok());
+
+    std::vector<double> sum0(kN, 0.0), sum1(kN, 0.0);
+    int64_t injected = 0;
+    int64_t acknowledged_duplicates = 0;
+    std::mt19937 rng(9);
+    std::vector<uint64_t> incarnation(kWorkers, 1);
+    std::vector<uint64_t> seq(kWorkers, 0);
+    for (int step = 0; step < kSteps; ++step) {
+      std::vector<v1::PushPullRequest> sent;
+      for (int w = 0; w < kWorkers; ++w) {
+        if (w == 1 && step == kSteps / 2) {  // worker 1 restarts: new incarnation, seq from 1
+          ++incarnation[w];
+          seq[w] = 0;
+        }
+        std::vector<float> g0(kN), g1(kN);
+        for (float& v : g0) v = static_cast<float>(static_cast<int>(rng() % 11) - 5);
+        for (float& v : g1) v = static_cast<float>(static_cast<int>(rng() % 11) - 5);
+        auto r = Request("e", w, incarnation[w], step, ++seq[w],
+                         {GradSlice("w", 0, g0), GradSlice("w", 1, g1)});
+        auto ack = store.Push(r);
+        ASSERT_TRUE(ack.ok()) << ack.status();
+        ASSERT_EQ(ack->duplicates, 0u);
+        for (int64_t i = 0; i < kN; ++i) {
+          sum0[i] += g0[i];
+          sum1[i] += g1[i];
+        }
+        sent.push_back(r);
+        const int again = rng() % 3;  // immediate redeliveries
+        for (int k = 0; k < again; ++k) {
+          auto dup = store.Push(r);
+          ASSERT_TRUE(dup.ok()) << dup.status();
+          acknowledged_duplicates += dup->duplicates;
+          injected += 2;
+        }
+      }
+      // Late redeliveries of this step's pushes, after other pushes went through.
+      for (const auto& r : sent) {
+        if (rng() % 2 == 0) continue;
+        auto dup = store.Push(r);
+        ASSERT_TRUE(dup.ok()) << dup.status();
+        acknowledged_duplicates += dup->duplicates;
+        injected += 2;
+      }
+    }
+    EXPECT_EQ(acknowledged_duplicates, injected);
+    auto stats = store.GetJobStats("e");
+    ASSERT_TRUE(stats.ok());
+    EXPECT_EQ(stats->duplicates, injected);
+    // BSP applies the mean of the 4 gradients of a step: 1/4 and lr 0.5 keep it exact too.
+    const double scale = mode == v1::CONSISTENCY_BSP ? 1.0 / kWorkers : 1.0;
+    const std::vector<float> w0 = PullDense(store, "e", "w", 0);
+    const std::vector<float> w1 = PullDense(store, "e", "w", 1);
+    for (int64_t i = 0; i < kN; ++i) {
+      ASSERT_EQ(w0[i], static_cast<float>(1000.0 - 0.5 * scale * sum0[i])) << i;
+      ASSERT_EQ(w1[i], static_cast<float>(-1000.0 - 0.5 * scale * sum1[i])) << i;
+    }
+    EXPECT_EQ(stats->updates_applied,
+              mode == v1::CONSISTENCY_BSP ? 2 * kSteps : 2 * kSteps * kWorkers);
+  }
+}
+
+TEST(ParameterStoreTest, StaleIncarnationIsRefused) {
+  ParameterStore store;
+  v1::CreateJobStateRequest job = JobRequest("e", Config(v1::CONSISTENCY_ASP, 1, 0.5f));
+  *job.add_partitions() = Dense("w", 0, 2);
+  ASSERT_TRUE(store.CreateJobState(job).ok());
+  ASSERT_TRUE(store.Push(Request("e", 0, 5, 0, 1, {GradSlice("w", 0, {1, 1})})).ok());
+  auto status = store.Push(Request("e", 0, 4, 1, 9, {GradSlice("w", 0, {1, 1})})).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(status.message(), HasSubstr("incarnation 4"));
+  EXPECT_EQ(PullDense(store, "e", "w", 0), (std::vector<float>{-0.5f, -0.5f}));
+}
+
+// --- Validation (all or nothing) ------------------------------------------------------------
+
+TEST(ParameterStoreTest, RequestIsValidatedFullyBeforeAnythingIsApplied) {
+  ParameterStore store;
+  v1::CreateJobStateRequest job = JobRequest("v", Config(v1::CONSISTENCY_ASP, 2, 0.5f));
+  *job.add_partitions() = Dense("w", 0, 2);
+  *job.add_partitions() = Dense("w", 1, 2);
+  ASSERT_TRUE(store.CreateJobState(job).ok());
+  // The first slice is fine, the second has a wrong size: nothing is applied.
+  auto status =
+      store
+          .Push(Request("v", 0, 1, 0, 1, {GradSlice("w", 0, {1, 1}), GradSlice("w", 1, {1, 1, 1})}))
+          .status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(status.message(), HasSubstr("w/1"));
+  EXPECT_THAT(status.message(), HasSubstr("12 bytes"));
+  EXPECT_EQ(PullDense(store, "v", "w", 0), (std::vector<float>{0, 0}));
+  // The same key twice in one request.
+  status =
+      store.Push(Request("v", 0, 1, 0, 2, {GradSlice("w", 0, {1, 1}), GradSlice("w", 0, {1, 1})}))
+          .status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(PullDense(store, "v", "w", 0), (std::vector<float>{0, 0}));
+  // A failed request does not consume its seq: the same seq applies once fixed.
+  auto ack = store.Push(Request("v", 0, 1, 0, 1, {GradSlice("w", 0, {2, 2})}));
+  ASSERT_TRUE(ack.ok());
+  EXPECT_EQ(ack->duplicates, 0u);
+  EXPECT_EQ(PullDense(store, "v", "w", 0), (std::vector<float>{-1, -1}));
+}
+
+TEST(ParameterStoreTest, NonFiniteGradientsAreRejectedOrSkipped) {
+  for (auto policy : {v1::NON_FINITE_POLICY_REJECT, v1::NON_FINITE_POLICY_SKIP}) {
+    ParameterStore store;
+    v1::JobConfig config = Config(v1::CONSISTENCY_ASP, 1, 0.5f);
+    config.set_non_finite_policy(policy);
+    v1::CreateJobStateRequest job = JobRequest("n", config);
+    *job.add_partitions() = Dense("w", 0, 2);
+    *job.add_partitions() = Dense("w", 1, 2);
+    ASSERT_TRUE(store.CreateJobState(job).ok());
+    for (v1::Encoding enc : {v1::ENCODING_FP32, v1::ENCODING_BF16, v1::ENCODING_FP16}) {
+      auto ack = store.Push(Request(
+          "n", 0, 1, 0, 0, {GradSlice("w", 0, {2, 2}), GradSlice("w", 1, {1, NAN}, false, enc)}));
+      if (policy == v1::NON_FINITE_POLICY_REJECT) {
+        EXPECT_EQ(ack.status().code(), absl::StatusCode::kInvalidArgument);
+        EXPECT_THAT(ack.status().message(), HasSubstr("w/1"));
+      } else {
+        ASSERT_TRUE(ack.ok()) << ack.status();
+        EXPECT_EQ(ack->skipped_non_finite, 1u);
+        break;  // seq 0 is now applied for this worker
+      }
+    }
+    const float expect_w0 = policy == v1::NON_FINITE_POLICY_SKIP ? -1.0f : 0.0f;
+    EXPECT_EQ(PullDense(store, "n", "w", 0), (std::vector<float>{expect_w0, expect_w0}));
+    EXPECT_EQ(PullDense(store, "n", "w", 1), (std::vector<float>{0, 0}));
+  }
+}
+
+TEST(ParameterStoreTest, DropJobFailsParkedPullsAndForgetsTheJob) {
+  ParameterStore store;
+  v1::CreateJobStateRequest job = JobRequest("d", Config(v1::CONSISTENCY_BSP, 2, 0.5f));
+  *job.add_partitions() = Dense("w", 0, 2);
+  ASSERT_TRUE(store.CreateJobState(job).ok());
+  std::optional<absl::StatusOr<v1::PushPullResponse>> parked;
+  store.PushPull(Request("d", 0, 1, 0, 1, {GradSlice("w", 0, {1, 1}, true)}),
+                 [&](absl::StatusOr<v1::PushPullResponse> r) { parked = std::move(r); });
+  EXPECT_FALSE(parked.has_value());
+  ASSERT_TRUE(store.DropJob("d").ok());
+  ASSERT_TRUE(parked.has_value());
+  EXPECT_EQ(parked->status().code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(store.DropJob("d").code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(PullNow(store, "d", {PullKey("w", 0)}).status().code(), absl::StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace tessera::server
