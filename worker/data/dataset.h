@@ -1,0 +1,136 @@
+// In-memory datasets and the readers that fill them (DESIGN.md §5, "Data").
+//
+// A Dataset holds one split (train or test) of one worker: only the examples of its shard, the
+// ones whose position p in the file has p % world == rank. Shards of the same file are disjoint
+// and together cover it. Readers parse the whole file (so every worker reports the same error for
+// a bad file) and keep only their shard.
+//
+// Readers:
+//   ReadIdxDataset     IDX image and label files (MNIST, Fashion-MNIST), gzip or plain.
+//   ReadLibsvmDataset  LIBSVM sparse text: "label index:value index:value ...".
+//   ReadCsvDataset     CSV with one label column, every other column a dense feature.
+// Errors name the file and the place: a byte offset for IDX ("at byte 16"), a line (and column for
+// CSV) for text. A missing file is NOT_FOUND, a file that ends early or fails its gzip check is
+// DATA_LOSS, and anything else malformed is INVALID_ARGUMENT.
+#ifndef TESSERA_WORKER_DATA_DATASET_H_
+#define TESSERA_WORKER_DATA_DATASET_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "worker/data/batch.h"
+
+namespace tessera::data {
+
+// x' = (x / divide_by - mean) / stddev, applied to every dense feature and sparse value.
+struct Normalization {
+  float divide_by = 1.0f;
+  float mean = 0.0f;
+  float stddev = 1.0f;
+};
+
+struct ReadOptions {
+  // This worker's shard: examples at positions p with p % world == rank.
+  int rank = 0;
+  int world = 1;
+  Normalization normalization;
+  // > 0: labels are class ids in [0, num_classes) (LIBSVM's -1 becomes 0 when num_classes is 2).
+  // 0: labels are real-valued targets.
+  int num_classes = 0;
+  // LIBSVM: the feature count; 0 infers it as the largest index + 1 seen in the file.
+  int64_t num_features = 0;
+  // LIBSVM: indices start at 0 instead of LIBSVM's usual 1.
+  bool zero_based = false;
+  // CSV: the column (0-based) that holds the label, whether the first line is a header, and the
+  // field separator.
+  int label_column = 0;
+  bool has_header = false;
+  char delimiter = ',';
+};
+
+// Immutable after construction; safe to read from several threads.
+class Dataset {
+ public:
+  // Dense examples whose raw values are bytes (IDX ubyte): `pixels` holds size x feature_dim bytes.
+  static std::shared_ptr<const Dataset> FromBytes(std::vector<int64_t> example_shape,
+                                                  std::vector<uint8_t> pixels,
+                                                  std::vector<float> labels, int num_classes,
+                                                  Normalization normalization,
+                                                  int64_t total_examples);
+  // Dense examples as floats, already normalised: size x feature_dim floats.
+  static std::shared_ptr<const Dataset> FromFloats(std::vector<int64_t> example_shape,
+                                                   std::vector<float> features,
+                                                   std::vector<float> labels, int num_classes,
+                                                   int64_t total_examples);
+  // Sparse examples in CSR form (offsets has size + 1 entries), values already normalised.
+  static std::shared_ptr<const Dataset> FromSparse(int64_t feature_dim,
+                                                   std::vector<int64_t> offsets,
+                                                   std::vector<int64_t> ids,
+                                                   std::vector<float> values,
+                                                   std::vector<float> labels, int num_classes,
+                                                   int64_t total_examples);
+
+  // Examples in this shard.
+  int64_t size() const { return static_cast<int64_t>(labels_.size()); }
+  // Examples in the whole file, across all shards.
+  int64_t total_examples() const { return total_examples_; }
+  // Features per example (dense), or the id space (sparse).
+  int64_t feature_dim() const { return feature_dim_; }
+  // The shape of one dense example, e.g. {28, 28} for Fashion-MNIST; {feature_dim} otherwise.
+  const std::vector<int64_t>& example_shape() const { return example_shape_; }
+  bool sparse() const { return sparse_; }
+  int num_classes() const { return num_classes_; }
+
+  float target(int64_t i) const { return labels_[i]; }
+  int32_t label(int64_t i) const { return static_cast<int32_t>(labels_[i]); }
+  // Writes example i's normalised dense features to out[0, feature_dim). REQUIRES: !sparse().
+  void CopyFeatures(int64_t i, float* out) const;
+
+  // Replaces the contents of *batch with the examples at `indices` (shard-local), reusing its
+  // buffers' capacity.
+  void Gather(absl::Span<const int64_t> indices, Batch* batch) const;
+
+ private:
+  Dataset() = default;
+
+  std::vector<int64_t> example_shape_;
+  int64_t feature_dim_ = 0;
+  int64_t total_examples_ = 0;
+  int num_classes_ = 0;
+  bool sparse_ = false;
+  // Dense storage: bytes with a 256-entry normalisation table, or floats.
+  std::vector<uint8_t> bytes_;
+  float byte_table_[256] = {};
+  std::vector<float> floats_;
+  // Sparse storage (CSR).
+  std::vector<int64_t> offsets_;
+  std::vector<int64_t> ids_;
+  std::vector<float> values_;
+  std::vector<float> labels_;
+};
+
+// Reads an IDX image file (ubyte, or any IDX element type, converted to float) and its IDX label
+// file. The first dimension counts examples; the rest is example_shape. The counts must match.
+absl::StatusOr<std::shared_ptr<const Dataset>> ReadIdxDataset(const std::string& images_path,
+                                                              const std::string& labels_path,
+                                                              const ReadOptions& options);
+
+// Reads a LIBSVM file (plain or gzip). Blank lines and '#' comments are skipped; indices must be
+// strictly increasing within a line.
+absl::StatusOr<std::shared_ptr<const Dataset>> ReadLibsvmDataset(const std::string& path,
+                                                                 const ReadOptions& options);
+
+// Reads a CSV file (plain or gzip); every row must have the same number of fields.
+absl::StatusOr<std::shared_ptr<const Dataset>> ReadCsvDataset(const std::string& path,
+                                                              const ReadOptions& options);
+
+// INVALID_ARGUMENT naming the field when rank/world, normalisation or num_classes are out of range.
+absl::Status ValidateReadOptions(const ReadOptions& options);
+
+}  // namespace tessera::data
+
+#endif  // TESSERA_WORKER_DATA_DATASET_H_

@@ -1,0 +1,473 @@
+#include "worker/data/dataset.h"
+
+#include <unistd.h>
+#include <zlib.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace tessera::data {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+
+constexpr char kFashionDir[] = "/usr/share/datasets/fashion-mnist/";
+
+std::string Fashion(const char* name) { return absl::StrCat(kFashionDir, name); }
+
+ReadOptions FashionOptions() {
+  ReadOptions o;
+  o.normalization.divide_by = 255.0f;
+  o.num_classes = 10;
+  return o;
+}
+
+// The raw bytes of example i, recovered from the /255-normalised features.
+std::vector<uint8_t> PixelBytes(const Dataset& d, int64_t i) {
+  std::vector<float> f(d.feature_dim());
+  d.CopyFeatures(i, f.data());
+  std::vector<uint8_t> bytes(f.size());
+  for (size_t j = 0; j < f.size(); ++j) bytes[j] = static_cast<uint8_t>(std::lround(f[j] * 255));
+  return bytes;
+}
+
+class TempDir {
+ public:
+  TempDir() {
+    char tmpl[] = "/tmp/tessera_data_test.XXXXXX";
+    path_ = mkdtemp(tmpl);
+  }
+  ~TempDir() { std::system(absl::StrCat("rm -rf '", path_, "'").c_str()); }
+  std::string File(const std::string& name) const { return absl::StrCat(path_, "/", name); }
+
+ private:
+  std::string path_;
+};
+
+void WriteFile(const std::string& path, const std::string& contents) {
+  std::ofstream out(path, std::ios::binary);
+  out << contents;
+}
+
+void WriteGzip(const std::string& path, const std::string& contents) {
+  gzFile f = gzopen(path.c_str(), "wb");
+  ASSERT_NE(f, nullptr);
+  ASSERT_EQ(gzwrite(f, contents.data(), contents.size()), static_cast<int>(contents.size()));
+  gzclose(f);
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+std::string Decompress(const std::string& gz_path) {
+  gzFile f = gzopen(gz_path.c_str(), "rb");
+  std::string out;
+  char buf[1 << 16];
+  int got;
+  while ((got = gzread(f, buf, sizeof(buf))) > 0) out.append(buf, got);
+  gzclose(f);
+  return out;
+}
+
+// An IDX file: ubyte elements, the given dimensions, and the given element bytes.
+std::string Idx(const std::vector<uint32_t>& dims, const std::string& elements) {
+  std::string s = {0, 0, 0x08, static_cast<char>(dims.size())};
+  for (uint32_t d : dims) {
+    s += static_cast<char>(d >> 24);
+    s += static_cast<char>(d >> 16);
+    s += static_cast<char>(d >> 8);
+    s += static_cast<char>(d);
+  }
+  return s + elements;
+}
+
+// ------------------------------------------------------------------------------------------------
+// IDX on the real Fashion-MNIST files.
+
+TEST(IdxReaderTest, FashionMnistTrainSplit) {
+  auto d = ReadIdxDataset(Fashion("train-images-idx3-ubyte.gz"),
+                          Fashion("train-labels-idx1-ubyte.gz"), FashionOptions());
+  ASSERT_TRUE(d.ok()) << d.status();
+  const Dataset& ds = **d;
+  EXPECT_EQ(ds.size(), 60000);
+  EXPECT_EQ(ds.total_examples(), 60000);
+  EXPECT_EQ(ds.example_shape(), (std::vector<int64_t>{28, 28}));
+  EXPECT_EQ(ds.feature_dim(), 784);
+  EXPECT_FALSE(ds.sparse());
+  // Expected values computed independently with Python:
+  //   d = gzip.open('train-images-idx3-ubyte.gz').read(); img = d[16:16+784]
+  //   sum(img) == 76247; zlib.crc32(img) == 4067475125
+  //   gzip.open('train-labels-idx1-ubyte.gz').read()[8:18].hex() == '09000003000207020505'
+  std::vector<uint8_t> first = PixelBytes(ds, 0);
+  int64_t sum = 0;
+  for (uint8_t b : first) sum += b;
+  EXPECT_EQ(sum, 76247);
+  EXPECT_EQ(crc32(0, first.data(), first.size()), 4067475125u);
+  const std::vector<int> first_labels = {9, 0, 0, 3, 0, 2, 7, 2, 5, 5};
+  for (int i = 0; i < 10; ++i) EXPECT_EQ(ds.label(i), first_labels[i]) << i;
+  std::vector<int> per_class(10);
+  for (int64_t i = 0; i < ds.size(); ++i) ++per_class[ds.label(i)];
+  EXPECT_EQ(per_class, std::vector<int>(10, 6000));
+  float lo = 1, hi = 0;
+  std::vector<float> f(784);
+  ds.CopyFeatures(0, f.data());
+  for (float v : f) lo = std::min(lo, v), hi = std::max(hi, v);
+  EXPECT_GE(lo, 0.0f);
+  EXPECT_LE(hi, 1.0f);
+}
+
+TEST(IdxReaderTest, FashionMnistTestSplit) {
+  auto d = ReadIdxDataset(Fashion("t10k-images-idx3-ubyte.gz"),
+                          Fashion("t10k-labels-idx1-ubyte.gz"), FashionOptions());
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ((*d)->size(), 10000);
+  EXPECT_EQ((*d)->example_shape(), (std::vector<int64_t>{28, 28}));
+  // Python: sum(gzip.open('t10k-images-idx3-ubyte.gz').read()[16:16+784]) == 33456,
+  // zlib.crc32(...) == 1384319072; labels[8:18].hex() == '09020101060104060507'.
+  std::vector<uint8_t> first = PixelBytes(**d, 0);
+  int64_t sum = 0;
+  for (uint8_t b : first) sum += b;
+  EXPECT_EQ(sum, 33456);
+  EXPECT_EQ(crc32(0, first.data(), first.size()), 1384319072u);
+  const std::vector<int> first_labels = {9, 2, 1, 1, 6, 1, 4, 6, 5, 7};
+  for (int i = 0; i < 10; ++i) EXPECT_EQ((*d)->label(i), first_labels[i]) << i;
+}
+
+TEST(IdxReaderTest, ShardsOfTheRealFileAreDisjointAndCovering) {
+  const std::string images = Fashion("t10k-images-idx3-ubyte.gz");
+  const std::string labels = Fashion("t10k-labels-idx1-ubyte.gz");
+  auto full = ReadIdxDataset(images, labels, FashionOptions());
+  ASSERT_TRUE(full.ok()) << full.status();
+  int64_t covered = 0;
+  for (int rank = 0; rank < 3; ++rank) {
+    ReadOptions o = FashionOptions();
+    o.rank = rank;
+    o.world = 3;
+    auto shard = ReadIdxDataset(images, labels, o);
+    ASSERT_TRUE(shard.ok()) << shard.status();
+    EXPECT_EQ((*shard)->size(), rank == 0 ? 3334 : 3333);
+    EXPECT_EQ((*shard)->total_examples(), 10000);
+    covered += (*shard)->size();
+    // Shard example i is file example rank + 3 i.
+    for (int64_t i : {int64_t{0}, int64_t{1}, (*shard)->size() - 1}) {
+      EXPECT_EQ(PixelBytes(**shard, i), PixelBytes(**full, rank + 3 * i)) << rank << " " << i;
+      EXPECT_EQ((*shard)->label(i), (*full)->label(rank + 3 * i));
+    }
+  }
+  EXPECT_EQ(covered, 10000);
+}
+
+TEST(IdxReaderTest, NormalisationIsApplied) {
+  TempDir dir;
+  WriteFile(dir.File("im"), Idx({2, 2}, std::string("\x00\xff\x33\x66", 4)));
+  WriteFile(dir.File("lb"), Idx({2}, std::string("\x01\x00", 2)));
+  ReadOptions o;
+  o.normalization = {255.0f, 0.5f, 0.25f};
+  o.num_classes = 2;
+  auto d = ReadIdxDataset(dir.File("im"), dir.File("lb"), o);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ((*d)->example_shape(), (std::vector<int64_t>{2}));
+  Batch b;
+  const int64_t idx[] = {1, 0};
+  (*d)->Gather(idx, &b);
+  ASSERT_EQ(b.features.size(), 4u);
+  EXPECT_FLOAT_EQ(b.features[0], (0x33 / 255.0f - 0.5f) / 0.25f);
+  EXPECT_FLOAT_EQ(b.features[1], (0x66 / 255.0f - 0.5f) / 0.25f);
+  EXPECT_FLOAT_EQ(b.features[2], -2.0f);
+  EXPECT_FLOAT_EQ(b.features[3], 2.0f);
+  EXPECT_EQ(b.labels, (std::vector<int32_t>{0, 1}));
+  EXPECT_EQ(b.targets, (std::vector<float>{0.0f, 1.0f}));
+}
+
+// ------------------------------------------------------------------------------------------------
+// IDX errors, on damaged copies of the real files.
+
+TEST(IdxReaderTest, MissingFileIsNotFoundAndNamesIt) {
+  auto d = ReadIdxDataset("/nonexistent/images.gz", Fashion("t10k-labels-idx1-ubyte.gz"),
+                          FashionOptions());
+  EXPECT_EQ(d.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(d.status().message()), HasSubstr("/nonexistent/images.gz"));
+}
+
+TEST(IdxReaderTest, TruncatedGzipIsDataLossNamingFileAndOffset) {
+  TempDir dir;
+  const std::string gz = ReadFile(Fashion("t10k-images-idx3-ubyte.gz"));
+  const std::string cut = dir.File("cut-images.gz");
+  WriteFile(cut, gz.substr(0, gz.size() / 2));
+  auto d = ReadIdxDataset(cut, Fashion("t10k-labels-idx1-ubyte.gz"), FashionOptions());
+  EXPECT_EQ(d.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(std::string(d.status().message()),
+              AllOf(HasSubstr(cut), HasSubstr("truncated at byte ")));
+}
+
+TEST(IdxReaderTest, TruncatedPlainFileReportsTheExactOffset) {
+  TempDir dir;
+  const std::string raw = Decompress(Fashion("t10k-images-idx3-ubyte.gz"));
+  ASSERT_EQ(raw.size(), 7840016u);
+  const std::string cut = dir.File("cut-images");
+  WriteFile(cut, raw.substr(0, 1000));
+  auto d = ReadIdxDataset(cut, Fashion("t10k-labels-idx1-ubyte.gz"), FashionOptions());
+  EXPECT_EQ(d.status().code(), absl::StatusCode::kDataLoss);
+  // Example 1 starts at byte 16 + 784 = 800; 200 of its 784 bytes are there.
+  EXPECT_THAT(
+      std::string(d.status().message()),
+      AllOf(HasSubstr(cut), HasSubstr("truncated at byte 1000"), HasSubstr("from byte 800")));
+}
+
+TEST(IdxReaderTest, TruncatedHeaderIsDataLoss) {
+  TempDir dir;
+  WriteFile(dir.File("lb"), std::string("\x00\x00\x08\x01\x00\x00", 6));
+  auto d = ReadIdxDataset(Fashion("t10k-images-idx3-ubyte.gz"), dir.File("lb"), FashionOptions());
+  EXPECT_EQ(d.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(std::string(d.status().message()),
+              AllOf(HasSubstr(dir.File("lb")), HasSubstr("truncated at byte 6")));
+}
+
+TEST(IdxReaderTest, CorruptGzipIsDataLoss) {
+  TempDir dir;
+  std::string gz = ReadFile(Fashion("t10k-images-idx3-ubyte.gz"));
+  for (size_t i = gz.size() / 2; i < gz.size() / 2 + 64; ++i) gz[i] = static_cast<char>(~gz[i]);
+  const std::string bad = dir.File("bad-images.gz");
+  WriteFile(bad, gz);
+  auto d = ReadIdxDataset(bad, Fashion("t10k-labels-idx1-ubyte.gz"), FashionOptions());
+  EXPECT_EQ(d.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(std::string(d.status().message()), AllOf(HasSubstr(bad), HasSubstr("byte")));
+}
+
+TEST(IdxReaderTest, BadMagicIsInvalidArgumentAtByteZero) {
+  TempDir dir;
+  std::string raw = Decompress(Fashion("t10k-labels-idx1-ubyte.gz"));
+  raw[0] = 0x1f;
+  WriteGzip(dir.File("lb.gz"), raw);
+  auto d =
+      ReadIdxDataset(Fashion("t10k-images-idx3-ubyte.gz"), dir.File("lb.gz"), FashionOptions());
+  EXPECT_EQ(d.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(d.status().message()),
+              AllOf(HasSubstr(dir.File("lb.gz")), HasSubstr("bad magic number at byte 0")));
+}
+
+TEST(IdxReaderTest, CountMismatchNamesBothFiles) {
+  TempDir dir;
+  WriteFile(dir.File("lb"), Idx({3}, std::string("\x01\x02\x03", 3)));
+  auto d = ReadIdxDataset(Fashion("t10k-images-idx3-ubyte.gz"), dir.File("lb"), FashionOptions());
+  EXPECT_EQ(d.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(d.status().message()),
+              AllOf(HasSubstr("t10k-images-idx3-ubyte.gz holds 10000 examples"),
+                    HasSubstr(dir.File("lb")), HasSubstr("3 labels")));
+}
+
+TEST(IdxReaderTest, TrailingDataAndBadLabelsAreRefused) {
+  TempDir dir;
+  WriteFile(dir.File("im"), Idx({2, 1}, std::string("\x01\x02", 2)));
+  WriteFile(dir.File("lb_trailing"), Idx({2}, std::string("\x01\x00\x07", 3)));
+  WriteFile(dir.File("lb_range"), Idx({2}, std::string("\x01\x0a", 2)));
+  ReadOptions o;
+  o.num_classes = 10;
+  auto trailing = ReadIdxDataset(dir.File("im"), dir.File("lb_trailing"), o);
+  EXPECT_EQ(trailing.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(trailing.status().message()),
+              HasSubstr("unexpected trailing data at byte 10"));
+  auto range = ReadIdxDataset(dir.File("im"), dir.File("lb_range"), o);
+  EXPECT_EQ(range.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(range.status().message()),
+              AllOf(HasSubstr("label 1 at byte 9"), HasSubstr("label 10 is not a class id")));
+}
+
+// ------------------------------------------------------------------------------------------------
+// LIBSVM.
+
+TEST(LibsvmReaderTest, ReadsSparseExamples) {
+  TempDir dir;
+  WriteFile(dir.File("a.svm"),
+            "+1 1:0.5 3:2 # a comment\n"
+            "\n"
+            "-1 2:4\r\n"
+            "1\n");
+  ReadOptions o;
+  o.num_classes = 2;
+  o.normalization.divide_by = 2.0f;
+  auto d = ReadLibsvmDataset(dir.File("a.svm"), o);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_TRUE((*d)->sparse());
+  EXPECT_EQ((*d)->size(), 3);
+  EXPECT_EQ((*d)->feature_dim(), 3);  // largest 1-based index 3 -> ids 0..2
+  Batch b;
+  const int64_t idx[] = {0, 1, 2};
+  (*d)->Gather(idx, &b);
+  EXPECT_EQ(b.sparse_offsets, (std::vector<int64_t>{0, 2, 3, 3}));
+  EXPECT_EQ(b.sparse_ids, (std::vector<int64_t>{0, 2, 1}));
+  EXPECT_EQ(b.sparse_values, (std::vector<float>{0.25f, 1.0f, 2.0f}));
+  EXPECT_EQ(b.labels, (std::vector<int32_t>{1, 0, 1}));
+  EXPECT_TRUE(b.features.empty());
+}
+
+TEST(LibsvmReaderTest, ZeroBasedAndFixedFeatureCount) {
+  TempDir dir;
+  WriteFile(dir.File("a.svm"), "0.5 0:1 7:1\n");
+  ReadOptions o;
+  o.zero_based = true;
+  o.num_features = 100;
+  auto d = ReadLibsvmDataset(dir.File("a.svm"), o);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ((*d)->feature_dim(), 100);
+  EXPECT_FLOAT_EQ((*d)->target(0), 0.5f);
+}
+
+struct BadLine {
+  std::string contents;
+  std::string expected;  // in the message, after "<path>:"
+  int num_classes;
+};
+
+class LibsvmBadLineTest : public ::testing::TestWithParam<BadLine> {};
+
+TEST_P(LibsvmBadLineTest, NamesFileAndLine) {
+  TempDir dir;
+  const std::string path = dir.File("bad.svm");
+  WriteFile(path, GetParam().contents);
+  ReadOptions o;
+  o.num_classes = GetParam().num_classes;
+  o.num_features = 10;
+  auto d = ReadLibsvmDataset(path, o);
+  EXPECT_EQ(d.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(d.status().message()),
+              HasSubstr(absl::StrCat(path, ":", GetParam().expected)));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Lines, LibsvmBadLineTest,
+    ::testing::Values(BadLine{"1 1:1\n1 2:x\n", "2: feature 1 '2:x' is not index:value", 0},
+                      BadLine{"1 1:1\nabc 2:1\n", "2: label 'abc' is not a number", 0},
+                      BadLine{"1 1:1\n\n1 3:1 2:1\n", "3: feature index 2 does not increase", 0},
+                      BadLine{"1 0:1\n", "1: feature index 0 is below the first index 1", 0},
+                      BadLine{"1 11:1\n", "1: feature index 11 is beyond num_features 10", 0},
+                      BadLine{"1 1:1\n3 1:1\n", "2: label 3 is not a class id in [0, 2)", 2},
+                      BadLine{"1 1:1\n1 2\n", "2: feature 1 '2' is not index:value", 0}));
+
+// ------------------------------------------------------------------------------------------------
+// CSV.
+
+TEST(CsvReaderTest, ReadsDenseExamplesWithHeaderAndLabelColumn) {
+  TempDir dir;
+  WriteFile(dir.File("a.csv"),
+            "x1,x2,label\n"
+            "1,2,0\n"
+            "3,4.5,2\n");
+  ReadOptions o;
+  o.has_header = true;
+  o.label_column = 2;
+  o.num_classes = 3;
+  auto d = ReadCsvDataset(dir.File("a.csv"), o);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ((*d)->size(), 2);
+  EXPECT_EQ((*d)->feature_dim(), 2);
+  Batch b;
+  const int64_t idx[] = {1, 0};
+  (*d)->Gather(idx, &b);
+  EXPECT_EQ(b.features, (std::vector<float>{3.0f, 4.5f, 1.0f, 2.0f}));
+  EXPECT_EQ(b.labels, (std::vector<int32_t>{2, 0}));
+}
+
+TEST(CsvReaderTest, BadFieldNamesLineAndColumn) {
+  TempDir dir;
+  const std::string path = dir.File("bad.csv");
+  WriteFile(path, "0,1,2\n1,2,oops\n");
+  auto d = ReadCsvDataset(path, ReadOptions());
+  EXPECT_EQ(d.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(d.status().message()),
+              HasSubstr(absl::StrCat(path, ":2, column 3: 'oops' is not a finite number")));
+}
+
+TEST(CsvReaderTest, RaggedRowNamesLine) {
+  TempDir dir;
+  const std::string path = dir.File("bad.csv");
+  WriteFile(path, "0,1,2\n1,2,3\n\n1,2\n");
+  auto d = ReadCsvDataset(path, ReadOptions());
+  EXPECT_EQ(d.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(d.status().message()),
+              HasSubstr(absl::StrCat(path, ":4: 2 fields, but earlier rows have 3")));
+}
+
+TEST(CsvReaderTest, LabelColumnBeyondRowAndEmptyFile) {
+  TempDir dir;
+  WriteFile(dir.File("a.csv"), "1,2\n");
+  WriteFile(dir.File("empty.csv"), "\n\n");
+  ReadOptions o;
+  o.label_column = 5;
+  auto d = ReadCsvDataset(dir.File("a.csv"), o);
+  EXPECT_EQ(d.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(d.status().message()), HasSubstr("label_column 5 is beyond the 2"));
+  auto e = ReadCsvDataset(dir.File("empty.csv"), ReadOptions());
+  EXPECT_EQ(e.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(e.status().message()), HasSubstr("no examples"));
+}
+
+TEST(CsvReaderTest, GzipCsvIsRead) {
+  TempDir dir;
+  WriteGzip(dir.File("a.csv.gz"), "1,0.5\n0,0.25\n");
+  auto d = ReadCsvDataset(dir.File("a.csv.gz"), ReadOptions());
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ((*d)->size(), 2);
+  EXPECT_FLOAT_EQ((*d)->target(1), 0.0f);
+}
+
+// ------------------------------------------------------------------------------------------------
+// Sharding for the text formats.
+
+TEST(ShardingTest, TextShardsAreDisjointAndCovering) {
+  TempDir dir;
+  std::string csv, svm;
+  for (int i = 0; i < 10; ++i) {
+    csv += absl::StrCat(i, ",", i * 10, "\n");
+    svm += absl::StrCat(i, " 1:", i * 10, "\n");
+  }
+  WriteFile(dir.File("a.csv"), csv);
+  WriteFile(dir.File("a.svm"), svm);
+  for (bool use_csv : {true, false}) {
+    std::multiset<float> seen;
+    for (int rank = 0; rank < 3; ++rank) {
+      ReadOptions o;
+      o.rank = rank;
+      o.world = 3;
+      auto d =
+          use_csv ? ReadCsvDataset(dir.File("a.csv"), o) : ReadLibsvmDataset(dir.File("a.svm"), o);
+      ASSERT_TRUE(d.ok()) << d.status();
+      EXPECT_EQ((*d)->size(), rank == 0 ? 4 : 3);
+      EXPECT_EQ((*d)->total_examples(), 10);
+      for (int64_t i = 0; i < (*d)->size(); ++i) {
+        EXPECT_EQ((*d)->target(i), rank + 3 * i);
+        seen.insert((*d)->target(i));
+      }
+    }
+    EXPECT_EQ(seen, (std::multiset<float>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9})) << use_csv;
+  }
+}
+
+TEST(ReadOptionsTest, BadOptionsNameTheField) {
+  ReadOptions o;
+  o.rank = 3;
+  o.world = 3;
+  EXPECT_THAT(std::string(ValidateReadOptions(o).message()), HasSubstr("rank"));
+  o = ReadOptions();
+  o.normalization.stddev = 0;
+  EXPECT_THAT(std::string(ValidateReadOptions(o).message()), HasSubstr("normalization.stddev"));
+  o = ReadOptions();
+  o.normalization.divide_by = 0;
+  EXPECT_EQ(ValidateReadOptions(o).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(ValidateReadOptions(ReadOptions()).ok());
+}
+
+}  // namespace
+}  // namespace tessera::data

@@ -1,0 +1,557 @@
+#include "worker/engine/model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <set>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "google/protobuf/descriptor.h"
+#include "google/protobuf/reflection.h"
+#include "google/protobuf/unknown_field_set.h"
+#include "worker/engine/initializers.h"
+#include "worker/engine/internal/layers.h"
+
+namespace tessera::engine {
+
+using kernels::Backend;
+using kernels::DType;
+using kernels::Shape;
+using kernels::Tensor;
+
+namespace {
+
+// INVALID_ARGUMENT when `msg` or any message inside it carries fields this build does not know
+// (a spec written for a newer schema, or a typo that reached the binary encoding).
+absl::Status CheckNoUnknownFields(const google::protobuf::Message& msg, const std::string& path) {
+  const google::protobuf::Reflection* r = msg.GetReflection();
+  const google::protobuf::UnknownFieldSet& unknown = r->GetUnknownFields(msg);
+  if (!unknown.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path.empty() ? "model" : path, ": unknown field number ", unknown.field(0).number()));
+  }
+  std::vector<const google::protobuf::FieldDescriptor*> fields;
+  r->ListFields(msg, &fields);
+  for (const google::protobuf::FieldDescriptor* f : fields) {
+    if (f->cpp_type() != google::protobuf::FieldDescriptor::CPPTYPE_MESSAGE) continue;
+    const std::string base = path.empty() ? f->name() : absl::StrCat(path, ".", f->name());
+    if (f->is_repeated()) {
+      for (int i = 0; i < r->FieldSize(msg, f); ++i) {
+        TESSERA_RETURN_IF_ERROR(CheckNoUnknownFields(r->GetRepeatedMessage(msg, f, i),
+                                                     absl::StrCat(base, "[", i, "]")));
+      }
+    } else {
+      TESSERA_RETURN_IF_ERROR(CheckNoUnknownFields(r->GetMessage(msg, f), base));
+    }
+  }
+  return absl::OkStatus();
+}
+
+bool ValidLayerName(const std::string& name) {
+  if (name.empty() || name.size() > 128) return false;
+  for (char c : name) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                    c == '_' || c == '-' || c == '.';
+    if (!ok) return false;
+  }
+  return true;
+}
+
+struct BuiltLayers {
+  Shape input_shape;
+  bool sparse_input = false;
+  std::vector<std::unique_ptr<Model::Layer>> layers;
+  std::vector<LayerInfo> infos;
+  kernels::LossKind loss = kernels::LossKind::kSoftmaxCrossEntropy;
+  int64_t output_dim = 0;
+};
+
+absl::StatusOr<BuiltLayers> BuildLayers(const v1::ModelSpec& spec) {
+  TESSERA_RETURN_IF_ERROR(CheckNoUnknownFields(spec, ""));
+  BuiltLayers out;
+  switch (spec.loss()) {
+    case v1::LOSS_SOFTMAX_CROSS_ENTROPY:
+      out.loss = kernels::LossKind::kSoftmaxCrossEntropy;
+      break;
+    case v1::LOSS_SIGMOID_CROSS_ENTROPY:
+      out.loss = kernels::LossKind::kSigmoidCrossEntropy;
+      break;
+    case v1::LOSS_MEAN_SQUARED_ERROR:
+      out.loss = kernels::LossKind::kMeanSquaredError;
+      break;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat(
+          "loss: must be LOSS_SOFTMAX_CROSS_ENTROPY, LOSS_SIGMOID_CROSS_ENTROPY or "
+          "LOSS_MEAN_SQUARED_ERROR, got ",
+          v1::Loss_IsValid(spec.loss()) ? v1::Loss_Name(spec.loss()) : absl::StrCat(spec.loss())));
+  }
+  if (spec.layers_size() == 0) {
+    return absl::InvalidArgumentError("layers: a model needs at least one layer");
+  }
+  out.sparse_input = spec.layers(0).kind_case() == v1::Layer::kEmbeddingBag;
+  if (!out.sparse_input) {
+    if (spec.input_shape_size() < 1 || spec.input_shape_size() > 3) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("input_shape: must have 1 to 3 dimensions ([features] or [channels, "
+                       "height, width]), got ",
+                       spec.input_shape_size()));
+    }
+    for (int i = 0; i < spec.input_shape_size(); ++i) {
+      if (spec.input_shape(i) <= 0 || spec.input_shape(i) > (int64_t{1} << 31)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("input_shape[", i, "]: must be in [1, 2^31], got ", spec.input_shape(i)));
+      }
+    }
+    out.input_shape.assign(spec.input_shape().begin(), spec.input_shape().end());
+    if (kernels::NumElements(out.input_shape) > (int64_t{1} << 31)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("input_shape: ", kernels::ShapeString(out.input_shape), " is too large"));
+    }
+  }
+
+  std::map<std::string, int> type_counts;
+  std::set<std::string> names;
+  // Explicit names are reserved first so that a default name never takes one.
+  for (int i = 0; i < spec.layers_size(); ++i) {
+    const std::string& n = spec.layers(i).name();
+    if (n.empty()) continue;
+    if (!ValidLayerName(n)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "layers[", i, "].name: \"", n, "\" must be 1 to 128 letters, digits, '_', '-' or '.'"));
+    }
+    if (!names.insert(n).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("layers[", i, "].name: \"", n, "\" is used by an earlier layer"));
+    }
+  }
+  Shape shape = out.input_shape;
+  for (int i = 0; i < spec.layers_size(); ++i) {
+    const v1::Layer& l = spec.layers(i);
+    const std::string type = LayerTypeName(l);
+    std::string name = l.name();
+    if (name.empty()) {
+      const std::string prefix = type.empty() ? "layer" : type;
+      do {
+        name = absl::StrCat(prefix, "_", ++type_counts[prefix]);
+      } while (names.count(name) > 0);
+      names.insert(name);
+    }
+    TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<Model::Layer> layer, MakeLayer(l, i, name, shape));
+    shape = layer->out_shape();
+    out.infos.push_back({name, layer->type(), shape});
+    if (i == 0 && out.sparse_input) out.input_shape = layer->in_shape();
+    out.layers.push_back(std::move(layer));
+  }
+  out.output_dim = kernels::NumElements(shape);
+  if (out.loss == kernels::LossKind::kSoftmaxCrossEntropy && out.output_dim < 2) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "loss: LOSS_SOFTMAX_CROSS_ENTROPY needs at least 2 outputs, but the last layer (",
+        out.infos.back().name, ") gives ", out.output_dim));
+  }
+  return out;
+}
+
+constexpr size_t kMaxCachedBatchSizes = 4;
+
+Shape WithBatch(int64_t n, const Shape& s) {
+  Shape r;
+  r.reserve(s.size() + 1);
+  r.push_back(n);
+  r.insert(r.end(), s.begin(), s.end());
+  return r;
+}
+
+uint64_t Mix(uint64_t a, uint64_t b) {
+  uint64_t z = a + 0x9E3779B97F4A7C15ULL * (b + 1);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  return z ^ (z >> 31);
+}
+
+}  // namespace
+
+// Device buffers for one batch size.
+struct Model::Activations {
+  int64_t n = 0;
+  uint64_t last_used = 0;
+  Tensor input;        // dense models: [n, input_shape...]
+  SparseInput sparse;  // sparse models: views of the storage below
+  Tensor ids_storage, values_storage;
+  std::vector<int64_t> host_offsets;
+  Tensor input_grad;  // only when the first layer always writes an input gradient
+  std::vector<Tensor> y, dy;
+  std::vector<std::vector<Tensor>> scratch;
+  Tensor labels;
+};
+
+absl::StatusOr<std::vector<LayerInfo>> ValidateModelSpec(const v1::ModelSpec& spec) {
+  TESSERA_ASSIGN_OR_RETURN(BuiltLayers built, BuildLayers(spec));
+  return std::move(built.infos);
+}
+
+Model::Model(Backend* backend, uint64_t seed)
+    : backend_(backend), seed_(seed), dropout_seed_(Mix(seed, 0x5eed)) {}
+
+Model::~Model() = default;
+
+absl::StatusOr<std::unique_ptr<Model>> Model::Create(const v1::ModelSpec& spec, Backend* backend,
+                                                     uint64_t seed) {
+  if (backend == nullptr) return absl::InvalidArgumentError("Model::Create: backend is null");
+  std::unique_ptr<Model> model(new Model(backend, seed));
+  TESSERA_RETURN_IF_ERROR(model->Build(spec));
+  return model;
+}
+
+absl::Status Model::Build(const v1::ModelSpec& spec) {
+  TESSERA_ASSIGN_OR_RETURN(BuiltLayers built, BuildLayers(spec));
+  input_shape_ = built.input_shape;
+  sparse_input_ = built.sparse_input;
+  input_dim_ = kernels::NumElements(input_shape_);
+  output_dim_ = built.output_dim;
+  loss_ = built.loss;
+  layer_infos_ = std::move(built.infos);
+  layers_ = std::move(built.layers);
+
+  // Trainable parameters first, then state, each in layer order.
+  std::vector<std::vector<ParameterDecl>> decls(layers_.size());
+  std::vector<std::vector<int>> index(layers_.size());
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    decls[i] = layers_[i]->Parameters();
+    index[i].assign(decls[i].size(), -1);
+  }
+  layer_parameters_.assign(layers_.size(), {});
+  std::vector<float> host;
+  for (int pass = 0; pass < 2; ++pass) {
+    for (size_t i = 0; i < layers_.size(); ++i) {
+      for (size_t j = 0; j < decls[i].size(); ++j) {
+        const ParameterDecl& d = decls[i][j];
+        if (d.trainable != (pass == 0)) continue;
+        Parameter p;
+        p.name = absl::StrCat(layers_[i]->name(), "/", d.suffix);
+        p.shape = d.shape;
+        p.trainable = d.trainable;
+        p.sparse = d.sparse;
+        TESSERA_ASSIGN_OR_RETURN(p.value, backend_->Allocate(d.shape));
+        if (d.trainable) {
+          TESSERA_ASSIGN_OR_RETURN(p.grad, backend_->Allocate(d.shape));
+          TESSERA_RETURN_IF_ERROR(backend_->Fill(p.grad, 0.0f));
+          layer_parameters_[i].push_back(static_cast<int>(parameters_.size()));
+        }
+        host.assign(static_cast<size_t>(kernels::NumElements(d.shape)), 0.0f);
+        InitializeValues(d.init, d.fan_in, d.fan_out, seed_, p.name, &host);
+        TESSERA_RETURN_IF_ERROR(backend_->CopyToDevice(host.data(), p.value));
+        index[i][j] = static_cast<int>(parameters_.size());
+        parameter_index_[p.name] = static_cast<int>(parameters_.size());
+        parameters_.push_back(std::move(p));
+      }
+    }
+  }
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    std::vector<Tensor> values, grads;
+    for (size_t j = 0; j < decls[i].size(); ++j) {
+      values.push_back(parameters_[index[i][j]].value);
+      grads.push_back(parameters_[index[i][j]].grad);
+    }
+    layers_[i]->Bind(std::move(values), std::move(grads));
+  }
+  TESSERA_ASSIGN_OR_RETURN(metrics_, backend_->Allocate({2}));
+  host_metrics_.assign(2, 0.0f);
+  return absl::OkStatus();
+}
+
+const Parameter* Model::FindParameter(const std::string& name) const {
+  auto it = parameter_index_.find(name);
+  return it == parameter_index_.end() ? nullptr : &parameters_[it->second];
+}
+
+int64_t Model::num_trainable_values() const {
+  int64_t total = 0;
+  for (const Parameter& p : parameters_) {
+    if (p.trainable) total += kernels::NumElements(p.shape);
+  }
+  return total;
+}
+
+absl::StatusOr<Model::Activations*> Model::ActivationsFor(int64_t n) {
+  ++activation_clock_;
+  auto found = activations_.find(n);
+  if (found != activations_.end()) {
+    found->second->last_used = activation_clock_;
+    return found->second.get();
+  }
+  // Keep the buffers of a few batch sizes (training, the last partial batch, evaluation); drop
+  // the least recently used beyond that.
+  while (activations_.size() >= kMaxCachedBatchSizes) {
+    auto oldest = activations_.begin();
+    for (auto it = activations_.begin(); it != activations_.end(); ++it) {
+      if (it->second->last_used < oldest->second->last_used) oldest = it;
+    }
+    activations_.erase(oldest);
+  }
+  auto a = std::make_unique<Activations>();
+  a->last_used = activation_clock_;
+  a->n = n;
+  if (!sparse_input_) {
+    TESSERA_ASSIGN_OR_RETURN(a->input, backend_->Allocate(WithBatch(n, input_shape_)));
+  } else {
+    TESSERA_ASSIGN_OR_RETURN(a->sparse.offsets, backend_->Allocate({n + 1}, DType::kInt64));
+  }
+  if (layers_[0]->WritesInputGrad()) {
+    TESSERA_ASSIGN_OR_RETURN(a->input_grad, backend_->Allocate(WithBatch(n, input_shape_)));
+  }
+  const size_t count = layers_.size();
+  a->y.resize(count);
+  a->dy.resize(count);
+  a->scratch.resize(count);
+  for (size_t i = 0; i < count; ++i) {
+    const Shape shape = WithBatch(n, layers_[i]->out_shape());
+    if (layers_[i]->IsView()) {
+      a->y[i] = (i == 0 ? a->input : a->y[i - 1]).Reshaped(shape);
+      if (i > 0) {
+        a->dy[i] = a->dy[i - 1].Reshaped(shape);
+      } else {
+        TESSERA_ASSIGN_OR_RETURN(a->dy[i], backend_->Allocate(shape));
+      }
+    } else if (i > 0 && layers_[i]->CanRunInPlace() && layers_[i - 1]->BackwardIgnoresOutput()) {
+      // ReLU after Dense or Conv2D overwrites their output, which their backward pass never reads:
+      // one activation less to write and keep in cache.
+      a->y[i] = a->y[i - 1];
+      TESSERA_ASSIGN_OR_RETURN(a->dy[i], backend_->Allocate(shape));
+    } else {
+      TESSERA_ASSIGN_OR_RETURN(a->y[i], backend_->Allocate(shape));
+      TESSERA_ASSIGN_OR_RETURN(a->dy[i], backend_->Allocate(shape));
+    }
+    TESSERA_ASSIGN_OR_RETURN(a->scratch[i], layers_[i]->Scratch(backend_, n));
+  }
+  if (loss_ == kernels::LossKind::kSoftmaxCrossEntropy) {
+    TESSERA_ASSIGN_OR_RETURN(a->labels, backend_->Allocate({n}, DType::kInt32));
+  } else {
+    TESSERA_ASSIGN_OR_RETURN(a->labels, backend_->Allocate({n, output_dim_}));
+  }
+  Activations* raw = a.get();
+  activations_[n] = std::move(a);
+  return raw;
+}
+
+absl::Status Model::LoadBatch(const BatchView& batch, bool need_labels, Activations* a) {
+  const int64_t n = batch.size;
+  if (!sparse_input_) {
+    if (static_cast<int64_t>(batch.features.size()) != n * input_dim_) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("batch.features: expected ", n, " x ", input_dim_, " = ", n * input_dim_,
+                       " floats for input_shape ", kernels::ShapeString(input_shape_), ", got ",
+                       batch.features.size()));
+    }
+    TESSERA_RETURN_IF_ERROR(backend_->CopyToDevice(batch.features.data(), a->input));
+  } else {
+    if (static_cast<int64_t>(batch.sparse_offsets.size()) != n + 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "batch.sparse_offsets: expected ", n + 1, " entries, got ", batch.sparse_offsets.size()));
+    }
+    const int64_t base = batch.sparse_offsets[0];
+    a->host_offsets.resize(static_cast<size_t>(n + 1));
+    for (int64_t b = 0; b <= n; ++b) {
+      const int64_t o = batch.sparse_offsets[b] - base;
+      if (o < 0 || (b > 0 && o < a->host_offsets[b - 1])) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("batch.sparse_offsets[", b, "]: offsets must not decrease"));
+      }
+      a->host_offsets[b] = o;
+    }
+    const int64_t nnz = a->host_offsets[n];
+    if (static_cast<int64_t>(batch.sparse_ids.size()) < base + nnz) {
+      return absl::InvalidArgumentError(absl::StrCat("batch.sparse_ids: the offsets need ",
+                                                     base + nnz, " ids, got ",
+                                                     batch.sparse_ids.size()));
+    }
+    const bool has_values = !batch.sparse_values.empty();
+    if (has_values && static_cast<int64_t>(batch.sparse_values.size()) < base + nnz) {
+      return absl::InvalidArgumentError(absl::StrCat("batch.sparse_values: the offsets need ",
+                                                     base + nnz, " values, got ",
+                                                     batch.sparse_values.size()));
+    }
+    const int64_t rows = input_dim_;
+    for (int64_t j = base; j < base + nnz; ++j) {
+      const int64_t id = batch.sparse_ids[j];
+      if (id < 0 || id >= rows) {
+        return absl::InvalidArgumentError(absl::StrCat("batch.sparse_ids[", j, "]: id ", id,
+                                                       " is outside [0, ", rows, ") of ",
+                                                       layer_infos_[0].name));
+      }
+    }
+    const int64_t capacity = std::max<int64_t>(nnz, 1);
+    if (a->ids_storage.empty() || a->ids_storage.dim(0) < capacity) {
+      const int64_t grown =
+          std::max<int64_t>(capacity, a->ids_storage.empty() ? 0 : 2 * a->ids_storage.dim(0));
+      TESSERA_ASSIGN_OR_RETURN(a->ids_storage, backend_->Allocate({grown}, DType::kInt64));
+      TESSERA_ASSIGN_OR_RETURN(a->values_storage, backend_->Allocate({grown}));
+    }
+    TESSERA_RETURN_IF_ERROR(backend_->CopyToDevice(a->host_offsets.data(), a->sparse.offsets));
+    a->sparse.ids = a->ids_storage.LeadingRows(capacity);
+    if (nnz > 0) {
+      TESSERA_RETURN_IF_ERROR(
+          backend_->CopyToDevice(batch.sparse_ids.data() + base, a->ids_storage.LeadingRows(nnz)));
+    }
+    a->sparse.values = Tensor();
+    if (has_values) {
+      a->sparse.values = a->values_storage.LeadingRows(capacity);
+      if (nnz > 0) {
+        TESSERA_RETURN_IF_ERROR(backend_->CopyToDevice(batch.sparse_values.data() + base,
+                                                       a->values_storage.LeadingRows(nnz)));
+      }
+    }
+  }
+  if (!need_labels) return absl::OkStatus();
+  if (loss_ == kernels::LossKind::kSoftmaxCrossEntropy) {
+    if (static_cast<int64_t>(batch.labels.size()) != n) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("batch.labels: expected ", n, " class ids, got ", batch.labels.size()));
+    }
+    for (int64_t i = 0; i < n; ++i) {
+      if (batch.labels[i] < 0 || batch.labels[i] >= output_dim_) {
+        return absl::InvalidArgumentError(absl::StrCat("batch.labels[", i, "]: ", batch.labels[i],
+                                                       " is outside [0, ", output_dim_, ")"));
+      }
+    }
+    return backend_->CopyToDevice(batch.labels.data(), a->labels);
+  }
+  if (static_cast<int64_t>(batch.targets.size()) != n * output_dim_) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "batch.targets: expected ", n, " x ", output_dim_, " floats, got ", batch.targets.size()));
+  }
+  return backend_->CopyToDevice(batch.targets.data(), a->labels);
+}
+
+absl::Status Model::RunForward(Activations* a, bool training) {
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    ForwardArgs args;
+    args.n = a->n;
+    args.x = i == 0 ? a->input : a->y[i - 1];
+    args.y = a->y[i];
+    args.scratch = &a->scratch[i];
+    args.sparse = &a->sparse;
+    args.training = training;
+    args.dropout_seed = Mix(dropout_seed_, i);
+    TESSERA_RETURN_IF_ERROR(layers_[i]->Forward(backend_, args));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<StepResult> Model::TrainStep(const BatchView& batch,
+                                            const std::function<void(int)>& on_grad_ready) {
+  if (batch.size <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("batch.size: must be > 0, got ", batch.size));
+  }
+  TESSERA_ASSIGN_OR_RETURN(Activations * a, ActivationsFor(batch.size));
+  TESSERA_RETURN_IF_ERROR(LoadBatch(batch, /*need_labels=*/true, a));
+  TESSERA_RETURN_IF_ERROR(RunForward(a, /*training=*/true));
+  const size_t last = layers_.size() - 1;
+  TESSERA_RETURN_IF_ERROR(
+      backend_->LossForwardBackward(loss_, a->y[last], a->labels, &a->dy[last], metrics_));
+  for (size_t k = layers_.size(); k-- > 0;) {
+    Layer& layer = *layers_[k];
+    const Tensor* dx = nullptr;
+    if (k > 0) {
+      dx = &a->dy[k - 1];
+    } else if (layer.WritesInputGrad()) {
+      dx = &a->input_grad;
+    } else if (!layer.HasParameters()) {
+      continue;  // nothing to compute for a first layer without parameters
+    }
+    BackwardArgs args;
+    args.n = a->n;
+    args.x = k == 0 ? a->input : a->y[k - 1];
+    args.y = a->y[k];
+    args.dy = a->dy[k];
+    args.dx = dx;
+    args.scratch = &a->scratch[k];
+    args.sparse = &a->sparse;
+    TESSERA_RETURN_IF_ERROR(layer.Backward(backend_, args));
+    if (on_grad_ready) {
+      for (int p : layer_parameters_[k]) on_grad_ready(p);
+    }
+  }
+  dropout_seed_ = Mix(dropout_seed_, 0xd20);
+  TESSERA_RETURN_IF_ERROR(backend_->CopyToHost(metrics_, host_metrics_.data()));
+  return StepResult{host_metrics_[0], static_cast<int64_t>(host_metrics_[1]), batch.size};
+}
+
+absl::StatusOr<StepResult> Model::Evaluate(const BatchView& batch) {
+  if (batch.size <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("batch.size: must be > 0, got ", batch.size));
+  }
+  TESSERA_ASSIGN_OR_RETURN(Activations * a, ActivationsFor(batch.size));
+  TESSERA_RETURN_IF_ERROR(LoadBatch(batch, /*need_labels=*/true, a));
+  TESSERA_RETURN_IF_ERROR(RunForward(a, /*training=*/false));
+  TESSERA_RETURN_IF_ERROR(
+      backend_->LossForwardBackward(loss_, a->y.back(), a->labels, nullptr, metrics_));
+  TESSERA_RETURN_IF_ERROR(backend_->CopyToHost(metrics_, host_metrics_.data()));
+  return StepResult{host_metrics_[0], static_cast<int64_t>(host_metrics_[1]), batch.size};
+}
+
+absl::Status Model::Forward(const BatchView& batch, bool training, std::vector<float>* out) {
+  if (batch.size <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("batch.size: must be > 0, got ", batch.size));
+  }
+  TESSERA_ASSIGN_OR_RETURN(Activations * a, ActivationsFor(batch.size));
+  TESSERA_RETURN_IF_ERROR(LoadBatch(batch, /*need_labels=*/false, a));
+  TESSERA_RETURN_IF_ERROR(RunForward(a, training));
+  out->resize(static_cast<size_t>(batch.size * output_dim_));
+  return backend_->CopyToHost(a->y.back(), out->data());
+}
+
+namespace {
+
+absl::StatusOr<const Parameter*> Lookup(const Model& model, const std::string& name) {
+  const Parameter* p = model.FindParameter(name);
+  if (p == nullptr) {
+    return absl::NotFoundError(absl::StrCat("parameter \"", name, "\" is not in the model"));
+  }
+  return p;
+}
+
+absl::Status CheckSize(const Parameter& p, size_t size) {
+  if (static_cast<int64_t>(size) != kernels::NumElements(p.shape)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("parameter \"", p.name, "\" has shape ", kernels::ShapeString(p.shape), " (",
+                     kernels::NumElements(p.shape), " values), got ", size));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status Model::CopyValueToHost(const std::string& name, std::vector<float>* values) const {
+  TESSERA_ASSIGN_OR_RETURN(const Parameter* p, Lookup(*this, name));
+  values->resize(static_cast<size_t>(kernels::NumElements(p->shape)));
+  return backend_->CopyToHost(p->value, values->data());
+}
+
+absl::Status Model::CopyValueFromHost(const std::string& name, absl::Span<const float> values) {
+  TESSERA_ASSIGN_OR_RETURN(const Parameter* p, Lookup(*this, name));
+  TESSERA_RETURN_IF_ERROR(CheckSize(*p, values.size()));
+  return backend_->CopyToDevice(values.data(), p->value);
+}
+
+absl::Status Model::CopyGradToHost(const std::string& name, std::vector<float>* values) const {
+  TESSERA_ASSIGN_OR_RETURN(const Parameter* p, Lookup(*this, name));
+  if (!p->trainable) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("parameter \"", name, "\" is not trainable and has no gradient"));
+  }
+  values->resize(static_cast<size_t>(kernels::NumElements(p->shape)));
+  return backend_->CopyToHost(p->grad, values->data());
+}
+
+absl::Status Model::CopyGradFromHost(const std::string& name, absl::Span<const float> values) {
+  TESSERA_ASSIGN_OR_RETURN(const Parameter* p, Lookup(*this, name));
+  if (!p->trainable) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("parameter \"", name, "\" is not trainable and has no gradient"));
+  }
+  TESSERA_RETURN_IF_ERROR(CheckSize(*p, values.size()));
+  return backend_->CopyToDevice(values.data(), p->grad);
+}
+
+}  // namespace tessera::engine

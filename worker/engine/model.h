@@ -1,0 +1,169 @@
+// A trainable model built from a ModelSpec (proto/tessera/v1/model.proto) on one Backend.
+//
+// Model::Create() validates the whole spec and infers every shape before it allocates anything;
+// a spec that does not fit is INVALID_ARGUMENT with a message that names the layer, e.g.
+// "layers[3] (dense_2): dense.units must be > 0, got 0". Then it allocates the parameters, their
+// gradients and the activations on the backend, and initialises the parameters from the seed
+// (the same seed gives the same weights on every backend).
+//
+// A training step is TrainStep(): forward in training mode, the loss, and backward, which leaves
+// the gradient of the mean loss in every parameter's `grad`. The caller applies the optimizer
+// (Backend::ApplyUpdate, or pushes the gradients to the shards and pulls the weights back).
+// Activations are cached for the few most recent batch sizes, so steady-state steps allocate
+// nothing.
+#ifndef TESSERA_WORKER_ENGINE_MODEL_H_
+#define TESSERA_WORKER_ENGINE_MODEL_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "kernels/backend.h"
+#include "tessera/v1/model.pb.h"
+
+namespace tessera::engine {
+
+// A tensor of the model, by stable name.
+struct Parameter {
+  std::string name;  // "dense_1/kernel"
+  kernels::Shape shape;
+  kernels::Tensor value;  // on the backend's device
+  kernels::Tensor grad;   // same shape; written by TrainStep (empty for non-trainable state)
+  bool trainable = true;
+  // True for EmbeddingBag tables (sparse rows on the shards, DESIGN.md §2).
+  bool sparse = false;
+};
+
+// One batch in host memory, as the data readers lay it out. Dense models read `features`
+// (size x NumElements(input_shape) floats); models that start with an EmbeddingBag read the CSR
+// triple (offsets has size + 1 entries starting at 0; values may be empty, meaning all ones).
+// Softmax cross-entropy reads `labels` (class ids); the other losses read `targets`
+// (size x output_dim floats).
+struct BatchView {
+  int64_t size = 0;
+  absl::Span<const float> features;
+  absl::Span<const int64_t> sparse_offsets;
+  absl::Span<const int64_t> sparse_ids;
+  absl::Span<const float> sparse_values;
+  absl::Span<const int32_t> labels;
+  absl::Span<const float> targets;
+};
+
+struct StepResult {
+  double loss = 0;      // mean loss over the batch
+  int64_t correct = 0;  // examples predicted correctly (see model.proto's Loss)
+  int64_t examples = 0;
+};
+
+// Per-layer shapes, for logs and tests.
+struct LayerInfo {
+  std::string name;             // "dense_1"
+  std::string type;             // "dense"
+  kernels::Shape output_shape;  // without the batch dimension
+};
+
+// Checks `spec` and infers the shape of every layer's output without touching a device.
+// INVALID_ARGUMENT names the layer ("layers[2] (conv2d_1): ...") or the field (input_shape, loss).
+absl::StatusOr<std::vector<LayerInfo>> ValidateModelSpec(const v1::ModelSpec& spec);
+
+// Not thread-safe: one thread drives a Model (and its Backend) at a time.
+class Model {
+ public:
+  // Validates `spec` (see ValidateModelSpec), allocates on `backend` (not owned; must outlive the
+  // Model) and initialises the parameters from `seed`.
+  static absl::StatusOr<std::unique_ptr<Model>> Create(const v1::ModelSpec& spec,
+                                                       kernels::Backend* backend, uint64_t seed);
+  ~Model();
+
+  Model(const Model&) = delete;
+  Model& operator=(const Model&) = delete;
+
+  // Trainable parameters first (in layer order: kernel, bias, gamma, beta, embeddings), then
+  // non-trainable state (batch-norm moving statistics). Stable across calls and backends.
+  const std::vector<Parameter>& parameters() const { return parameters_; }
+  // The parameter called `name`, or nullptr.
+  const Parameter* FindParameter(const std::string& name) const;
+  const std::vector<LayerInfo>& layers() const { return layer_infos_; }
+  const kernels::Shape& input_shape() const { return input_shape_; }
+  // True when the first layer is an EmbeddingBag (the model reads sparse batches).
+  bool sparse_input() const { return sparse_input_; }
+  // Features per example (dense), or the number of embedding rows (sparse).
+  int64_t input_dim() const { return input_dim_; }
+  // Outputs per example (the loss's K).
+  int64_t output_dim() const { return output_dim_; }
+  int64_t num_trainable_values() const;
+  kernels::Backend* backend() const { return backend_; }
+
+  // Forward in training mode, loss, backward: every trainable parameter's grad holds the gradient
+  // of the mean loss. `on_grad_ready` (may be empty) is called with an index into parameters()
+  // as soon as that gradient is enqueued, last layer first (for pipelined pushes; on CUDA the
+  // values are ready once the stream reaches that point, e.g. after a CopyToHost). Synchronises
+  // once, to read the loss. INVALID_ARGUMENT when the batch does not fit the model (sizes, label
+  // or id ranges).
+  absl::StatusOr<StepResult> TrainStep(const BatchView& batch,
+                                       const std::function<void(int)>& on_grad_ready = {});
+
+  // Forward in evaluation mode and the loss; no gradients.
+  absl::StatusOr<StepResult> Evaluate(const BatchView& batch);
+
+  // Forward only; copies the last layer's outputs ([size, output_dim] floats, before the loss)
+  // to `out`. Training mode uses batch statistics (and updates the moving ones) and the current
+  // dropout seed's masks, without advancing it.
+  absl::Status Forward(const BatchView& batch, bool training, std::vector<float>* out);
+  // Forward(batch, /*training=*/false, out).
+  absl::Status Predict(const BatchView& batch, std::vector<float>* out) {
+    return Forward(batch, false, out);
+  }
+
+  // Host copies of one parameter's value or gradient. NOT_FOUND for an unknown name;
+  // INVALID_ARGUMENT when `values` has the wrong size.
+  absl::Status CopyValueToHost(const std::string& name, std::vector<float>* values) const;
+  absl::Status CopyValueFromHost(const std::string& name, absl::Span<const float> values);
+  absl::Status CopyGradToHost(const std::string& name, std::vector<float>* values) const;
+  // Overwrites a gradient (used by the tests and by callers that aggregate gradients elsewhere).
+  absl::Status CopyGradFromHost(const std::string& name, absl::Span<const float> values);
+
+  // The seed that the next training step's dropout masks derive from (advanced by every step).
+  uint64_t dropout_seed() const { return dropout_seed_; }
+  void set_dropout_seed(uint64_t seed) { dropout_seed_ = seed; }
+
+  class Layer;  // internal (worker/engine/layers.h)
+
+ private:
+  struct Activations;
+
+  Model(kernels::Backend* backend, uint64_t seed);
+  absl::Status Build(const v1::ModelSpec& spec);
+  absl::StatusOr<Activations*> ActivationsFor(int64_t batch_size);
+  absl::Status LoadBatch(const BatchView& batch, bool need_labels, Activations* acts);
+  absl::Status RunForward(Activations* acts, bool training);
+
+  kernels::Backend* backend_;
+  uint64_t seed_;
+  uint64_t dropout_seed_;
+  kernels::LossKind loss_ = kernels::LossKind::kSoftmaxCrossEntropy;
+  kernels::Shape input_shape_;
+  bool sparse_input_ = false;
+  int64_t input_dim_ = 0;
+  int64_t output_dim_ = 0;
+  std::vector<LayerInfo> layer_infos_;
+  std::vector<std::unique_ptr<Layer>> layers_;
+  // Indices into parameters_ of each layer's trainable parameters.
+  std::vector<std::vector<int>> layer_parameters_;
+  std::vector<Parameter> parameters_;
+  std::map<std::string, int> parameter_index_;
+  std::map<int64_t, std::unique_ptr<Activations>> activations_;
+  uint64_t activation_clock_ = 0;
+  kernels::Tensor metrics_;
+  std::vector<float> host_metrics_;
+};
+
+}  // namespace tessera::engine
+
+#endif  // TESSERA_WORKER_ENGINE_MODEL_H_

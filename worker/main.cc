@@ -1,0 +1,139 @@
+// tessera-worker: the training worker (DESIGN.md §1).
+//
+//   tessera-worker --standalone --job FILE [--device auto|cpu|cuda] [--output text|json]
+//                  [--epochs N] [--threads N] [--target-accuracy X]
+//
+// trains a job spec in this process. Exit status: 0 on success, 64 for a usage error, 1 when the
+// job fails (a bad spec, bad data, a device error); the reason goes to stderr, and with
+// --output json also to stdout as {"error": {"code": ..., "message": ...}}.
+#include <unistd.h>
+
+#include <cstdio>
+#include <string>
+
+#include "CLI/CLI.hpp"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "worker/trainer/job_spec.h"
+#include "worker/trainer/progress.h"
+#include "worker/trainer/standalone_trainer.h"
+
+namespace {
+
+constexpr int kExitUsage = 64;  // sysexits.h EX_USAGE
+
+struct WorkerFlags {
+  bool standalone = false;
+  std::string job;
+  std::string device;
+  std::string output = "text";
+  int epochs = -1;
+  int threads = 0;
+  double target_accuracy = 0;
+};
+
+std::string JsonEscape(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (c == '\n') {
+      out += "\\n";
+    } else if (static_cast<unsigned char>(c) >= 0x20) {
+      out += c;
+    }
+  }
+  return out;
+}
+
+int Fail(const absl::Status& status, bool json) {
+  std::fprintf(stderr, "tessera-worker: %s\n", status.ToString().c_str());
+  if (json) {
+    std::printf("{\"error\":{\"code\":\"%s\",\"message\":\"%s\"}}\n",
+                absl::StatusCodeToString(status.code()).c_str(),
+                JsonEscape(std::string(status.message())).c_str());
+  }
+  return 1;
+}
+
+int RunStandalone(const WorkerFlags& flags) {
+  const bool json = flags.output == "json";
+  absl::StatusOr<tessera::v1::JobSpec> spec = tessera::trainer::ReadJobSpecFile(flags.job);
+  if (!spec.ok()) return Fail(spec.status(), json);
+
+  tessera::trainer::TrainerOptions options;
+  options.spec = *spec;
+  options.device = flags.device;
+  options.num_threads = flags.threads;
+  options.epochs = flags.epochs;
+  options.target_accuracy = flags.target_accuracy;
+  // With --output json, stdout carries only the result line; progress goes to stderr.
+  std::FILE* progress_out = json ? stderr : stdout;
+  tessera::trainer::ProgressPrinter printer(progress_out, isatty(fileno(progress_out)) == 1);
+  options.on_progress = [&printer](const tessera::trainer::Progress& p) { printer.Report(p); };
+
+  absl::StatusOr<std::unique_ptr<tessera::trainer::StandaloneTrainer>> trainer =
+      tessera::trainer::StandaloneTrainer::Create(std::move(options));
+  if (!trainer.ok()) return Fail(trainer.status(), json);
+  std::fprintf(progress_out, "job %s on %s: %lld training examples, %lld trainable values\n",
+               spec->name().c_str(), (*trainer)->backend().Description().c_str(),
+               static_cast<long long>((*trainer)->train_data().size()),
+               static_cast<long long>((*trainer)->model().num_trainable_values()));
+  absl::StatusOr<tessera::trainer::TrainResult> result = (*trainer)->Run();
+  printer.Finish();
+  if (!result.ok()) return Fail(result.status(), json);
+  if (json) {
+    std::printf("%s\n", tessera::trainer::TrainResultJson(*result, *spec).c_str());
+  } else {
+    std::printf("done: %d epochs, %lld steps, %.1f samples/s on %s", result->epochs,
+                static_cast<long long>(result->steps), result->samples_per_second,
+                result->device.c_str());
+    if (result->evaluated) {
+      std::printf(", test loss %.4f, test accuracy %.4f", result->test_loss, result->test_accuracy);
+    }
+    std::printf("\n");
+  }
+  std::fflush(stdout);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  WorkerFlags flags;
+  CLI::App app{"tessera-worker: trains a job spec on this host's device"};
+  app.add_flag("--standalone", flags.standalone, "Train one job spec in this process");
+  app.add_option("--job", flags.job, "Job spec file (textproto or JSON)");
+  app.add_option("--device", flags.device, "Device, overriding the spec: auto, cpu or cuda")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+  app.add_option("--output", flags.output, "Result format: text or json")
+      ->check(CLI::IsMember({"text", "json"}));
+  app.add_option("--epochs", flags.epochs, "Epochs, overriding the spec")
+      ->check(CLI::Range(0, 1 << 20));
+  app.add_option("--threads", flags.threads, "CPU threads (0: the OpenMP default)")
+      ->check(CLI::Range(0, 4096));
+  app.add_option("--target-accuracy", flags.target_accuracy,
+                 "Stop after the first evaluation with at least this test accuracy")
+      ->check(CLI::Range(0.0, 1.0));
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::fprintf(stderr, "tessera-worker: %s\nRun with --help for usage.\n", e.what());
+    return kExitUsage;
+  }
+  if (!flags.standalone) {
+    std::fprintf(stderr,
+                 "tessera-worker: usage: tessera-worker --standalone --job FILE [--device "
+                 "auto|cpu|cuda] [--output text|json] [--epochs N] [--threads N]\n"
+                 "This build runs jobs standalone only; --standalone is required.\n");
+    return kExitUsage;
+  }
+  if (flags.job.empty()) {
+    std::fprintf(stderr, "tessera-worker: --standalone needs --job FILE\n");
+    return kExitUsage;
+  }
+  return RunStandalone(flags);
+}

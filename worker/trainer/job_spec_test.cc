@@ -1,0 +1,187 @@
+#include "worker/trainer/job_spec.h"
+
+#include <functional>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "google/protobuf/text_format.h"
+#include "google/protobuf/util/json_util.h"
+#include "google/protobuf/util/message_differencer.h"
+#include "gtest/gtest.h"
+
+namespace tessera::trainer {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::string Example(const char* name) {
+  return absl::StrCat(TESSERA_SOURCE_DIR, "/examples/", name);
+}
+
+v1::JobSpec Mlp() {
+  absl::StatusOr<v1::JobSpec> spec = ReadJobSpecFile(Example("fashion_mlp.textproto"));
+  EXPECT_TRUE(spec.ok()) << spec.status();
+  return *spec;
+}
+
+TEST(JobSpecTest, ExamplesParseAndValidate) {
+  for (const char* name : {"fashion_mlp.textproto", "fashion_cnn.textproto"}) {
+    absl::StatusOr<v1::JobSpec> spec = ReadJobSpecFile(Example(name));
+    ASSERT_TRUE(spec.ok()) << name << ": " << spec.status();
+    EXPECT_TRUE(ValidateJobSpec(*spec).ok()) << name << ": " << ValidateJobSpec(*spec);
+    EXPECT_EQ(spec->batch_size(), 64);
+    EXPECT_EQ(spec->optimizer().kind(), v1::OPTIMIZER_KIND_ADAM);
+    EXPECT_EQ(spec->dataset().num_classes(), 10);
+  }
+  v1::JobSpec mlp = Mlp();
+  ASSERT_EQ(mlp.model().layers_size(), 7);
+  EXPECT_EQ(mlp.model().layers(0).dense().units(), 256);
+  EXPECT_EQ(mlp.model().layers(2).dense().units(), 128);
+  EXPECT_EQ(mlp.model().layers(4).dense().units(), 100);
+  EXPECT_EQ(mlp.model().layers(6).dense().units(), 10);
+}
+
+TEST(JobSpecTest, JsonAndTextprotoGiveTheSameSpec) {
+  const v1::JobSpec mlp = Mlp();
+  std::string json;
+  ASSERT_TRUE(google::protobuf::util::MessageToJsonString(mlp, &json).ok());
+  absl::StatusOr<v1::JobSpec> parsed = ParseJobSpec(absl::StrCat("\n  ", json), "spec.json");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(mlp, *parsed));
+}
+
+TEST(JobSpecTest, TextprotoErrorsGiveLineAndColumn) {
+  absl::StatusOr<v1::JobSpec> bad = ParseJobSpec("name: \"x\"\nbatch_size: abc\n", "job.txt");
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(bad.status().message()), HasSubstr("job.txt:2:13: "));
+  absl::StatusOr<v1::JobSpec> unknown = ParseJobSpec("name: \"x\"\n\n  bogus: 1\n", "job.txt");
+  EXPECT_EQ(unknown.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(unknown.status().message()), HasSubstr("job.txt:3:"));
+  EXPECT_THAT(std::string(unknown.status().message()), HasSubstr("bogus"));
+}
+
+TEST(JobSpecTest, JsonErrorsNameTheSourceAndPlace) {
+  absl::StatusOr<v1::JobSpec> bad =
+      ParseJobSpec("{\n  \"name\": \"x\",\n  \"batchSize\": [1]\n}\n", "job.json");
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(bad.status().message()), HasSubstr("job.json"));
+  absl::StatusOr<v1::JobSpec> syntax =
+      ParseJobSpec("{\n  \"name\": \"x\",\n  \"batchSize\": x1\n}\n", "j.json");
+  EXPECT_EQ(syntax.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(syntax.status().message()),
+              HasSubstr("j.json:3:16: invalid JSON job spec: Unexpected token."));
+  absl::StatusOr<v1::JobSpec> unknown = ParseJobSpec("{\"bogus\": 1}", "u.json");
+  EXPECT_EQ(unknown.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(unknown.status().message()), HasSubstr("bogus"));
+}
+
+TEST(JobSpecTest, MissingFileIsNotFound) {
+  absl::StatusOr<v1::JobSpec> spec = ReadJobSpecFile("/nonexistent/job.textproto");
+  EXPECT_EQ(spec.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(spec.status().message()), HasSubstr("/nonexistent/job.textproto"));
+}
+
+struct BadSpec {
+  const char* what;
+  std::function<void(v1::JobSpec*)> mutate;
+  const char* message;
+};
+
+class ValidateJobSpecTest : public ::testing::TestWithParam<BadSpec> {};
+
+TEST_P(ValidateJobSpecTest, NamesTheField) {
+  v1::JobSpec spec = Mlp();
+  GetParam().mutate(&spec);
+  const absl::Status status = ValidateJobSpec(spec);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+  EXPECT_THAT(std::string(status.message()), HasSubstr(GetParam().message));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Fields, ValidateJobSpecTest,
+    ::testing::Values(
+        BadSpec{"batch", [](v1::JobSpec* s) { s->set_batch_size(0); },
+                "batch_size: must be in [1, 1048576], got 0"},
+        BadSpec{"file", [](v1::JobSpec* s) { s->mutable_dataset()->set_train_images("/x"); },
+                "dataset.train_images: file not found: /x"},
+        BadSpec{"test_file", [](v1::JobSpec* s) { s->mutable_dataset()->set_test_labels("/y/z"); },
+                "dataset.test_labels: file not found: /y/z"},
+        BadSpec{"test_pair", [](v1::JobSpec* s) { s->mutable_dataset()->clear_test_labels(); },
+                "dataset.test_labels: must be set with test_images"},
+        BadSpec{"lr", [](v1::JobSpec* s) { s->mutable_optimizer()->set_learning_rate(-1); },
+                "optimizer.learning_rate"},
+        BadSpec{"layer",
+                [](v1::JobSpec* s) {
+                  s->mutable_model()->mutable_layers(2)->mutable_dense()->set_units(0);
+                },
+                "model.layers[2]"},
+        BadSpec{"classes", [](v1::JobSpec* s) { s->mutable_dataset()->set_num_classes(5); },
+                "dataset.num_classes: softmax cross-entropy needs one class per model output "
+                "(10), got 5"},
+        BadSpec{"format",
+                [](v1::JobSpec* s) {
+                  s->mutable_dataset()->set_format(v1::DatasetSpec::FORMAT_UNSPECIFIED);
+                },
+                "dataset.format: must be FORMAT_IDX, FORMAT_LIBSVM or FORMAT_CSV"},
+        BadSpec{"sparse",
+                [](v1::JobSpec* s) {
+                  v1::DatasetSpec* d = s->mutable_dataset();
+                  d->set_format(v1::DatasetSpec::FORMAT_LIBSVM);
+                  d->set_train_path(d->train_images());
+                  d->clear_train_images();
+                  d->clear_train_labels();
+                  d->clear_test_images();
+                  d->clear_test_labels();
+                },
+                "dataset.format: FORMAT_LIBSVM examples are sparse"},
+        BadSpec{"device", [](v1::JobSpec* s) { s->set_device("tpu"); },
+                "device: must be \"auto\", \"cuda\" or \"cpu\", got \"tpu\""},
+        BadSpec{"length", [](v1::JobSpec* s) { s->set_epochs(0); },
+                "epochs: epochs or max_steps must be > 0"},
+        BadSpec{"negative_epochs", [](v1::JobSpec* s) { s->set_epochs(-2); },
+                "epochs: must be >= 0, got -2"},
+        BadSpec{"name", [](v1::JobSpec* s) { s->set_name("a b"); }, "name: must be"},
+        BadSpec{"schedule",
+                [](v1::JobSpec* s) {
+                  s->mutable_schedule()->set_kind(v1::LearningRateSchedule::KIND_STEP);
+                },
+                "schedule."},
+        BadSpec{"clip", [](v1::JobSpec* s) { s->mutable_clipping()->set_max_global_norm(-1); },
+                "clipping.max_global_norm: must be a finite number >= 0, got -1"},
+        BadSpec{
+            "stddev",
+            [](v1::JobSpec* s) { s->mutable_dataset()->mutable_normalization()->set_stddev(-1); },
+            "dataset.normalization.stddev"},
+        BadSpec{"eval", [](v1::JobSpec* s) { s->mutable_eval()->set_batch_size(-1); },
+                "eval.batch_size"},
+        BadSpec{"no_model", [](v1::JobSpec* s) { s->clear_model(); }, "model: must be set"},
+        BadSpec{"no_optimizer", [](v1::JobSpec* s) { s->clear_optimizer(); },
+                "optimizer: must be set"}),
+    [](const ::testing::TestParamInfo<BadSpec>& info) { return std::string(info.param.what); });
+
+TEST(JobSpecTest, FileChecksCanBeSkipped) {
+  v1::JobSpec spec = Mlp();
+  spec.mutable_dataset()->set_train_images("/elsewhere/images.gz");
+  ValidateOptions options;
+  options.check_files = false;
+  EXPECT_TRUE(ValidateJobSpec(spec, options).ok());
+}
+
+TEST(JobSpecTest, ReadOptionsFillDefaults) {
+  v1::DatasetSpec d;
+  data::ReadOptions o = MakeReadOptions(d, 1, 4);
+  EXPECT_EQ(o.rank, 1);
+  EXPECT_EQ(o.world, 4);
+  EXPECT_EQ(o.normalization.divide_by, 1.0f);
+  EXPECT_EQ(o.normalization.stddev, 1.0f);
+  EXPECT_EQ(o.delimiter, ',');
+  d.mutable_normalization()->set_divide_by(255);
+  d.set_delimiter(";");
+  o = MakeReadOptions(d, 0, 1);
+  EXPECT_EQ(o.normalization.divide_by, 255.0f);
+  EXPECT_EQ(o.delimiter, ';');
+}
+
+}  // namespace
+}  // namespace tessera::trainer

@@ -1,0 +1,358 @@
+#include "worker/trainer/standalone_trainer.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <optional>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/status_macros.h"
+#include "kernels/schedule.h"
+#include "worker/data/batch_prefetcher.h"
+#include "worker/trainer/job_spec.h"
+
+namespace tessera::trainer {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+engine::BatchView View(const data::Batch& b) {
+  engine::BatchView v;
+  v.size = b.size;
+  v.features = b.features;
+  v.sparse_offsets = b.sparse_offsets;
+  v.sparse_ids = b.sparse_ids;
+  v.sparse_values = b.sparse_values;
+  v.labels = b.labels;
+  v.targets = b.targets;
+  return v;
+}
+
+absl::StatusOr<std::shared_ptr<const data::Dataset>> ReadSplit(const v1::DatasetSpec& d,
+                                                               bool train) {
+  const data::ReadOptions options = MakeReadOptions(d, /*rank=*/0, /*world=*/1);
+  switch (d.format()) {
+    case v1::DatasetSpec::FORMAT_IDX:
+      return train ? data::ReadIdxDataset(d.train_images(), d.train_labels(), options)
+                   : data::ReadIdxDataset(d.test_images(), d.test_labels(), options);
+    case v1::DatasetSpec::FORMAT_LIBSVM:
+      return data::ReadLibsvmDataset(train ? d.train_path() : d.test_path(), options);
+    default:
+      return data::ReadCsvDataset(train ? d.train_path() : d.test_path(), options);
+  }
+}
+
+bool HasTestSplit(const v1::DatasetSpec& d) {
+  return d.format() == v1::DatasetSpec::FORMAT_IDX ? !d.test_images().empty()
+                                                   : !d.test_path().empty();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<StandaloneTrainer>> StandaloneTrainer::Create(
+    TrainerOptions options) {
+  std::unique_ptr<StandaloneTrainer> t(new StandaloneTrainer(std::move(options)));
+  TESSERA_RETURN_IF_ERROR(t->Init());
+  return t;
+}
+
+StandaloneTrainer::~StandaloneTrainer() = default;
+
+absl::Status StandaloneTrainer::Init() {
+  v1::JobSpec& spec = options_.spec;
+  if (options_.epochs >= 0) {
+    spec.set_epochs(options_.epochs);
+    if (options_.epochs > 0) spec.set_max_steps(0);
+  }
+  if (!options_.device.empty()) spec.set_device(options_.device);
+  if (options_.num_threads < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("threads: must be >= 0, got ", options_.num_threads));
+  }
+  if (!(options_.target_accuracy >= 0 && options_.target_accuracy <= 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("target_accuracy: must be in [0, 1], got ", options_.target_accuracy));
+  }
+  TESSERA_RETURN_IF_ERROR(ValidateJobSpec(spec));
+  TESSERA_ASSIGN_OR_RETURN(optimizer_, kernels::MakeOptimizerParams(spec.optimizer(), false));
+
+  // Data first: it is the most likely to fail, and it fails before any device work.
+  TESSERA_ASSIGN_OR_RETURN(train_, ReadSplit(spec.dataset(), /*train=*/true));
+  if (HasTestSplit(spec.dataset())) {
+    TESSERA_ASSIGN_OR_RETURN(test_, ReadSplit(spec.dataset(), /*train=*/false));
+  }
+
+  kernels::BackendOptions backend_options;
+  TESSERA_ASSIGN_OR_RETURN(
+      backend_options.device,
+      kernels::ParseDeviceChoice(spec.device().empty() ? "auto" : spec.device()));
+  backend_options.num_threads = options_.num_threads;
+  TESSERA_ASSIGN_OR_RETURN(backend_, kernels::CreateBackend(backend_options));
+  TESSERA_ASSIGN_OR_RETURN(model_,
+                           engine::Model::Create(spec.model(), backend_.get(), spec.seed()));
+
+  for (const auto& split : {train_, test_}) {
+    if (split == nullptr) continue;
+    const bool fits = model_->sparse_input() ? split->feature_dim() <= model_->input_dim()
+                                             : split->feature_dim() == model_->input_dim();
+    if (!fits) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "model.input_shape: ", kernels::ShapeString(model_->input_shape()), " takes ",
+          model_->input_dim(), model_->sparse_input() ? " embedding rows" : " features",
+          " but the ", split == train_ ? "training" : "test", " data has ", split->feature_dim(),
+          " features per example"));
+    }
+  }
+
+  const int num_slots = kernels::NumSlots(optimizer_.kind);
+  const std::vector<engine::Parameter>& params = model_->parameters();
+  for (int i = 0; i < static_cast<int>(params.size()); ++i) {
+    if (!params[i].trainable) continue;
+    trainable_.push_back(i);
+    std::vector<kernels::Tensor> slots;
+    for (int s = 0; s < num_slots; ++s) {
+      TESSERA_ASSIGN_OR_RETURN(kernels::Tensor slot, backend_->Allocate(params[i].shape));
+      TESSERA_RETURN_IF_ERROR(backend_->Fill(slot, kernels::SlotInitialValue(optimizer_, s)));
+      slots.push_back(std::move(slot));
+    }
+    slots_.push_back(std::move(slots));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status StandaloneTrainer::ApplyOptimizer() {
+  const v1::JobSpec& spec = options_.spec;
+  const std::vector<engine::Parameter>& params = model_->parameters();
+  float scale = 1.0f;
+  if (spec.clipping().max_global_norm() > 0) {
+    double sum = 0;
+    for (int i : trainable_) {
+      TESSERA_ASSIGN_OR_RETURN(double s, backend_->SquaredNorm(params[i].grad));
+      sum += s;
+    }
+    scale = kernels::ClipScale(sum, spec.clipping().max_global_norm());
+  }
+  const float lr =
+      kernels::ScheduledLearningRate(spec.schedule(), optimizer_.learning_rate, updates_);
+  ++updates_;
+  for (size_t k = 0; k < trainable_.size(); ++k) {
+    const engine::Parameter& p = params[trainable_[k]];
+    TESSERA_RETURN_IF_ERROR(
+        backend_->ApplyUpdate(optimizer_, lr, updates_, scale, p.grad, p.value, slots_[k]));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<engine::StepResult> StandaloneTrainer::Evaluate() {
+  if (test_ == nullptr) {
+    return absl::FailedPreconditionError("the job spec has no test split to evaluate");
+  }
+  data::BatchPrefetcher::Options o;
+  o.batch_size = options_.spec.eval().batch_size() > 0 ? options_.spec.eval().batch_size() : 1000;
+  o.shuffle = false;
+  TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<data::BatchPrefetcher> batches,
+                           data::BatchPrefetcher::Create(test_, o));
+  engine::StepResult total;
+  double loss_sum = 0;
+  while (std::optional<data::Batch> b = batches->Next()) {
+    TESSERA_ASSIGN_OR_RETURN(engine::StepResult r, model_->Evaluate(View(*b)));
+    loss_sum += r.loss * static_cast<double>(r.examples);
+    total.correct += r.correct;
+    total.examples += r.examples;
+    batches->Recycle(std::move(*b));
+  }
+  total.loss = total.examples > 0 ? loss_sum / static_cast<double>(total.examples) : 0;
+  return total;
+}
+
+absl::StatusOr<TrainResult> StandaloneTrainer::Run() {
+  if (ran_) return absl::FailedPreconditionError("StandaloneTrainer::Run() was already called");
+  ran_ = true;
+  const v1::JobSpec& spec = options_.spec;
+  const int64_t batch_size = spec.batch_size();
+  const int64_t steps_per_epoch = (train_->size() + batch_size - 1) / batch_size;
+  if (steps_per_epoch == 0) {
+    return absl::FailedPreconditionError("the training split has no examples");
+  }
+  int epochs = spec.epochs();
+  int64_t total_steps = static_cast<int64_t>(epochs) * steps_per_epoch;
+  if (spec.max_steps() > 0) {
+    if (epochs == 0 || spec.max_steps() < total_steps) total_steps = spec.max_steps();
+    epochs = static_cast<int>((total_steps + steps_per_epoch - 1) / steps_per_epoch);
+  }
+  const int eval_every = spec.eval().every_epochs() > 0 ? spec.eval().every_epochs() : 1;
+
+  TrainResult result;
+  result.device = backend_->Name();
+  const Clock::time_point run_start = Clock::now();
+  Clock::duration train_time{};
+  int64_t step = 0;
+  for (int epoch = 0; epoch < epochs && step < total_steps; ++epoch) {
+    data::BatchPrefetcher::Options o;
+    o.batch_size = batch_size;
+    o.seed = spec.seed();
+    o.epoch = epoch;
+    TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<data::BatchPrefetcher> batches,
+                             data::BatchPrefetcher::Create(train_, o));
+    const Clock::time_point epoch_start = Clock::now();
+    double loss_sum = 0;
+    int64_t correct = 0, seen = 0, step_in_epoch = 0;
+    while (step < total_steps) {
+      std::optional<data::Batch> b = batches->Next();
+      if (!b.has_value()) break;
+      TESSERA_ASSIGN_OR_RETURN(engine::StepResult r, model_->TrainStep(View(*b)));
+      if (!std::isfinite(r.loss)) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("training diverged: the loss is ", r.loss, " at step ", step + 1,
+                         "; lower optimizer.learning_rate or set clipping.max_global_norm"));
+      }
+      TESSERA_RETURN_IF_ERROR(ApplyOptimizer());
+      ++step;
+      ++step_in_epoch;
+      loss_sum += r.loss * static_cast<double>(r.examples);
+      correct += r.correct;
+      seen += r.examples;
+      result.train_samples += r.examples;
+      batches->Recycle(std::move(*b));
+      if (options_.on_progress) {
+        const double elapsed = Seconds(train_time + (Clock::now() - epoch_start));
+        Progress p;
+        p.epoch = epoch + 1;
+        p.epochs = epochs;
+        p.step_in_epoch = step_in_epoch;
+        p.steps_per_epoch = std::min(steps_per_epoch, total_steps - (step - step_in_epoch));
+        p.step = step;
+        p.total_steps = total_steps;
+        p.loss = loss_sum / static_cast<double>(seen);
+        p.accuracy = static_cast<double>(correct) / static_cast<double>(seen);
+        p.samples_per_second = elapsed > 0 ? result.train_samples / elapsed : 0;
+        p.eta_seconds = elapsed / step * (total_steps - step);
+        options_.on_progress(p);
+      }
+    }
+    train_time += Clock::now() - epoch_start;
+
+    EpochSummary summary;
+    summary.epoch = epoch + 1;
+    summary.steps = step;
+    summary.train_loss = seen > 0 ? loss_sum / static_cast<double>(seen) : 0;
+    summary.train_accuracy = seen > 0 ? static_cast<double>(correct) / seen : 0;
+    const bool last = epoch + 1 == epochs || step >= total_steps;
+    if (test_ != nullptr && ((epoch + 1) % eval_every == 0 || last)) {
+      TESSERA_ASSIGN_OR_RETURN(engine::StepResult eval, Evaluate());
+      summary.evaluated = true;
+      summary.test_loss = eval.loss;
+      summary.test_accuracy =
+          eval.examples > 0 ? static_cast<double>(eval.correct) / eval.examples : 0;
+    }
+    summary.train_seconds = Seconds(train_time);
+    summary.elapsed_seconds = Seconds(Clock::now() - run_start);
+    result.history.push_back(summary);
+    result.epochs = epoch + 1;
+    if (options_.on_progress) {
+      Progress p;
+      p.epoch_end = true;
+      p.epoch = epoch + 1;
+      p.epochs = epochs;
+      p.step = step;
+      p.total_steps = total_steps;
+      p.step_in_epoch = step_in_epoch;
+      p.steps_per_epoch = step_in_epoch;
+      p.loss = summary.train_loss;
+      p.accuracy = summary.train_accuracy;
+      p.samples_per_second =
+          summary.train_seconds > 0 ? result.train_samples / summary.train_seconds : 0;
+      p.evaluated = summary.evaluated;
+      p.test_loss = summary.test_loss;
+      p.test_accuracy = summary.test_accuracy;
+      p.epoch_seconds = Seconds(Clock::now() - epoch_start);
+      options_.on_progress(p);
+    }
+    if (summary.evaluated && options_.target_accuracy > 0 &&
+        summary.test_accuracy >= options_.target_accuracy) {
+      break;
+    }
+  }
+
+  result.steps = step;
+  result.train_seconds = Seconds(train_time);
+  result.samples_per_second =
+      result.train_seconds > 0 ? result.train_samples / result.train_seconds : 0;
+  result.elapsed_seconds = Seconds(Clock::now() - run_start);
+  if (!result.history.empty()) {
+    const EpochSummary& last = result.history.back();
+    result.train_loss = last.train_loss;
+    result.train_accuracy = last.train_accuracy;
+    for (auto it = result.history.rbegin(); it != result.history.rend(); ++it) {
+      if (!it->evaluated) continue;
+      result.evaluated = true;
+      result.test_loss = it->test_loss;
+      result.test_accuracy = it->test_accuracy;
+      break;
+    }
+  }
+  return result;
+}
+
+namespace {
+
+// A JSON number; null for NaN and infinities, which JSON cannot hold.
+std::string Num(double v) {
+  if (!std::isfinite(v)) return "null";
+  return absl::StrFormat("%.6g", v);
+}
+
+std::string JsonString(const std::string& s) {
+  std::string out = "\"";
+  for (char c : s) {
+    switch (c) {
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20) {
+          out += absl::StrFormat("\\u%04x", c);
+        } else {
+          out += c;
+        }
+    }
+  }
+  return out + "\"";
+}
+
+}  // namespace
+
+std::string TrainResultJson(const TrainResult& r, const v1::JobSpec& spec) {
+  std::string json = absl::StrCat(
+      "{\"job\":", JsonString(spec.name()), ",\"device\":", JsonString(r.device),
+      ",\"test_accuracy\":", r.evaluated ? Num(r.test_accuracy) : "null",
+      ",\"test_loss\":", r.evaluated ? Num(r.test_loss) : "null",
+      ",\"train_loss\":", Num(r.train_loss), ",\"train_accuracy\":", Num(r.train_accuracy),
+      ",\"epochs\":", r.epochs, ",\"steps\":", r.steps, ",\"batch_size\":", spec.batch_size(),
+      ",\"train_samples\":", r.train_samples, ",\"samples_per_second\":", Num(r.samples_per_second),
+      ",\"train_seconds\":", Num(r.train_seconds), ",\"elapsed_seconds\":", Num(r.elapsed_seconds),
+      ",\"history\":[");
+  for (size_t i = 0; i < r.history.size(); ++i) {
+    const EpochSummary& e = r.history[i];
+    absl::StrAppend(&json, i > 0 ? "," : "", "{\"epoch\":", e.epoch, ",\"steps\":", e.steps,
+                    ",\"train_loss\":", Num(e.train_loss),
+                    ",\"train_accuracy\":", Num(e.train_accuracy),
+                    ",\"test_loss\":", e.evaluated ? Num(e.test_loss) : "null",
+                    ",\"test_accuracy\":", e.evaluated ? Num(e.test_accuracy) : "null",
+                    ",\"train_seconds\":", Num(e.train_seconds),
+                    ",\"elapsed_seconds\":", Num(e.elapsed_seconds), "}");
+  }
+  json += "]}";
+  return json;
+}
+
+}  // namespace tessera::trainer
