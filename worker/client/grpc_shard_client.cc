@@ -1,0 +1,466 @@
+#include "worker/client/grpc_shard_client.h"
+
+#include <deque>
+#include <mutex>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/grpc_status.h"
+#include "grpcpp/client_context.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/generic/generic_stub.h"
+#include "grpcpp/impl/codegen/proto_utils.h"
+#include "grpcpp/security/credentials.h"
+#include "grpcpp/support/byte_buffer.h"
+#include "grpcpp/support/channel_arguments.h"
+#include "grpcpp/support/client_callback.h"
+#include "spdlog/spdlog.h"
+
+namespace tessera {
+namespace client {
+
+namespace {
+
+// A static string: gRPC keeps a pointer to the method name for the life of the call.
+const char* const kPushPullMethod = "/tessera.v1.ParameterService/PushPull";
+
+void AppendVarint(uint64_t v, std::string* out) {
+  while (v >= 0x80) {
+    out->push_back(static_cast<char>((v & 0x7f) | 0x80));
+    v >>= 7;
+  }
+  out->push_back(static_cast<char>(v));
+}
+
+size_t VarintSize(uint64_t v) {
+  size_t n = 1;
+  while (v >= 0x80) {
+    v >>= 7;
+    ++n;
+  }
+  return n;
+}
+
+grpc::ByteBuffer SerializeCopy(const v1::PushPullRequest& request) {
+  grpc::ByteBuffer out;
+  bool own_buffer = false;
+  grpc::GenericSerialize<grpc::ProtoBufferWriter, v1::PushPullRequest>(request, &out, &own_buffer)
+      .IgnoreError();  // serialising a valid message cannot fail
+  return out;
+}
+
+// Push values of at least this many bytes travel as their own slice pointing into the request.
+constexpr size_t kZeroCopyMinBytes = 16 << 10;
+
+// The request in protobuf wire format, built so that the bytes of every large push slice are not
+// copied: each becomes a grpc::Slice that points into the request and keeps it alive until gRPC
+// releases the slice. The rest (ids, keys, tags, lengths) is serialised normally. Field order on
+// the wire does not matter to a protobuf parser, so the push slices come after the other fields.
+grpc::ByteBuffer SerializeZeroCopy(const std::shared_ptr<const v1::PushPullRequest>& request) {
+  v1::PushPullRequest header;
+  header.set_job_id(request->job_id());
+  header.set_worker_id(request->worker_id());
+  header.set_incarnation(request->incarnation());
+  header.set_step(request->step());
+  header.set_seq(request->seq());
+  *header.mutable_pull() = request->pull();
+  header.set_pull_encoding(request->pull_encoding());
+  std::string pending = header.SerializeAsString();
+  std::vector<grpc::Slice> slices;
+  for (const v1::Slice& push : request->push()) {
+    v1::Slice meta;
+    *meta.mutable_key() = push.key();
+    meta.set_encoding(push.encoding());
+    *meta.mutable_row_ids() = push.row_ids();
+    meta.set_want_weights(push.want_weights());
+    meta.set_version(push.version());
+    const std::string meta_bytes = meta.SerializeAsString();
+    const size_t n = push.data().size();
+    const size_t body = meta_bytes.size() + (n > 0 ? 1 + VarintSize(n) + n : 0);
+    pending.push_back(static_cast<char>((6 << 3) | 2));  // PushPullRequest.push
+    AppendVarint(body, &pending);
+    pending += meta_bytes;
+    if (n == 0) continue;
+    pending.push_back(static_cast<char>((3 << 3) | 2));  // Slice.data
+    AppendVarint(n, &pending);
+    if (n < kZeroCopyMinBytes) {
+      pending += push.data();
+      continue;
+    }
+    slices.emplace_back(pending.data(), pending.size());  // copies the small header bytes
+    pending.clear();
+    auto* keep = new std::shared_ptr<const v1::PushPullRequest>(request);
+    slices.emplace_back(
+        const_cast<char*>(push.data().data()), n,
+        [](void* p) { delete static_cast<std::shared_ptr<const v1::PushPullRequest>*>(p); }, keep);
+  }
+  if (!pending.empty()) slices.emplace_back(pending.data(), pending.size());
+  return grpc::ByteBuffer(slices.data(), slices.size());
+}
+
+}  // namespace
+
+// One PushPull stream. It owns itself from Start() until OnDone(), so that gRPC may finish it
+// after the owner has dropped it. Writes are queued: the callback API allows one at a time.
+// StartWrite is always called without holding mu_, because gRPC may run OnWriteDone inline in
+// the calling thread.
+class GrpcShardClient::Stream final
+    : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
+ public:
+  Stream(GrpcShardClient* owner, int slot, uint64_t generation)
+      : owner_(owner), slot_(slot), generation_(generation) {}
+  // The owner waits for every stream to be destroyed, so that the ClientContext (which holds a
+  // reference to the channel) never drops the channel's last reference on a gRPC callback
+  // thread: gRPC 1.51 cannot shut a channel down from its own callback threads
+  // (grpc/grpc#32584; it aborts with `prior > 0` in ref_counted.h).
+  ~Stream() override { owner_->OnStreamDestroyed(); }
+
+  int slot() const { return slot_; }
+  uint64_t generation() const { return generation_; }
+
+  // Binds the call and queues the first read. Does not start it (no callback can run yet).
+  void Bind(std::shared_ptr<Stream> self) {
+    self_ = std::move(self);
+    owner_->generic_stub_->PrepareBidiStreamingCall(&context_, kPushPullMethod, grpc::StubOptions(),
+                                                    this);
+    StartRead(&response_);
+  }
+
+  // REQUIRES: Bind(). Call without holding the owner's lock: OnDone may run inline.
+  void Start() { StartCall(); }
+
+  // Queues `request` for writing. False when the stream has already ended; the owner's
+  // OnStreamDone then takes care of every request pending on it.
+  bool Send(const std::shared_ptr<const v1::PushPullRequest>& request) {
+    auto message = std::make_unique<grpc::ByteBuffer>(
+        owner_->options_.zero_copy_push ? SerializeZeroCopy(request) : SerializeCopy(*request));
+    const grpc::ByteBuffer* first = nullptr;
+    {
+      absl::MutexLock lock(&mu_);
+      if (finished_) return false;
+      queue_.push_back(std::move(message));
+      if (!writing_) {
+        writing_ = true;
+        first = queue_.front().get();
+      }
+    }
+    if (first != nullptr) StartWrite(first);
+    return true;
+  }
+
+  void Cancel() { context_.TryCancel(); }
+
+  void OnWriteDone(bool ok) override {
+    const grpc::ByteBuffer* next = nullptr;
+    {
+      absl::MutexLock lock(&mu_);
+      queue_.pop_front();
+      if (!ok) finished_ = true;
+      if (finished_) {
+        queue_.clear();
+        writing_ = false;
+      } else if (!queue_.empty()) {
+        next = queue_.front().get();
+      } else {
+        writing_ = false;
+      }
+    }
+    if (next != nullptr) StartWrite(next);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      absl::MutexLock lock(&mu_);
+      finished_ = true;
+      return;
+    }
+    v1::PushPullResponse response;
+    const grpc::Status parsed =
+        grpc::SerializationTraits<v1::PushPullResponse>::Deserialize(&response_, &response);
+    response_.Clear();
+    if (parsed.ok()) {
+      owner_->Deliver(std::move(response));
+    } else {
+      // An unparsable answer cannot be matched to its request; the request then runs into its
+      // deadline and is retried.
+      spdlog::warn("{}: unparsable PushPull response: {}", owner_->options_.address,
+                   parsed.error_message());
+    }
+    StartRead(&response_);
+  }
+
+  void OnDone(const grpc::Status& status) override {
+    absl::Status s = status.ok() ? absl::UnavailableError("PushPull stream ended by the shard")
+                                 : FromGrpcStatus(status);
+    owner_->OnStreamDone(slot_, generation_, std::move(s));
+    // Last touch of *this: the self reference may be the final one.
+    std::shared_ptr<Stream> keep = std::move(self_);
+  }
+
+ private:
+  GrpcShardClient* const owner_;
+  const int slot_;
+  const uint64_t generation_;
+  std::shared_ptr<Stream> self_;
+  grpc::ClientContext context_;
+  grpc::ByteBuffer response_;
+
+  absl::Mutex mu_;
+  std::deque<std::unique_ptr<grpc::ByteBuffer>> queue_ ABSL_GUARDED_BY(mu_);
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+namespace {
+
+// gRPC 1.51 (with the epoll poller) runs the callback-API calls of a process on one shared
+// "callback alternative" completion queue, reference-counted by the channels that made callback
+// calls. When the last such channel goes, the queue and its threads are torn down, and the next
+// channel makes a new one; that cycle races with the queue's threads and aborts the process
+// (`assertion failed: prior > 0` in ref_counted.h) when clients come and go, as in tests. One
+// channel that has made a callback call and is never destroyed keeps the queue for the life of
+// the process. Its one call goes to port 1, fails at once, and nobody waits for it.
+void PinCallbackCompletionQueue() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    auto* channel = new std::shared_ptr<grpc::Channel>(
+        grpc::CreateChannel("127.0.0.1:1", grpc::InsecureChannelCredentials()));
+    auto* stub = v1::ParameterService::NewStub(*channel).release();
+    auto* context = new grpc::ClientContext();
+    context->set_deadline(absl::ToChronoTime(absl::Now() + absl::Milliseconds(1)));
+    auto* request = new v1::DropJobRequest();
+    auto* response = new v1::DropJobResponse();
+    stub->async()->DropJob(context, request, response, [](grpc::Status) {});
+  });
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<GrpcShardClient>> GrpcShardClient::Create(const Options& options) {
+  if (options.address.empty()) {
+    return absl::InvalidArgumentError("GrpcShardClient: address is empty");
+  }
+  if (options.streams < 1 || options.streams > 64) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("GrpcShardClient: streams must be in [1, 64], got ", options.streams));
+  }
+  if (options.max_stream_resends < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "GrpcShardClient: max_stream_resends must be >= 0, got ", options.max_stream_resends));
+  }
+  PinCallbackCompletionQueue();
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(options.max_receive_message_bytes);
+  args.SetMaxSendMessageSize(-1);
+  if (options.own_connection) args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  auto channel =
+      grpc::CreateCustomChannel(options.address, grpc::InsecureChannelCredentials(), args);
+  return std::unique_ptr<GrpcShardClient>(new GrpcShardClient(options, std::move(channel)));
+}
+
+GrpcShardClient::GrpcShardClient(const Options& options, std::shared_ptr<grpc::Channel> channel)
+    : options_(options),
+      channel_(std::move(channel)),
+      stub_(v1::ParameterService::NewStub(channel_)),
+      generic_stub_(std::make_unique<grpc::GenericStub>(channel_)),
+      streams_(static_cast<size_t>(options.streams)) {
+  sweeper_ = std::thread([this] { SweepDeadlines(); });
+}
+
+GrpcShardClient::~GrpcShardClient() {
+  std::vector<std::shared_ptr<Stream>> streams;
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+    streams.swap(streams_);
+  }
+  // Without the lock: dropping the last reference runs ~Stream, which takes mu_.
+  for (auto& stream : streams) {
+    if (stream != nullptr) stream->Cancel();
+  }
+  streams.clear();
+  std::multimap<uint64_t, Pending> left;
+  {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(
+        +[](int* live) { return *live == 0; }, &live_streams_));
+    left.swap(pending_);
+  }
+  sweeper_.join();
+  for (auto& [seq, p] : left) {
+    p.done(absl::CancelledError(
+        absl::StrCat(options_.address, ": PushPull seq ", seq, " cancelled: client shut down")));
+  }
+}
+
+std::shared_ptr<GrpcShardClient::Stream> GrpcShardClient::CurrentStreamLocked(int slot,
+                                                                              bool* created) {
+  std::shared_ptr<Stream>& stream = streams_[slot];
+  *created = stream == nullptr;
+  if (stream == nullptr) {
+    stream = std::make_shared<Stream>(this, slot, next_generation_++);
+    stream->Bind(stream);
+    ++live_streams_;
+  }
+  return stream;
+}
+
+void GrpcShardClient::PushPull(std::shared_ptr<const v1::PushPullRequest> request,
+                               absl::Time deadline, PushPullCallback done) {
+  std::shared_ptr<Stream> stream;
+  bool start = false;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!stopping_) {
+      // A retry has the same seq, so it takes the same stream as its first attempt.
+      stream = CurrentStreamLocked(static_cast<int>(request->seq() % streams_.size()), &start);
+      Pending p;
+      p.request = request;
+      p.deadline = deadline;
+      p.done = std::move(done);
+      p.stream_generation = stream->generation();
+      pending_.emplace(request->seq(), std::move(p));
+    }
+  }
+  if (stream == nullptr) {
+    done(absl::CancelledError(absl::StrCat(options_.address, ": PushPull seq ", request->seq(),
+                                           " refused: client shutting down")));
+    return;
+  }
+  if (start) stream->Start();
+  // A false return means the stream ended under us; OnStreamDone resends what was pending on it.
+  stream->Send(std::move(request));
+}
+
+void GrpcShardClient::Deliver(v1::PushPullResponse response) {
+  PushPullCallback done;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = pending_.lower_bound(response.seq());
+    if (it == pending_.end() || it->first != response.seq()) return;  // late answer: dropped
+    done = std::move(it->second.done);
+    pending_.erase(it);
+  }
+  done(std::move(response));
+}
+
+void GrpcShardClient::OnStreamDone(int slot, uint64_t generation, absl::Status status) {
+  std::vector<std::pair<uint64_t, PushPullCallback>> failed;
+  std::vector<std::shared_ptr<const v1::PushPullRequest>> resend;
+  std::shared_ptr<Stream> stream;
+  bool start = false;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!streams_.empty() && streams_[slot] != nullptr &&
+        streams_[slot]->generation() == generation) {
+      streams_[slot].reset();
+    }
+    for (auto it = pending_.begin(); it != pending_.end();) {
+      Pending& p = it->second;
+      if (p.stream_generation != generation) {
+        ++it;
+        continue;
+      }
+      if (!stopping_ && p.resends < options_.max_stream_resends) {
+        if (stream == nullptr) stream = CurrentStreamLocked(slot, &start);
+        ++p.resends;
+        p.stream_generation = stream->generation();
+        resend.push_back(p.request);
+        ++it;
+      } else {
+        failed.emplace_back(it->first, std::move(p.done));
+        it = pending_.erase(it);
+      }
+    }
+  }
+  if (start) stream->Start();
+  // `resend` is in seq order (the map's order), so the shard sees retries in their first order.
+  for (auto& r : resend) stream->Send(std::move(r));
+  for (auto& [seq, done] : failed) {
+    const absl::StatusCode code = status.code() == absl::StatusCode::kCancelled
+                                      ? absl::StatusCode::kCancelled
+                                      : absl::StatusCode::kUnavailable;
+    done(absl::Status(code, absl::StrCat(options_.address, ": PushPull seq ", seq,
+                                         " lost with its stream: ", status.ToString())));
+  }
+}
+
+void GrpcShardClient::OnStreamDestroyed() {
+  // Last touch of *this by a stream: the destructor waits for live_streams_ to reach 0.
+  absl::MutexLock lock(&mu_);
+  --live_streams_;
+}
+
+void GrpcShardClient::SweepDeadlines() {
+  for (;;) {
+    std::vector<std::pair<uint64_t, PushPullCallback>> expired;
+    {
+      absl::MutexLock lock(&mu_);
+      if (mu_.AwaitWithTimeout(absl::Condition(&stopping_), absl::Milliseconds(25))) return;
+      const absl::Time now = absl::Now();
+      for (auto it = pending_.begin(); it != pending_.end();) {
+        if (it->second.deadline <= now) {
+          expired.emplace_back(it->first, std::move(it->second.done));
+          it = pending_.erase(it);
+        } else {
+          ++it;
+        }
+      }
+    }
+    for (auto& [seq, done] : expired) {
+      done(absl::DeadlineExceededError(
+          absl::StrCat(options_.address, ": PushPull seq ", seq, " deadline exceeded")));
+    }
+  }
+}
+
+namespace {
+
+void SetDeadline(grpc::ClientContext* context, absl::Time deadline) {
+  if (deadline != absl::InfiniteFuture()) context->set_deadline(absl::ToChronoTime(deadline));
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<v1::Slice>> GrpcShardClient::Pull(const v1::PullRequest& request,
+                                                             absl::Time deadline) {
+  grpc::ClientContext context;
+  SetDeadline(&context, deadline);
+  std::unique_ptr<grpc::ClientReader<v1::PullResponse>> reader = stub_->Pull(&context, request);
+  std::vector<v1::Slice> slices;
+  v1::PullResponse response;
+  while (reader->Read(&response)) {
+    for (v1::Slice& s : *response.mutable_weights()) slices.push_back(std::move(s));
+  }
+  grpc::Status status = reader->Finish();
+  if (!status.ok()) return FromGrpcStatus(status, options_.address);
+  return slices;
+}
+
+absl::StatusOr<v1::CreateJobStateResponse> GrpcShardClient::CreateJobState(
+    const v1::CreateJobStateRequest& request, absl::Time deadline) {
+  grpc::ClientContext context;
+  SetDeadline(&context, deadline);
+  v1::CreateJobStateResponse response;
+  grpc::Status status = stub_->CreateJobState(&context, request, &response);
+  if (!status.ok()) return FromGrpcStatus(status, options_.address);
+  return response;
+}
+
+absl::Status GrpcShardClient::UpdateMembership(const v1::UpdateMembershipRequest& request,
+                                               absl::Time deadline) {
+  grpc::ClientContext context;
+  SetDeadline(&context, deadline);
+  v1::UpdateMembershipResponse response;
+  return FromGrpcStatus(stub_->UpdateMembership(&context, request, &response), options_.address);
+}
+
+absl::Status GrpcShardClient::DropJob(const v1::DropJobRequest& request, absl::Time deadline) {
+  grpc::ClientContext context;
+  SetDeadline(&context, deadline);
+  v1::DropJobResponse response;
+  return FromGrpcStatus(stub_->DropJob(&context, request, &response), options_.address);
+}
+
+}  // namespace client
+}  // namespace tessera

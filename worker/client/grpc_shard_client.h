@@ -1,0 +1,118 @@
+// ShardClient over gRPC: one channel (its own TCP connection) and long-lived PushPull streams
+// per shard (one by default), driven by the callback API.
+//
+// Request path. PushPull() records the request in `pending_` under its seq and hands it to a
+// stream's write queue (stream seq % streams); the stream writes one message at a time
+// (ClientBidiReactor allows one outstanding write) and keeps one read outstanding. The stream
+// carries raw bytes (grpc::GenericStub): a request is serialised by hand so that the bytes of each
+// large push slice go out as a gRPC slice pointing into the shared request, not as a copy. Each
+// response is matched to the oldest pending request with the same seq, and that request's
+// callback runs on a gRPC thread. A sweeper thread fails requests whose deadline has passed with
+// DEADLINE_EXCEEDED; the streams themselves have no deadline because a gated BSP pull may park for
+// as long as the slowest worker takes.
+//
+// Broken streams. When a stream ends (the shard restarted, the connection dropped), every request
+// still pending on it is written again, with the SAME seq, on a fresh stream, at most
+// `max_stream_resends` times; after that it fails with UNAVAILABLE and the caller's retry policy
+// takes over. The shard acknowledges an already-applied seq without applying it twice, so a
+// resend never corrupts the model.
+//
+// Life cycle: kRunning from Create() until the destructor, which cancels the streams, waits until
+// gRPC is done with them, fails what is still pending with CANCELLED, and joins the sweeper.
+#ifndef TESSERA_WORKER_CLIENT_GRPC_SHARD_CLIENT_H_
+#define TESSERA_WORKER_CLIENT_GRPC_SHARD_CLIENT_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "grpcpp/channel.h"
+#include "grpcpp/generic/generic_stub.h"
+#include "tessera/v1/parameter.grpc.pb.h"
+#include "worker/client/shard_client.h"
+
+namespace tessera {
+namespace client {
+
+class GrpcShardClient final : public ShardClient {
+ public:
+  struct Options {
+    std::string address;  // "host:port"
+    // Receive limit for responses; -1 means no limit. Sends are not limited here (the shard
+    // enforces its own --max_message_bytes).
+    int max_receive_message_bytes = -1;
+    // PushPull streams on the connection; request seq % streams picks one. The shard works on
+    // each stream's requests in order, so more than one lets it work on several at once.
+    int streams = 1;
+    // Send the bytes of large push slices without copying them into a serialised message: they
+    // travel as their own gRPC slices, pointing into the shared request (false: plain protobuf
+    // serialisation, one more copy of every pushed byte).
+    bool zero_copy_push = true;
+    // Times a request pending on a broken stream is written again on a new one.
+    int max_stream_resends = 1;
+    // Give this client its own TCP connection instead of sharing one with other channels to the
+    // same address in the process (one connection per client thread measured 16-27% faster).
+    bool own_connection = true;
+  };
+
+  // INVALID_ARGUMENT when the address is empty. Does not connect yet.
+  static absl::StatusOr<std::unique_ptr<GrpcShardClient>> Create(const Options& options);
+
+  ~GrpcShardClient() override;
+
+  const std::string& address() const override { return options_.address; }
+  void PushPull(std::shared_ptr<const v1::PushPullRequest> request, absl::Time deadline,
+                PushPullCallback done) override;
+  absl::StatusOr<std::vector<v1::Slice>> Pull(const v1::PullRequest& request,
+                                              absl::Time deadline) override;
+  absl::StatusOr<v1::CreateJobStateResponse> CreateJobState(
+      const v1::CreateJobStateRequest& request, absl::Time deadline) override;
+  absl::Status UpdateMembership(const v1::UpdateMembershipRequest& request,
+                                absl::Time deadline) override;
+  absl::Status DropJob(const v1::DropJobRequest& request, absl::Time deadline) override;
+
+ private:
+  class Stream;
+  struct Pending {
+    std::shared_ptr<const v1::PushPullRequest> request;
+    absl::Time deadline;
+    PushPullCallback done;
+    uint64_t stream_generation = 0;
+    int resends = 0;
+  };
+
+  GrpcShardClient(const Options& options, std::shared_ptr<grpc::Channel> channel);
+
+  // Returns the stream in `slot`, opening one (and setting *created) when there is none.
+  std::shared_ptr<Stream> CurrentStreamLocked(int slot, bool* created)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Called by a stream when a response arrives / when it has ended.
+  void Deliver(v1::PushPullResponse response);
+  void OnStreamDone(int slot, uint64_t generation, absl::Status status);
+  void OnStreamDestroyed();
+  void SweepDeadlines();
+
+  const Options options_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::ParameterService::Stub> stub_;  // Pull and the control calls
+  std::unique_ptr<grpc::GenericStub> generic_stub_;   // PushPull, on raw bytes
+
+  absl::Mutex mu_;
+  std::multimap<uint64_t, Pending> pending_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::shared_ptr<Stream>> streams_ ABSL_GUARDED_BY(mu_);  // by slot
+  uint64_t next_generation_ ABSL_GUARDED_BY(mu_) = 1;
+  int live_streams_ ABSL_GUARDED_BY(mu_) = 0;  // Stream objects not yet destroyed
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread sweeper_;
+};
+
+}  // namespace client
+}  // namespace tessera
+
+#endif  // TESSERA_WORKER_CLIENT_GRPC_SHARD_CLIENT_H_

@@ -1,0 +1,318 @@
+#include "worker/client/grpc_shard_client.h"
+
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "grpcpp/server.h"
+#include "grpcpp/server_builder.h"
+#include "gtest/gtest.h"
+#include "tessera/v1/parameter.grpc.pb.h"
+
+namespace tessera {
+namespace client {
+namespace {
+
+// A scripted shard on loopback. The first stream breaks (UNAVAILABLE) after reading one request
+// when break_first_stream is set; seq `held_seq` is answered only after the next request; seq
+// `never_seq` is never answered. Answers echo the pushed data as weights.
+class ScriptedService final : public v1::ParameterService::Service {
+ public:
+  bool break_first_stream = false;
+  uint64_t held_seq = 0;
+  uint64_t never_seq = 0;
+
+  grpc::Status PushPull(
+      grpc::ServerContext* context,
+      grpc::ServerReaderWriter<v1::PushPullResponse, v1::PushPullRequest>* stream) override {
+    int index;
+    {
+      absl::MutexLock lock(&mu_);
+      index = streams_++;
+    }
+    v1::PushPullRequest request;
+    std::vector<v1::PushPullResponse> held;
+    while (stream->Read(&request)) {
+      {
+        absl::MutexLock lock(&mu_);
+        seen_.emplace_back(index, request.seq());
+        last_request_ = request;
+      }
+      if (index == 0 && break_first_stream) {
+        return grpc::Status(grpc::StatusCode::UNAVAILABLE, "scripted break");
+      }
+      if (request.seq() == never_seq) continue;
+      v1::PushPullResponse response;
+      response.set_seq(request.seq());
+      for (const v1::Slice& s : request.push()) {
+        v1::Slice* w = response.add_weights();
+        *w->mutable_key() = s.key();
+        w->set_data(s.data());
+        w->set_version(static_cast<int64_t>(request.seq()));
+      }
+      if (request.seq() == held_seq) {
+        held.push_back(std::move(response));
+        continue;
+      }
+      stream->Write(response);
+      for (auto& h : held) stream->Write(h);
+      held.clear();
+    }
+    return grpc::Status::OK;
+  }
+
+  grpc::Status CreateJobState(grpc::ServerContext*, const v1::CreateJobStateRequest* request,
+                              v1::CreateJobStateResponse* response) override {
+    if (request->job_id().empty()) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "job_id is empty");
+    }
+    response->set_partitions(static_cast<uint32_t>(request->partitions_size()));
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Pull(grpc::ServerContext*, const v1::PullRequest* request,
+                    grpc::ServerWriter<v1::PullResponse>* writer) override {
+    for (const v1::Slice& k : request->keys()) {
+      v1::PullResponse r;
+      *r.add_weights()->mutable_key() = k.key();
+      writer->Write(r);
+    }
+    return grpc::Status::OK;
+  }
+
+  std::vector<std::pair<int, uint64_t>> seen() {
+    absl::MutexLock lock(&mu_);
+    return seen_;
+  }
+  v1::PushPullRequest last_request() {
+    absl::MutexLock lock(&mu_);
+    return last_request_;
+  }
+
+ private:
+  absl::Mutex mu_;
+  int streams_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<std::pair<int, uint64_t>> seen_ ABSL_GUARDED_BY(mu_);
+  v1::PushPullRequest last_request_ ABSL_GUARDED_BY(mu_);
+};
+
+class GrpcShardClientTest : public ::testing::Test {
+ protected:
+  void Start(int streams = 1, bool zero_copy_push = true) {
+    grpc::ServerBuilder builder;
+    int port = 0;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    builder.RegisterService(&service_);
+    server_ = builder.BuildAndStart();
+    ASSERT_NE(server_, nullptr);
+    ASSERT_GT(port, 0);
+    GrpcShardClient::Options o;
+    o.address = absl::StrCat("127.0.0.1:", port);
+    o.streams = streams;
+    o.zero_copy_push = zero_copy_push;
+    auto c = GrpcShardClient::Create(o);
+    ASSERT_TRUE(c.ok()) << c.status();
+    client_ = *std::move(c);
+  }
+  void TearDown() override {
+    client_.reset();
+    if (server_) server_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
+  }
+
+  static std::shared_ptr<const v1::PushPullRequest> Request(uint64_t seq, const std::string& data) {
+    auto r = std::make_shared<v1::PushPullRequest>();
+    r->set_job_id("job");
+    r->set_seq(seq);
+    v1::Slice* s = r->add_push();
+    s->mutable_key()->set_tensor("w");
+    s->set_data(data);
+    return r;
+  }
+
+  // Sends and waits for the callback.
+  absl::StatusOr<v1::PushPullResponse> Call(std::shared_ptr<const v1::PushPullRequest> r,
+                                            absl::Duration timeout = absl::Seconds(10)) {
+    absl::Notification done;
+    absl::StatusOr<v1::PushPullResponse> result;
+    client_->PushPull(std::move(r), absl::Now() + timeout,
+                      [&](absl::StatusOr<v1::PushPullResponse> response) {
+                        result = std::move(response);
+                        done.Notify();
+                      });
+    done.WaitForNotification();
+    return result;
+  }
+
+  ScriptedService service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<GrpcShardClient> client_;
+};
+
+TEST_F(GrpcShardClientTest, MatchesOutOfOrderResponsesBySeq) {
+  service_.held_seq = 1;
+  Start();
+  absl::Notification first_done;
+  absl::StatusOr<v1::PushPullResponse> first;
+  client_->PushPull(Request(1, "one"), absl::Now() + absl::Seconds(10),
+                    [&](absl::StatusOr<v1::PushPullResponse> r) {
+                      first = std::move(r);
+                      first_done.Notify();
+                    });
+  auto second = Call(Request(2, "two"));
+  first_done.WaitForNotification();
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ(first->seq(), 1u);
+  EXPECT_EQ(first->weights(0).data(), "one");
+  EXPECT_EQ(second->seq(), 2u);
+  EXPECT_EQ(second->weights(0).data(), "two");
+}
+
+TEST_F(GrpcShardClientTest, BrokenStreamIsReopenedAndTheRequestResentWithTheSameSeq) {
+  service_.break_first_stream = true;
+  Start();
+  auto r = Call(Request(7, "seven"));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->seq(), 7u);
+  EXPECT_EQ(r->weights(0).data(), "seven");
+  EXPECT_EQ(service_.seen(), (std::vector<std::pair<int, uint64_t>>{{0, 7}, {1, 7}}));
+  // The new stream keeps serving.
+  auto again = Call(Request(8, "eight"));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->weights(0).data(), "eight");
+}
+
+class GrpcShardClientWireTest : public GrpcShardClientTest,
+                                public ::testing::WithParamInterface<bool> {};
+
+// Large push values travel as their own slices (zero-copy) or inside one serialised message; the
+// shard must parse the very same request either way.
+TEST_P(GrpcShardClientWireTest, LargeAndSmallPushSlicesArriveIntact) {
+  Start(/*streams=*/1, /*zero_copy_push=*/GetParam());
+  auto r = std::make_shared<v1::PushPullRequest>();
+  r->set_job_id("job");
+  r->set_worker_id(3);
+  r->set_step(17);
+  r->set_seq(5);
+  r->set_pull_encoding(v1::ENCODING_BF16);
+  std::vector<std::string> values;
+  for (size_t size : {size_t{100}, size_t{300} << 10, size_t{0}, size_t{16} << 10}) {
+    std::string v(size, '\0');
+    for (size_t i = 0; i < size; ++i) v[i] = static_cast<char>((i * 131 + size) & 0xff);
+    v1::Slice* s = r->add_push();
+    s->mutable_key()->set_tensor(absl::StrCat("t", size));
+    s->mutable_key()->set_index(static_cast<uint32_t>(size % 7));
+    s->set_encoding(v1::ENCODING_FP32);
+    s->add_row_ids(-1);
+    s->add_row_ids(static_cast<int64_t>(size));
+    s->set_want_weights(true);
+    s->set_data(v);
+    values.push_back(v);
+  }
+  r->add_pull()->mutable_key()->set_tensor("pulled");
+  auto response = Call(r);
+  ASSERT_TRUE(response.ok()) << response.status();
+  ASSERT_EQ(response->weights_size(), 4);
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(response->weights(i).key().tensor(), r->push(i).key().tensor());
+    EXPECT_EQ(response->weights(i).key().index(), r->push(i).key().index());
+    EXPECT_TRUE(response->weights(i).data() == values[i]) << "slice " << i;
+  }
+  const v1::PushPullRequest& seen = service_.last_request();
+  EXPECT_EQ(seen.SerializeAsString().size(), r->SerializeAsString().size());
+  EXPECT_EQ(seen.worker_id(), 3u);
+  EXPECT_EQ(seen.step(), 17);
+  EXPECT_EQ(seen.pull_encoding(), v1::ENCODING_BF16);
+  ASSERT_EQ(seen.pull_size(), 1);
+  ASSERT_EQ(seen.push_size(), 4);
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(seen.push(i).row_ids_size(), 2);
+    EXPECT_TRUE(seen.push(i).want_weights());
+    EXPECT_EQ(seen.push(i).encoding(), v1::ENCODING_FP32);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Serialisation, GrpcShardClientWireTest, ::testing::Bool(),
+                         [](const auto& info) {
+                           return info.param ? std::string("ZeroCopy") : std::string("Copy");
+                         });
+
+TEST_F(GrpcShardClientTest, SpreadsRequestsOverStreamsBySeq) {
+  Start(/*streams=*/3);
+  for (uint64_t seq = 1; seq <= 6; ++seq) {
+    auto r = Call(Request(seq, absl::StrCat("v", seq)));
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->weights(0).data(), absl::StrCat("v", seq));
+  }
+  // seq % 3 picks the stream: 1 and 4, 2 and 5, 3 and 6 share one each.
+  std::map<uint64_t, int> stream_of;
+  for (const auto& [stream, seq] : service_.seen()) stream_of[seq] = stream;
+  ASSERT_EQ(stream_of.size(), 6u);
+  EXPECT_EQ(stream_of[1], stream_of[4]);
+  EXPECT_EQ(stream_of[2], stream_of[5]);
+  EXPECT_EQ(stream_of[3], stream_of[6]);
+  EXPECT_NE(stream_of[1], stream_of[2]);
+  EXPECT_NE(stream_of[2], stream_of[3]);
+  EXPECT_NE(stream_of[1], stream_of[3]);
+  GrpcShardClient::Options bad;
+  bad.address = "127.0.0.1:1";
+  bad.streams = 0;
+  EXPECT_EQ(GrpcShardClient::Create(bad).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(GrpcShardClientTest, UnansweredRequestFailsAtItsDeadlineWithTheAddress) {
+  service_.never_seq = 3;
+  Start();
+  auto r = Call(Request(3, "x"), absl::Milliseconds(200));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_NE(r.status().message().find(client_->address()), absl::string_view::npos) << r.status();
+  // The stream is still usable after a deadline.
+  auto next = Call(Request(4, "y"));
+  ASSERT_TRUE(next.ok()) << next.status();
+}
+
+TEST_F(GrpcShardClientTest, UnreachableShardFailsUnavailableWithTheAddress) {
+  GrpcShardClient::Options o;
+  o.address = "127.0.0.1:1";  // nothing listens on port 1
+  auto c = GrpcShardClient::Create(o);
+  ASSERT_TRUE(c.ok());
+  client_ = *std::move(c);
+  auto r = Call(Request(1, "x"));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(r.status().message().find("127.0.0.1:1"), absl::string_view::npos) << r.status();
+  auto created =
+      client_->CreateJobState(v1::CreateJobStateRequest(), absl::Now() + absl::Seconds(5));
+  EXPECT_EQ(created.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(created.status().message().find("127.0.0.1:1"), absl::string_view::npos);
+}
+
+TEST_F(GrpcShardClientTest, UnaryAndServerStreamingCalls) {
+  Start();
+  v1::CreateJobStateRequest create;
+  create.set_job_id("job");
+  create.add_partitions();
+  create.add_partitions();
+  auto created = client_->CreateJobState(create, absl::Now() + absl::Seconds(5));
+  ASSERT_TRUE(created.ok()) << created.status();
+  EXPECT_EQ(created->partitions(), 2u);
+  auto bad = client_->CreateJobState(v1::CreateJobStateRequest(), absl::Now() + absl::Seconds(5));
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find(client_->address()), absl::string_view::npos);
+  v1::PullRequest pull;
+  for (uint32_t i = 0; i < 3; ++i) pull.add_keys()->mutable_key()->set_index(i);
+  auto slices = client_->Pull(pull, absl::Now() + absl::Seconds(5));
+  ASSERT_TRUE(slices.ok()) << slices.status();
+  ASSERT_EQ(slices->size(), 3u);
+  EXPECT_EQ((*slices)[2].key().index(), 2u);
+}
+
+}  // namespace
+}  // namespace client
+}  // namespace tessera

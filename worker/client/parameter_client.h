@@ -1,0 +1,200 @@
+// ParameterClient: a worker's view of a job's sharded parameters, like ps-lite's KVWorker.
+//
+// It cuts dense tensors into partitions (tensor_layout.h), routes every partition and sparse row
+// to its shard by jump consistent hash, and keeps one PushPull stream per shard. A PushPull of a
+// tensor sends all of its partitions to all of their shards at once and returns a future, so the
+// caller overlaps communication with compute. Each request has a per-(worker, incarnation)
+// sequence number; a retry after UNAVAILABLE or DEADLINE_EXCEEDED resends the very same request
+// (same seq) after capped exponential backoff with jitter, and the shard acknowledges a seq it has
+// already applied without applying it again. Every error names the shard's address.
+//
+// Values are encoded from the caller's gradient straight into the request's bytes field, which
+// gRPC then sends as slices of the request itself (no serialisation copy, see
+// GrpcShardClient::Options::zero_copy_push), and decoded from the response's bytes straight into
+// the caller's buffer.
+//
+// Thread-safety: all methods may be called from any thread concurrently. The destructor blocks
+// until every call in flight has finished (at most the call deadline times the attempts).
+#ifndef TESSERA_WORKER_CLIENT_PARAMETER_CLIENT_H_
+#define TESSERA_WORKER_CLIENT_PARAMETER_CLIENT_H_
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <future>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "tessera/v1/parameter.pb.h"
+#include "worker/client/shard_client.h"
+#include "worker/client/tensor_layout.h"
+
+namespace tessera {
+namespace client {
+
+struct RetryPolicy {
+  // Attempts per request, the first included. 1 disables retries.
+  int max_attempts = 5;
+  // Backoff before retry r (1-based): min(max_backoff, initial_backoff * multiplier^(r-1)),
+  // scaled by a uniform factor in [1 - jitter, 1 + jitter].
+  absl::Duration initial_backoff = absl::Milliseconds(50);
+  absl::Duration max_backoff = absl::Seconds(2);
+  double multiplier = 2.0;
+  double jitter = 0.2;
+};
+
+// The backoff before retry `retry` (1-based) under `policy`, with `unit_random` in [0, 1) picking
+// the jitter: min(max_backoff, initial * multiplier^(retry-1)) * (1 - jitter + 2*jitter*unit).
+absl::Duration RetryBackoff(const RetryPolicy& policy, int retry, double unit_random);
+
+// A dense tensor to declare: fp32 values in row-major order.
+struct DenseTensorSpec {
+  std::string name;
+  std::vector<int64_t> shape;
+  // Starting weights, one per element; empty means zeros. Only read during DeclareJob.
+  absl::Span<const float> initial_values;
+};
+
+// Outcome of one PushPull over all the partitions (or sparse shard groups) it touched.
+struct PushPullResult {
+  int64_t min_version = 0;  // smallest partition version in the answers (0 without weights)
+  int64_t max_version = 0;
+  uint32_t duplicates = 0;          // slices the shards acknowledged as already applied
+  uint32_t skipped_non_finite = 0;  // slices skipped for NaN/Inf (NON_FINITE_POLICY_SKIP)
+  uint32_t requests = 0;            // requests sent (one per partition or sparse chunk)
+  uint32_t retries = 0;             // resends after a retryable error
+};
+
+class ParameterClient {
+ public:
+  struct Options {
+    std::vector<std::string> shard_addresses;  // index = shard index
+    std::string job_id;
+    uint32_t worker_id = 0;
+    uint64_t incarnation = 0;
+    int64_t partition_bytes = 4 << 20;
+    v1::Encoding push_encoding = v1::ENCODING_FP32;
+    v1::Encoding pull_encoding = v1::ENCODING_FP32;
+    // Deadline of every call, counted from each attempt's start.
+    absl::Duration call_timeout = absl::Seconds(30);
+    RetryPolicy retry;
+    // PushPull streams per shard (on the one connection): the shard works on the requests of one
+    // stream in order, so a few let it work on several partitions of one worker at once.
+    int streams_per_shard = 1;
+    // Large push values go to gRPC as slices of the request, without a serialisation copy.
+    bool zero_copy_push = true;
+    // Upper bound for one CreateJobState batch; keep it under the shards' --max_message_bytes.
+    int64_t max_request_bytes = 16 << 20;
+  };
+
+  using PushPullCallback = std::function<void(absl::StatusOr<PushPullResult>)>;
+
+  // Connects one GrpcShardClient per address (lazily: no RPC is made here). INVALID_ARGUMENT,
+  // naming the field, for no shards, an empty job_id, partition_bytes < 4, max_attempts < 1, an
+  // unknown encoding or a negative backoff.
+  static absl::StatusOr<std::unique_ptr<ParameterClient>> Create(const Options& options);
+  // Same with caller-supplied transports (tests, fault injection). shards.size() must equal
+  // options.shard_addresses.size(); shards[i] is shard i.
+  static absl::StatusOr<std::unique_ptr<ParameterClient>> CreateWithShards(
+      const Options& options, std::vector<std::unique_ptr<ShardClient>> shards);
+
+  ~ParameterClient();
+
+  // Records the tensors' layouts and creates the job's state on every shard (CreateJobState,
+  // batched under max_request_bytes; additive and idempotent, so every worker may call it).
+  // Blocks. INVALID_ARGUMENT for a bad spec or an initial_values size that does not match the
+  // shape; a shard's error carries its address.
+  absl::Status DeclareJob(const v1::JobConfig& config, const std::vector<DenseTensorSpec>& tensors,
+                          const std::vector<v1::SparseTableDecl>& tables);
+  // Records the layouts only (no RPC), for a worker whose job another process declared.
+  absl::Status AttachJob(const std::vector<DenseTensorSpec>& tensors,
+                         const std::vector<v1::SparseTableDecl>& tables);
+
+  // The layout of a declared tensor; NOT_FOUND otherwise. The pointer lives as long as *this.
+  absl::StatusOr<const DenseLayout*> Layout(absl::string_view name) const;
+
+  // Pushes `gradient` for `step` (all partitions, all shards at once) and, when `weights_out` is
+  // not empty, writes the fresh weights there once the shards' consistency gate for step + 1
+  // opens. Does not block. `done` runs once, on an internal thread.
+  // REQUIRES: gradient and weights_out stay valid and untouched until `done` runs; their sizes
+  // equal the tensor's element count (weights_out may be empty).
+  void PushPullAsync(absl::string_view name, int64_t step, absl::Span<const float> gradient,
+                     absl::Span<float> weights_out, PushPullCallback done);
+  std::future<absl::StatusOr<PushPullResult>> PushPull(absl::string_view name, int64_t step,
+                                                       absl::Span<const float> gradient,
+                                                       absl::Span<float> weights_out);
+
+  // Blocking pull of the whole tensor into `out`, gated as for `step` (negative: not gated, for
+  // initial weights, evaluation and export).
+  absl::Status Pull(absl::string_view name, int64_t step, absl::Span<float> out);
+
+  // Sparse tables: rows[i]'s gradient is gradient[i*dim, (i+1)*dim). Each row goes to
+  // ShardOfSparseRow(job, table, row). Weights come back into weights_out in the same layout.
+  // Same REQUIREs as PushPullAsync; sizes are rows.size() * dim.
+  void PushPullSparseAsync(absl::string_view table, int64_t step, absl::Span<const int64_t> rows,
+                           absl::Span<const float> gradient, absl::Span<float> weights_out,
+                           PushPullCallback done);
+  std::future<absl::StatusOr<PushPullResult>> PushPullSparse(absl::string_view table, int64_t step,
+                                                             absl::Span<const int64_t> rows,
+                                                             absl::Span<const float> gradient,
+                                                             absl::Span<float> weights_out);
+  absl::Status PullSparse(absl::string_view table, int64_t step, absl::Span<const int64_t> rows,
+                          absl::Span<float> out);
+
+  // Control calls, sent to every shard. Block.
+  absl::Status UpdateMembership(const std::vector<uint32_t>& live_workers, int64_t effective_step);
+  absl::Status DropJob();
+
+  const Options& options() const { return options_; }
+  int num_shards() const { return static_cast<int>(shards_.size()); }
+
+ private:
+  struct Op;
+  struct Attempt;
+  class RetryTimer;
+  struct SparseTable {
+    std::string name;
+    uint32_t dim = 0;
+  };
+
+  ParameterClient(const Options& options, std::vector<std::unique_ptr<ShardClient>> shards);
+
+  absl::Status RecordLayouts(const std::vector<DenseTensorSpec>& tensors,
+                             const std::vector<v1::SparseTableDecl>& tables);
+  absl::StatusOr<SparseTable> FindTable(absl::string_view table) const;
+  std::shared_ptr<v1::PushPullRequest> NewRequest(int64_t step);
+  void Send(std::shared_ptr<Attempt> attempt);
+  void OnResponse(std::shared_ptr<Attempt> attempt, absl::StatusOr<v1::PushPullResponse> response);
+  absl::Duration Backoff(int retry) const;
+  // Runs `call` under the retry policy (idempotent blocking calls: Pull and control).
+  absl::Status CallWithRetries(int shard, const std::function<absl::Status(absl::Time)>& call);
+  absl::Status WithAddress(int shard, const absl::Status& status) const;
+  void OpStarted();
+  void OpFinished();
+
+  const Options options_;
+  const std::vector<std::unique_ptr<ShardClient>> shards_;
+  std::atomic<uint64_t> next_seq_{1};
+  std::unique_ptr<RetryTimer> retry_timer_;
+
+  mutable absl::Mutex mu_;
+  std::map<std::string, DenseLayout, std::less<>> layouts_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, SparseTable, std::less<>> tables_ ABSL_GUARDED_BY(mu_);
+  int ops_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace client
+}  // namespace tessera
+
+#endif  // TESSERA_WORKER_CLIENT_PARAMETER_CLIENT_H_

@@ -1,0 +1,506 @@
+#include "worker/client/parameter_client.h"
+
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "common/encoding.h"
+#include "common/placement.h"
+#include "gtest/gtest.h"
+
+namespace tessera {
+namespace client {
+namespace {
+
+// An in-memory shard: plain SGD (w -= lr * g, applied at once), exactly-once per
+// (worker, key) by seq, and failure injection. Answers inline on the calling thread.
+class FakeShard final : public ShardClient {
+ public:
+  FakeShard(std::string address, float lr) : address_(std::move(address)), lr_(lr) {}
+
+  const std::string& address() const override { return address_; }
+
+  // The next `n` PushPull calls fail with `code` as a transport error (no effect on the store),
+  // or, when `in_response` is set, as a response whose status is `code`.
+  void FailNext(int n, absl::StatusCode code, bool in_response = false) {
+    absl::MutexLock lock(&mu_);
+    fail_next_ = n;
+    fail_code_ = code;
+    fail_in_response_ = in_response;
+  }
+  // The next `n` PushPull calls are applied, but their response is lost (UNAVAILABLE).
+  void DropResponses(int n) {
+    absl::MutexLock lock(&mu_);
+    drop_next_ = n;
+  }
+
+  void PushPull(std::shared_ptr<const v1::PushPullRequest> request, absl::Time deadline,
+                PushPullCallback done) override {
+    absl::StatusOr<v1::PushPullResponse> result;
+    bool drop = false;
+    {
+      absl::MutexLock lock(&mu_);
+      seqs_.push_back(request->seq());
+      if (fail_next_ > 0) {
+        --fail_next_;
+        if (fail_in_response_) {
+          v1::PushPullResponse r;
+          r.set_seq(request->seq());
+          r.mutable_status()->set_code(static_cast<int>(fail_code_));
+          r.mutable_status()->set_message("injected response failure");
+          result = std::move(r);
+        } else {
+          result = absl::Status(fail_code_, absl::StrCat(address_, ": injected transport failure"));
+        }
+      } else {
+        result = ApplyLocked(*request);
+        if (drop_next_ > 0) {
+          --drop_next_;
+          drop = true;
+        }
+      }
+    }
+    if (drop) result = absl::UnavailableError(absl::StrCat(address_, ": response dropped"));
+    done(std::move(result));
+  }
+
+  absl::StatusOr<std::vector<v1::Slice>> Pull(const v1::PullRequest& request,
+                                              absl::Time deadline) override {
+    absl::MutexLock lock(&mu_);
+    std::vector<v1::Slice> out;
+    for (const v1::Slice& k : request.keys()) {
+      out.push_back(WeightsLocked(k, request.encoding()));
+      if (out.back().key().tensor().empty()) {
+        return absl::NotFoundError(absl::StrCat("no key ", k.key().tensor()));
+      }
+    }
+    return out;
+  }
+
+  absl::StatusOr<v1::CreateJobStateResponse> CreateJobState(
+      const v1::CreateJobStateRequest& request, absl::Time deadline) override {
+    absl::MutexLock lock(&mu_);
+    create_calls_.push_back(request);
+    for (const v1::DensePartitionDecl& d : request.partitions()) {
+      std::vector<float>& w = dense_[Key(d.key().tensor(), d.key().index())];
+      if (!w.empty()) continue;
+      w.assign(d.num_elements(), 0.0f);
+      if (!d.initial_values().empty()) {
+        absl::Status s = DecodeValues(v1::ENCODING_FP32, d.initial_values(), w.data(), w.size());
+        if (!s.ok()) return s;
+      }
+    }
+    for (const v1::SparseTableDecl& t : request.tables()) dims_[t.name()] = t.dim();
+    v1::CreateJobStateResponse r;
+    r.set_partitions(static_cast<uint32_t>(dense_.size()));
+    return r;
+  }
+  absl::Status UpdateMembership(const v1::UpdateMembershipRequest&, absl::Time) override {
+    return absl::OkStatus();
+  }
+  absl::Status DropJob(const v1::DropJobRequest&, absl::Time) override {
+    absl::MutexLock lock(&mu_);
+    dense_.clear();
+    return absl::OkStatus();
+  }
+
+  std::vector<uint64_t> seqs() {
+    absl::MutexLock lock(&mu_);
+    return seqs_;
+  }
+  std::map<std::pair<std::string, uint32_t>, std::vector<float>> dense() {
+    absl::MutexLock lock(&mu_);
+    return dense_;
+  }
+  std::map<int64_t, std::vector<float>> sparse_rows() {
+    absl::MutexLock lock(&mu_);
+    return sparse_;
+  }
+  std::vector<v1::CreateJobStateRequest> create_calls() {
+    absl::MutexLock lock(&mu_);
+    return create_calls_;
+  }
+
+ private:
+  using Key = std::pair<std::string, uint32_t>;
+
+  v1::Slice WeightsLocked(const v1::Slice& k, v1::Encoding encoding)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    v1::Slice w;
+    if (k.row_ids_size() > 0) {
+      const uint32_t dim = dims_[k.key().tensor()];
+      std::vector<float> values;
+      for (int64_t row : k.row_ids()) {
+        std::vector<float>& r = sparse_[row];
+        r.resize(dim, 0.0f);
+        values.insert(values.end(), r.begin(), r.end());
+        w.add_row_ids(row);
+      }
+      *w.mutable_key() = k.key();
+      w.set_encoding(encoding);
+      EncodeValues(encoding, values.data(), values.size(), w.mutable_data());
+      return w;
+    }
+    auto it = dense_.find(Key(k.key().tensor(), k.key().index()));
+    if (it == dense_.end()) return w;
+    *w.mutable_key() = k.key();
+    w.set_encoding(encoding);
+    w.set_version(versions_[it->first]);
+    EncodeValues(encoding, it->second.data(), it->second.size(), w.mutable_data());
+    return w;
+  }
+
+  v1::PushPullResponse ApplyLocked(const v1::PushPullRequest& request)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    v1::PushPullResponse r;
+    r.set_seq(request.seq());
+    for (const v1::Slice& s : request.push()) {
+      const Key key(s.key().tensor(), s.key().index());
+      uint64_t& last = last_seq_[{request.worker_id(), key}];
+      const bool sparse = s.row_ids_size() > 0;
+      if (!sparse && dense_.count(key) == 0) {
+        r.mutable_status()->set_code(static_cast<int>(absl::StatusCode::kNotFound));
+        r.mutable_status()->set_message(absl::StrCat("unknown key ", key.first));
+        return r;
+      }
+      if (request.seq() <= last) {
+        r.set_duplicates(r.duplicates() + 1);
+      } else {
+        last = request.seq();
+        if (sparse) {
+          const uint32_t dim = dims_[key.first];
+          std::vector<float> g(s.row_ids_size() * dim);
+          if (!DecodeValues(s.encoding(), s.data(), g.data(), g.size()).ok()) std::abort();
+          for (int i = 0; i < s.row_ids_size(); ++i) {
+            std::vector<float>& row = sparse_[s.row_ids(i)];
+            row.resize(dim, 0.0f);
+            for (uint32_t j = 0; j < dim; ++j) row[j] -= lr_ * g[i * dim + j];
+          }
+        } else {
+          std::vector<float>& w = dense_[key];
+          std::vector<float> g(w.size());
+          absl::Status st = DecodeValues(s.encoding(), s.data(), g.data(), g.size());
+          if (!st.ok()) {
+            r.mutable_status()->set_code(static_cast<int>(st.code()));
+            r.mutable_status()->set_message(std::string(st.message()));
+            return r;
+          }
+          for (size_t j = 0; j < w.size(); ++j) w[j] -= lr_ * g[j];
+          ++versions_[key];
+        }
+      }
+      if (s.want_weights()) {
+        v1::Slice k;
+        *k.mutable_key() = s.key();
+        *k.mutable_row_ids() = s.row_ids();
+        *r.add_weights() = WeightsLocked(k, request.pull_encoding());
+      }
+    }
+    return r;
+  }
+
+  const std::string address_;
+  const float lr_;
+  absl::Mutex mu_;
+  std::map<Key, std::vector<float>> dense_ ABSL_GUARDED_BY(mu_);
+  std::map<Key, int64_t> versions_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, uint32_t> dims_ ABSL_GUARDED_BY(mu_);
+  std::map<int64_t, std::vector<float>> sparse_ ABSL_GUARDED_BY(mu_);
+  std::map<std::pair<uint32_t, Key>, uint64_t> last_seq_ ABSL_GUARDED_BY(mu_);
+  std::vector<uint64_t> seqs_ ABSL_GUARDED_BY(mu_);
+  std::vector<v1::CreateJobStateRequest> create_calls_ ABSL_GUARDED_BY(mu_);
+  int fail_next_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::StatusCode fail_code_ ABSL_GUARDED_BY(mu_) = absl::StatusCode::kOk;
+  bool fail_in_response_ ABSL_GUARDED_BY(mu_) = false;
+  int drop_next_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+class ParameterClientTest : public ::testing::Test {
+ protected:
+  // Builds a client over `num_shards` fake shards with SGD lr 1.
+  void MakeClient(int num_shards, int64_t partition_bytes = 64, int max_attempts = 5) {
+    ParameterClient::Options o;
+    o.job_id = "job";
+    o.worker_id = 2;
+    o.incarnation = 9;
+    o.partition_bytes = partition_bytes;
+    o.retry.max_attempts = max_attempts;
+    o.retry.initial_backoff = absl::Milliseconds(1);
+    o.retry.max_backoff = absl::Milliseconds(4);
+    std::vector<std::unique_ptr<ShardClient>> shards;
+    fakes_.clear();
+    for (int i = 0; i < num_shards; ++i) {
+      o.shard_addresses.push_back(absl::StrCat("fake-shard-", i, ":70", i));
+      auto f = std::make_unique<FakeShard>(o.shard_addresses.back(), 1.0f);
+      fakes_.push_back(f.get());
+      shards.push_back(std::move(f));
+    }
+    auto c = ParameterClient::CreateWithShards(o, std::move(shards));
+    ASSERT_TRUE(c.ok()) << c.status();
+    client_ = *std::move(c);
+  }
+
+  // Declares tensor "w" of n elements with initial values 0, 1, 2, ...
+  void DeclareW(int64_t n) {
+    initial_.resize(n);
+    for (int64_t i = 0; i < n; ++i) initial_[i] = static_cast<float>(i);
+    v1::JobConfig config;
+    config.set_consistency(v1::CONSISTENCY_ASP);
+    config.set_num_workers(1);
+    ASSERT_TRUE(client_->DeclareJob(config, {{"w", {n}, initial_}}, {}).ok());
+  }
+
+  std::vector<FakeShard*> fakes_;
+  std::unique_ptr<ParameterClient> client_;
+  std::vector<float> initial_;
+};
+
+TEST_F(ParameterClientTest, RoutesEveryPartitionToItsShardAndReturnsWeights) {
+  MakeClient(3);
+  DeclareW(1000);  // 16 elements per partition: 63 partitions
+  std::vector<float> grad(1000), out(1000, -1.0f);
+  for (int i = 0; i < 1000; ++i) grad[i] = static_cast<float>(i % 7);
+  auto r = client_->PushPull("w", 0, grad, absl::MakeSpan(out)).get();
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->requests, 63u);
+  EXPECT_EQ(r->retries, 0u);
+  EXPECT_EQ(r->min_version, 1);
+  EXPECT_EQ(r->max_version, 1);
+  for (int i = 0; i < 1000; ++i) ASSERT_EQ(out[i], initial_[i] - grad[i]) << i;
+
+  std::vector<int> covered(1000, 0);
+  size_t partitions = 0;
+  for (int s = 0; s < 3; ++s) {
+    for (const auto& [key, w] : fakes_[s]->dense()) {
+      ASSERT_EQ(key.first, "w");
+      EXPECT_EQ(ShardOfPartition("job", "w", key.second, 3), s);
+      const int64_t offset = key.second * 16;
+      EXPECT_EQ(static_cast<int64_t>(w.size()), std::min<int64_t>(16, 1000 - offset));
+      for (size_t j = 0; j < w.size(); ++j) {
+        ++covered[offset + j];
+        EXPECT_EQ(w[j], out[offset + j]);
+      }
+      ++partitions;
+    }
+    EXPECT_FALSE(fakes_[s]->dense().empty()) << "shard " << s << " holds no partition";
+  }
+  EXPECT_EQ(partitions, 63u);
+  for (int i = 0; i < 1000; ++i) ASSERT_EQ(covered[i], 1) << i;
+
+  std::vector<float> pulled(1000);
+  ASSERT_TRUE(client_->Pull("w", -1, absl::MakeSpan(pulled)).ok());
+  EXPECT_EQ(pulled, out);
+}
+
+TEST_F(ParameterClientTest, SeqIncreasesPerRequestAndCarriesIdentity) {
+  MakeClient(1, 4);
+  DeclareW(3);
+  std::vector<float> grad(3, 1.0f);
+  ASSERT_TRUE(client_->PushPull("w", 0, grad, {}).get().ok());
+  ASSERT_TRUE(client_->PushPull("w", 1, grad, {}).get().ok());
+  EXPECT_EQ(fakes_[0]->seqs(), (std::vector<uint64_t>{1, 2, 3, 4, 5, 6}));
+}
+
+TEST_F(ParameterClientTest, DeclareJobBatchesUnderTheRequestLimit) {
+  ParameterClient::Options o;
+  o.job_id = "job";
+  o.shard_addresses = {"fake:1"};
+  o.partition_bytes = 4000;
+  o.max_request_bytes = 10000;
+  auto fake = std::make_unique<FakeShard>("fake:1", 1.0f);
+  FakeShard* f = fake.get();
+  std::vector<std::unique_ptr<ShardClient>> shards;
+  shards.push_back(std::move(fake));
+  auto c = ParameterClient::CreateWithShards(o, std::move(shards));
+  ASSERT_TRUE(c.ok());
+  std::vector<float> init(10000, 0.5f);
+  v1::SparseTableDecl table;
+  table.set_name("emb");
+  table.set_dim(4);
+  ASSERT_TRUE((*c)->DeclareJob(v1::JobConfig(), {{"w", {10000}, init}}, {table}).ok());
+  // 10 partitions of 4000 bytes, two per batch.
+  const auto calls = f->create_calls();
+  ASSERT_EQ(calls.size(), 5u);
+  int partitions = 0;
+  for (size_t i = 0; i < calls.size(); ++i) {
+    EXPECT_LE(calls[i].ByteSizeLong(), 10000u) << "batch " << i;
+    EXPECT_EQ(calls[i].job_id(), "job");
+    EXPECT_EQ(calls[i].tables_size(), i == 0 ? 1 : 0);
+    partitions += calls[i].partitions_size();
+  }
+  EXPECT_EQ(partitions, 10);
+  EXPECT_EQ(f->dense().size(), 10u);
+}
+
+TEST_F(ParameterClientTest, RetriesTransportErrorsWithTheSameSeq) {
+  MakeClient(1, 64);
+  DeclareW(16);  // one partition
+  fakes_[0]->FailNext(3, absl::StatusCode::kUnavailable);
+  std::vector<float> grad(16, 2.0f), out(16);
+  auto r = client_->PushPull("w", 0, grad, absl::MakeSpan(out)).get();
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->retries, 3u);
+  EXPECT_EQ(fakes_[0]->seqs(), (std::vector<uint64_t>{1, 1, 1, 1}));
+  for (int i = 0; i < 16; ++i) EXPECT_EQ(out[i], initial_[i] - 2.0f);
+}
+
+TEST_F(ParameterClientTest, RetriesDeadlineExceededAndResponseUnavailable) {
+  MakeClient(1, 64);
+  DeclareW(16);
+  fakes_[0]->FailNext(2, absl::StatusCode::kDeadlineExceeded);
+  std::vector<float> grad(16, 1.0f);
+  ASSERT_TRUE(client_->PushPull("w", 0, grad, {}).get().ok());
+  fakes_[0]->FailNext(1, absl::StatusCode::kUnavailable, /*in_response=*/true);
+  ASSERT_TRUE(client_->PushPull("w", 1, grad, {}).get().ok());
+  EXPECT_EQ(fakes_[0]->seqs(), (std::vector<uint64_t>{1, 1, 1, 2, 2}));
+}
+
+TEST_F(ParameterClientTest, LostResponseRetriedIsAppliedExactlyOnce) {
+  MakeClient(2, 64);
+  DeclareW(64);
+  for (FakeShard* f : fakes_) f->DropResponses(2);
+  std::vector<float> grad(64, 3.0f), out(64);
+  auto r = client_->PushPull("w", 0, grad, absl::MakeSpan(out)).get();
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_GE(r->retries, 2u);
+  EXPECT_GE(r->duplicates, 1u);
+  for (int i = 0; i < 64; ++i) ASSERT_EQ(out[i], initial_[i] - 3.0f) << i;
+}
+
+TEST_F(ParameterClientTest, GivesUpAfterMaxAttemptsWithTheAddress) {
+  MakeClient(1, 64, /*max_attempts=*/3);
+  DeclareW(16);
+  fakes_[0]->FailNext(10, absl::StatusCode::kUnavailable);
+  std::vector<float> grad(16, 1.0f);
+  auto r = client_->PushPull("w", 4, grad, {}).get();
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(r.status().message().find("fake-shard-0:700"), absl::string_view::npos) << r.status();
+  EXPECT_NE(r.status().message().find("partition 0 step 4"), absl::string_view::npos) << r.status();
+  EXPECT_EQ(fakes_[0]->seqs().size(), 3u);
+}
+
+TEST_F(ParameterClientTest, NonRetryableResponseErrorIsNotRetriedAndNamesTheShard) {
+  MakeClient(1, 64);
+  DeclareW(16);
+  fakes_[0]->FailNext(1, absl::StatusCode::kInvalidArgument, /*in_response=*/true);
+  std::vector<float> grad(16, 1.0f);
+  auto r = client_->PushPull("w", 0, grad, {}).get();
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("fake-shard-0:700"), absl::string_view::npos) << r.status();
+  EXPECT_NE(r.status().message().find("injected response failure"), absl::string_view::npos);
+  EXPECT_EQ(fakes_[0]->seqs().size(), 1u);
+}
+
+TEST_F(ParameterClientTest, ValidatesSizesAndNames) {
+  MakeClient(1, 64);
+  DeclareW(16);
+  std::vector<float> grad(15), out(16);
+  auto r = client_->PushPull("w", 0, grad, absl::MakeSpan(out)).get();
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("15"), absl::string_view::npos);
+  std::vector<float> grad16(16);
+  EXPECT_EQ(client_->PushPull("nope", 0, grad16, {}).get().status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(client_->PushPull("w", -1, grad16, {}).get().status().code(),
+            absl::StatusCode::kInvalidArgument);
+  std::vector<float> small(3);
+  EXPECT_EQ(client_->Pull("w", -1, absl::MakeSpan(small)).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(fakes_[0]->seqs().empty());
+}
+
+TEST_F(ParameterClientTest, CreateRejectsBadOptions) {
+  ParameterClient::Options o;
+  o.job_id = "j";
+  EXPECT_EQ(ParameterClient::Create(o).status().code(), absl::StatusCode::kInvalidArgument);
+  o.shard_addresses = {"127.0.0.1:1"};
+  o.partition_bytes = 2;
+  auto r = ParameterClient::Create(o);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("partition_bytes"), absl::string_view::npos);
+  o.partition_bytes = 64;
+  o.retry.max_attempts = 0;
+  EXPECT_EQ(ParameterClient::Create(o).status().code(), absl::StatusCode::kInvalidArgument);
+  o.retry.max_attempts = 1;
+  o.push_encoding = static_cast<v1::Encoding>(42);
+  EXPECT_EQ(ParameterClient::Create(o).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(ParameterClientTest, Bf16PushAndPullOfExactValues) {
+  ParameterClient::Options o;
+  o.job_id = "job";
+  o.shard_addresses = {"a:1", "b:2"};
+  o.partition_bytes = 32;
+  o.push_encoding = v1::ENCODING_BF16;
+  o.pull_encoding = v1::ENCODING_BF16;
+  std::vector<std::unique_ptr<ShardClient>> shards;
+  shards.push_back(std::make_unique<FakeShard>("a:1", 1.0f));
+  shards.push_back(std::make_unique<FakeShard>("b:2", 1.0f));
+  auto c = ParameterClient::CreateWithShards(o, std::move(shards));
+  ASSERT_TRUE(c.ok());
+  std::vector<float> init(40, 8.0f), grad(40), out(40);
+  for (int i = 0; i < 40; ++i) grad[i] = static_cast<float>(i % 5) * 0.5f;
+  ASSERT_TRUE((*c)->DeclareJob(v1::JobConfig(), {{"w", {4, 10}, init}}, {}).ok());
+  ASSERT_TRUE((*c)->PushPull("w", 0, grad, absl::MakeSpan(out)).get().ok());
+  for (int i = 0; i < 40; ++i) EXPECT_EQ(out[i], 8.0f - grad[i]);
+}
+
+TEST_F(ParameterClientTest, SparseRowsRouteByRowAndComeBackInPlace) {
+  MakeClient(3, 64);
+  v1::SparseTableDecl table;
+  table.set_name("emb");
+  table.set_dim(2);
+  ASSERT_TRUE(client_->DeclareJob(v1::JobConfig(), {}, {table}).ok());
+  const std::vector<int64_t> rows = {5, 1000000007, -3, 42, 77, 12};
+  std::vector<float> grad(rows.size() * 2), out(rows.size() * 2);
+  for (size_t i = 0; i < grad.size(); ++i) grad[i] = static_cast<float>(i + 1);
+  auto r = client_->PushPullSparse("emb", 0, rows, grad, absl::MakeSpan(out)).get();
+  ASSERT_TRUE(r.ok()) << r.status();
+  for (size_t i = 0; i < grad.size(); ++i) EXPECT_EQ(out[i], -grad[i]) << i;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const int s = ShardOfSparseRow("job", "emb", rows[i], 3);
+    auto held = fakes_[s]->sparse_rows();
+    ASSERT_EQ(held.count(rows[i]), 1u) << "row " << rows[i] << " not on shard " << s;
+    EXPECT_EQ(held[rows[i]][1], -grad[i * 2 + 1]);
+  }
+  std::vector<float> pulled(out.size());
+  ASSERT_TRUE(client_->PullSparse("emb", -1, rows, absl::MakeSpan(pulled)).ok());
+  EXPECT_EQ(pulled, out);
+  EXPECT_EQ(client_->PullSparse("nope", -1, rows, absl::MakeSpan(pulled)).code(),
+            absl::StatusCode::kNotFound);
+}
+
+struct BackoffCase {
+  int retry;
+  double unit;
+  absl::Duration expected;
+};
+
+TEST(RetryBackoffTest, CappedExponentialWithJitter) {
+  RetryPolicy p;
+  p.initial_backoff = absl::Milliseconds(10);
+  p.max_backoff = absl::Milliseconds(100);
+  p.multiplier = 2.0;
+  p.jitter = 0.5;
+  const std::vector<BackoffCase> cases = {
+      {1, 0.5, absl::Milliseconds(10)},  {2, 0.5, absl::Milliseconds(20)},
+      {3, 0.5, absl::Milliseconds(40)},  {4, 0.5, absl::Milliseconds(80)},
+      {5, 0.5, absl::Milliseconds(100)}, {30, 0.5, absl::Milliseconds(100)},
+      {1, 0.0, absl::Milliseconds(5)},   {5, 0.0, absl::Milliseconds(50)},
+      {2, 0.75, absl::Milliseconds(25)},
+  };
+  for (const BackoffCase& c : cases) {
+    EXPECT_EQ(RetryBackoff(p, c.retry, c.unit), c.expected)
+        << "retry " << c.retry << " unit " << c.unit;
+  }
+}
+
+}  // namespace
+}  // namespace client
+}  // namespace tessera

@@ -1,0 +1,55 @@
+// The transport to one parameter shard, kept apart from the client's domain logic
+// (partitioning, routing, retries) so that ParameterClient can be tested against a fake shard.
+#ifndef TESSERA_WORKER_CLIENT_SHARD_CLIENT_H_
+#define TESSERA_WORKER_CLIENT_SHARD_CLIENT_H_
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "tessera/v1/parameter.pb.h"
+
+namespace tessera {
+namespace client {
+
+// One parameter shard (DESIGN.md §3). Implementations are thread-safe: any thread may call any
+// method at any time, and many PushPull requests may be in flight at once.
+class ShardClient {
+ public:
+  // Called exactly once per PushPull request, on an arbitrary thread, with the shard's response or
+  // a transport error (UNAVAILABLE when the stream broke, DEADLINE_EXCEEDED when the deadline
+  // passed, CANCELLED when the client shut down). A response whose `status` is not OK is still
+  // delivered as a value: the per-request outcome is the caller's to interpret.
+  using PushPullCallback = std::function<void(absl::StatusOr<v1::PushPullResponse>)>;
+
+  virtual ~ShardClient() = default;
+
+  // "host:port" of the shard, for error messages.
+  virtual const std::string& address() const = 0;
+
+  // Sends `request` on the shard's long-lived PushPull stream and returns without blocking on
+  // the network. The request is shared, not copied, so a retry can resend the very same bytes;
+  // it must not be modified afterwards. Responses are matched to requests by `seq`.
+  virtual void PushPull(std::shared_ptr<const v1::PushPullRequest> request, absl::Time deadline,
+                        PushPullCallback done) = 0;
+
+  // Blocking server-streaming Pull; returns every weight slice the shard sent, in order.
+  virtual absl::StatusOr<std::vector<v1::Slice>> Pull(const v1::PullRequest& request,
+                                                      absl::Time deadline) = 0;
+
+  // Blocking control calls.
+  virtual absl::StatusOr<v1::CreateJobStateResponse> CreateJobState(
+      const v1::CreateJobStateRequest& request, absl::Time deadline) = 0;
+  virtual absl::Status UpdateMembership(const v1::UpdateMembershipRequest& request,
+                                        absl::Time deadline) = 0;
+  virtual absl::Status DropJob(const v1::DropJobRequest& request, absl::Time deadline) = 0;
+};
+
+}  // namespace client
+}  // namespace tessera
+
+#endif  // TESSERA_WORKER_CLIENT_SHARD_CLIENT_H_
