@@ -67,7 +67,7 @@ done
 tta() {  # model target max_epochs threads
   local out
   out=$($WORKER --standalone --job "examples/fashion_$1.textproto" --device "$DEVICE" \
-          --threads "$4" --epochs "$3" --target-accuracy "$2" --output json 2>/dev/null)
+          --threads "$4" --epochs "$3" --target_accuracy "$2" --output json 2>/dev/null)
   echo "$out" | $PY -c '
 import json, sys
 r = json.loads(sys.stdin.readlines()[-1]); target = float(sys.argv[1])

@@ -1,7 +1,7 @@
 // tessera-worker: the training worker (DESIGN.md §1).
 //
 //   tessera-worker --standalone --job FILE [--device auto|cpu|cuda] [--output text|json]
-//                  [--epochs N] [--threads N] [--target-accuracy X]
+//                  [--epochs N] [--threads N] [--target_accuracy X]
 //
 // trains a job spec in this process. Exit status: 0 on success, 64 for a usage error, 1 when the
 // job fails (a bad spec, bad data, a device error); the reason goes to stderr, and with
@@ -14,6 +14,7 @@
 #include "CLI/CLI.hpp"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/process.h"
 #include "worker/trainer/job_spec.h"
 #include "worker/trainer/progress.h"
 #include "worker/trainer/standalone_trainer.h"
@@ -101,6 +102,7 @@ int RunStandalone(const WorkerFlags& flags) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  tessera::ExecWithPassiveOpenMpWait(argv);
   WorkerFlags flags;
   CLI::App app{"tessera-worker: trains a job spec on this host's device"};
   app.add_flag("--standalone", flags.standalone, "Train one job spec in this process");
@@ -113,7 +115,7 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0, 1 << 20));
   app.add_option("--threads", flags.threads, "CPU threads (0: the OpenMP default)")
       ->check(CLI::Range(0, 4096));
-  app.add_option("--target-accuracy", flags.target_accuracy,
+  app.add_option("--target_accuracy", flags.target_accuracy,
                  "Stop after the first evaluation with at least this test accuracy")
       ->check(CLI::Range(0.0, 1.0));
   try {

@@ -24,6 +24,9 @@ struct StepCase {
   double rtol;  // on gradients, relative to the largest gradient of the parameter
 };
 
+// Keeps test names (and ctest's listing) readable.
+void PrintTo(const StepCase& c, std::ostream* os) { *os << c.name; }
+
 const StepCase kCases[] = {
     {"FashionMlp", R"pb(
        input_shape: [ 784 ]
