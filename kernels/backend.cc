@@ -1,7 +1,10 @@
 #include "kernels/backend.h"
 
+#include <unistd.h>
+
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
@@ -37,6 +40,32 @@ int64_t NumElements(const Shape& shape) {
   for (int64_t d : shape) n *= d;
   return n;
 }
+
+int64_t CheckedProduct(int64_t a, int64_t b) {
+  if (a < 0 || b < 0) return -1;
+  int64_t r = 0;
+  if (__builtin_mul_overflow(a, b, &r)) return -1;
+  return r;
+}
+
+int64_t CheckedNumElements(const Shape& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) {
+    n = CheckedProduct(n, d);
+    if (n < 0) return -1;
+  }
+  return n;
+}
+
+int64_t HostMemoryBytes() {
+  const long pages = ::sysconf(_SC_PHYS_PAGES);
+  const long page_size = ::sysconf(_SC_PAGESIZE);
+  if (pages <= 0 || page_size <= 0) return std::numeric_limits<int64_t>::max();
+  const int64_t bytes = CheckedProduct(pages, page_size);
+  return bytes < 0 ? std::numeric_limits<int64_t>::max() : bytes;
+}
+
+int64_t Backend::MemoryCapacityBytes() const { return HostMemoryBytes(); }
 
 std::string ShapeString(const Shape& shape) {
   return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");

@@ -41,6 +41,15 @@ using Shape = std::vector<int64_t>;
 // Number of elements of `shape` (1 for a scalar, the empty shape).
 int64_t NumElements(const Shape& shape);
 
+// a * b for a, b >= 0, or -1 when the product does not fit in an int64 (for sizes from untrusted
+// specs and files).
+int64_t CheckedProduct(int64_t a, int64_t b);
+// The product of `shape`'s dimensions (each >= 0), or -1 when it does not fit in an int64.
+int64_t CheckedNumElements(const Shape& shape);
+
+// The host's physical memory in bytes.
+int64_t HostMemoryBytes();
+
 // "[64, 1, 28, 28]".
 std::string ShapeString(const Shape& shape);
 
@@ -140,6 +149,10 @@ class Backend {
   virtual bool IsCuda() const = 0;
 
   // --- Memory ----------------------------------------------------------------------------------
+  // Bytes of memory this backend's tensors can use at most, for refusing a model or a batch that
+  // cannot fit before allocating it. The default is the host's physical memory (right for the CPU
+  // backend; a device backend may override it with its device memory).
+  virtual int64_t MemoryCapacityBytes() const;
   // Allocates an uninitialised tensor. RESOURCE_EXHAUSTED when the device is out of memory.
   virtual absl::StatusOr<Tensor> Allocate(const Shape& shape, DType dtype = DType::kFloat32) = 0;
   // Copies dst.num_bytes() bytes from host memory into `dst`. `host` may be reused when this
@@ -267,6 +280,8 @@ struct BackendOptions {
   int num_threads = 0;
   // CUDA: which device.
   int cuda_device = 0;
+  // CPU: MemoryCapacityBytes() (0: the host's physical memory). For tests and shared hosts.
+  int64_t memory_limit_bytes = 0;
 };
 
 // kAuto: CUDA when CudaDeviceCount() > 0, otherwise CPU. kCuda: FAILED_PRECONDITION when no device

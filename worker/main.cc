@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <new>
 #include <string>
 
 #include "CLI/CLI.hpp"
@@ -105,13 +106,22 @@ int main(int argc, char** argv) {
   tessera::ExecWithPassiveOpenMpWait(argv);
   WorkerFlags flags;
   CLI::App app{"tessera-worker: trains a job spec on this host's device"};
+  app.footer(
+      "Example:\n"
+      "  tessera-worker --standalone --job examples/fashion_mlp.textproto --output json\n"
+      "Exit status: 0 on success; 1 when the job fails (the reason on stderr, and with\n"
+      "--output json also on stdout as {\"error\":{\"code\":...,\"message\":...}}); 64 for a\n"
+      "usage error.");
   app.add_flag("--standalone", flags.standalone, "Train one job spec in this process");
-  app.add_option("--job", flags.job, "Job spec file (textproto or JSON)");
+  app.add_option("--job", flags.job,
+                 "Job spec file: textproto, or JSON when it starts with '{' (see examples/)");
   app.add_option("--device", flags.device, "Device, overriding the spec: auto, cpu or cuda")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
-  app.add_option("--output", flags.output, "Result format: text or json")
+  app.add_option("--output", flags.output,
+                 "Result format: text, or json for one JSON line on stdout (progress on stderr)")
       ->check(CLI::IsMember({"text", "json"}));
-  app.add_option("--epochs", flags.epochs, "Epochs, overriding the spec")
+  app.add_option("--epochs", flags.epochs,
+                 "Epochs, overriding the spec (N > 0 also drops the spec's max_steps)")
       ->check(CLI::Range(0, 1 << 20));
   app.add_option("--threads", flags.threads, "CPU threads (0: the OpenMP default)")
       ->check(CLI::Range(0, 4096));
@@ -129,7 +139,8 @@ int main(int argc, char** argv) {
   if (!flags.standalone) {
     std::fprintf(stderr,
                  "tessera-worker: usage: tessera-worker --standalone --job FILE [--device "
-                 "auto|cpu|cuda] [--output text|json] [--epochs N] [--threads N]\n"
+                 "auto|cpu|cuda] [--output text|json] [--epochs N] [--threads N] "
+                 "[--target_accuracy X]\n"
                  "This build runs jobs standalone only; --standalone is required.\n");
     return kExitUsage;
   }
@@ -137,5 +148,11 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "tessera-worker: --standalone needs --job FILE\n");
     return kExitUsage;
   }
-  return RunStandalone(flags);
+  try {
+    return RunStandalone(flags);
+  } catch (const std::bad_alloc&) {
+    // The spec and the data are checked against the memory they need before anything large is
+    // allocated; this is the backstop for what no check foresaw (a host short of free memory).
+    return Fail(absl::ResourceExhaustedError("out of host memory"), flags.output == "json");
+  }
 }

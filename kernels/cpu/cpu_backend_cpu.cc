@@ -194,8 +194,11 @@ dnnl::algorithm EltwiseAlgorithm(Activation kind) {
 
 class CpuBackend final : public Backend {
  public:
-  explicit CpuBackend(int threads)
-      : eng_(dnnl::engine::kind::cpu, 0), stream_(eng_), threads_(threads) {}
+  CpuBackend(int threads, int64_t memory_limit_bytes)
+      : eng_(dnnl::engine::kind::cpu, 0),
+        stream_(eng_),
+        threads_(threads),
+        memory_limit_bytes_(memory_limit_bytes) {}
 
   std::string Name() const override { return "cpu"; }
   std::string Description() const override {
@@ -204,6 +207,9 @@ class CpuBackend final : public Backend {
                         " OpenMP threads)");
   }
   bool IsCuda() const override { return false; }
+  int64_t MemoryCapacityBytes() const override {
+    return memory_limit_bytes_ > 0 ? memory_limit_bytes_ : HostMemoryBytes();
+  }
 
   absl::StatusOr<Tensor> Allocate(const Shape& shape, DType dtype) override {
     for (int64_t d : shape) {
@@ -212,7 +218,12 @@ class CpuBackend final : public Backend {
             absl::StrCat("Allocate: negative dimension in shape ", ShapeString(shape)));
       }
     }
-    const int64_t bytes = NumElements(shape) * DTypeSize(dtype);
+    const int64_t bytes = CheckedProduct(CheckedNumElements(shape), DTypeSize(dtype));
+    if (bytes < 0 || bytes > MemoryCapacityBytes()) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("Allocate: shape ", ShapeString(shape), " needs more than the ",
+                       MemoryCapacityBytes(), " bytes of memory of this host"));
+    }
     // 64-byte aligned for AVX-512; at least one line so that empty tensors are distinct.
     const size_t rounded = static_cast<size_t>(std::max<int64_t>(64, (bytes + 63) / 64 * 64));
     void* p = std::aligned_alloc(64, rounded);
@@ -974,6 +985,7 @@ class CpuBackend final : public Backend {
   dnnl::engine eng_;
   dnnl::stream stream_;
   int threads_;
+  int64_t memory_limit_bytes_;
   std::map<Key, std::unique_ptr<DenseEntry>> dense_;
   std::map<Key, std::unique_ptr<ConvEntry>> conv_;
   std::map<Key, std::unique_ptr<PoolEntry>> pool_;
@@ -1001,7 +1013,8 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCpuBackend(const BackendOptions& 
 #pragma omp parallel
   { _mm_setcsr(_mm_getcsr() | kFlushDenormals); }
   try {
-    return std::unique_ptr<Backend>(new CpuBackend(omp_get_max_threads()));
+    return std::unique_ptr<Backend>(
+        new CpuBackend(omp_get_max_threads(), options.memory_limit_bytes));
   } catch (const dnnl::error& e) {
     return absl::InternalError(absl::StrCat("oneDNN: cannot create the CPU engine: ", e.what()));
   }

@@ -285,6 +285,43 @@ TEST(IdxReaderTest, TrailingDataAndBadLabelsAreRefused) {
               AllOf(HasSubstr("label 1 at byte 9"), HasSubstr("label 10 is not a class id")));
 }
 
+TEST(IdxReaderTest, HugeDimensionsInAHeaderAreATruncationNotAHugeAllocation) {
+  // Headers that claim 4 billion labels (32 GiB of doubles) or 16 examples of 65535 x 65535
+  // (68 GB of bytes, 274 GB as floats) over a few bytes of data: the reader must stop at the end
+  // of the data with DATA_LOSS instead of allocating what the header claims.
+  TempDir dir;
+  std::string labels_huge = Idx({0xffffffffu}, std::string(24, '\0'));
+  labels_huge[2] = 0x0E;  // double
+  WriteFile(dir.File("lb_huge"), labels_huge);
+  std::string labels(16, '\x01');
+  WriteFile(dir.File("lb"), Idx({16}, labels));
+  WriteFile(dir.File("im_huge"), Idx({16, 65535, 65535}, std::string(100, '\x07')));
+  std::string floats_huge = Idx({16, 65535, 65535}, std::string(100, '\0'));
+  floats_huge[2] = 0x0D;  // float
+  WriteFile(dir.File("im_huge_f"), floats_huge);
+  WriteFile(dir.File("im"), Idx({16, 2}, std::string(32, '\x07')));
+  ReadOptions o;
+  o.num_classes = 10;
+
+  auto d = ReadIdxDataset(dir.File("im"), dir.File("lb_huge"), o);
+  EXPECT_EQ(d.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(std::string(d.status().message()),
+              AllOf(HasSubstr(dir.File("lb_huge")), HasSubstr("truncated at byte 32"),
+                    HasSubstr("expected 34359738360 bytes of labels from byte 8, got 24")));
+  for (const char* images : {"im_huge", "im_huge_f"}) {
+    d = ReadIdxDataset(dir.File(images), dir.File("lb"), o);
+    EXPECT_EQ(d.status().code(), absl::StatusCode::kDataLoss) << images;
+    EXPECT_THAT(std::string(d.status().message()),
+                AllOf(HasSubstr(dir.File(images)), HasSubstr("truncated at byte 116"),
+                      HasSubstr("of example data from byte 16, got 100")));
+  }
+  // The same files with honest headers still read.
+  auto ok = ReadIdxDataset(dir.File("im"), dir.File("lb"), o);
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ((*ok)->size(), 16);
+  EXPECT_EQ((*ok)->feature_dim(), 2);
+}
+
 // ------------------------------------------------------------------------------------------------
 // LIBSVM.
 
@@ -354,7 +391,23 @@ INSTANTIATE_TEST_SUITE_P(
                       BadLine{"1 0:1\n", "1: feature index 0 is below the first index 1", 0},
                       BadLine{"1 11:1\n", "1: feature index 11 is beyond num_features 10", 0},
                       BadLine{"1 1:1\n3 1:1\n", "2: label 3 is not a class id in [0, 2)", 2},
-                      BadLine{"1 1:1\n1 2\n", "2: feature 1 '2' is not index:value", 0}));
+                      BadLine{"1 1:1\n1 2\n", "2: feature 1 '2' is not index:value", 0},
+                      // index - 1 would overflow.
+                      BadLine{"1 -9223372036854775808:1\n",
+                              "1: feature index -9223372036854775808 is below the first index 1",
+                              0}));
+
+TEST(LibsvmReaderTest, LargestIndexDoesNotOverflowTheFeatureCount) {
+  TempDir dir;
+  const std::string path = dir.File("big.svm");
+  WriteFile(path, "1 0:1 9223372036854775807:1\n");
+  ReadOptions o;
+  o.zero_based = true;  // the feature count would be 2^63
+  auto d = ReadLibsvmDataset(path, o);
+  EXPECT_EQ(d.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(d.status().message()),
+              HasSubstr(absl::StrCat(path, ":1: feature index 9223372036854775807 is too large")));
+}
 
 // ------------------------------------------------------------------------------------------------
 // CSV.

@@ -1,5 +1,6 @@
 // IDX files (http://yann.lecun.com/exdb/mnist/): two zero bytes, an element type byte, a rank
 // byte, then `rank` big-endian uint32 dimensions and the elements, big-endian, row-major.
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -112,6 +113,29 @@ double Element(const IdxHeader& h, const uint8_t* raw, int64_t k) {
   }
 }
 
+// Reads are done and buffers grown in pieces of at most this many bytes, so that a header that
+// claims more data than the file holds fails at the end of the data, not in a huge allocation.
+constexpr int64_t kChunkBytes = int64_t{1} << 20;
+
+// Appends exactly n bytes of `file` to *out, growing it as the data arrives. DATA_LOSS like
+// GzFile::ReadExactly when the data ends early.
+absl::Status AppendExactly(GzFile& file, int64_t n, const char* what, std::vector<uint8_t>* out) {
+  const int64_t start = file.offset();
+  for (int64_t left = n; left > 0;) {
+    const int64_t len = std::min(left, kChunkBytes);
+    const size_t at = out->size();
+    out->resize(at + static_cast<size_t>(len));
+    TESSERA_ASSIGN_OR_RETURN(size_t got, file.ReadSome(out->data() + at, static_cast<size_t>(len)));
+    if (static_cast<int64_t>(got) != len) {
+      return absl::DataLossError(absl::StrCat(file.path(), ": truncated at byte ", file.offset(),
+                                              ": expected ", n, " bytes of ", what, " from byte ",
+                                              start, ", got ", file.offset() - start));
+    }
+    left -= len;
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<std::shared_ptr<const Dataset>> ReadIdxDataset(const std::string& images_path,
@@ -122,9 +146,9 @@ absl::StatusOr<std::shared_ptr<const Dataset>> ReadIdxDataset(const std::string&
   TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<GzFile> lf, GzFile::Open(labels_path));
   TESSERA_ASSIGN_OR_RETURN(IdxHeader lh, ReadHeader(*lf, 1, 1));
   const int64_t n = lh.dims[0];
-  std::vector<uint8_t> raw_labels(n * lh.element_bytes);
+  std::vector<uint8_t> raw_labels;
   const int64_t labels_start = lf->offset();
-  TESSERA_RETURN_IF_ERROR(lf->ReadExactly(raw_labels.data(), raw_labels.size(), "labels"));
+  TESSERA_RETURN_IF_ERROR(AppendExactly(*lf, n * lh.element_bytes, "labels", &raw_labels));
   TESSERA_RETURN_IF_ERROR(lf->ExpectEnd());
 
   TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<GzFile> imf, GzFile::Open(images_path));
@@ -141,7 +165,7 @@ absl::StatusOr<std::shared_ptr<const Dataset>> ReadIdxDataset(const std::string&
 
   const int64_t shard_n =
       n > options.rank ? (n - options.rank + options.world - 1) / options.world : 0;
-  std::vector<float> labels(shard_n);
+  std::vector<float> labels(static_cast<size_t>(shard_n));
   for (int64_t p = options.rank, i = 0; p < n; p += options.world, ++i) {
     TESSERA_RETURN_IF_ERROR(internal::CheckLabel(
         Element(lh, raw_labels.data(), p), options.num_classes,
@@ -149,31 +173,27 @@ absl::StatusOr<std::shared_ptr<const Dataset>> ReadIdxDataset(const std::string&
         &labels[i]));
   }
 
-  // Read example by example so that only this shard's examples are kept.
+  // Read example by example, in pieces, so that only this shard's examples are kept and memory
+  // grows only with the data actually read.
   const int64_t example_bytes = feature_dim * ih.element_bytes;
-  std::vector<uint8_t> row(example_bytes);
+  std::vector<uint8_t> row;
   std::vector<uint8_t> bytes;
   std::vector<float> floats;
   const bool keep_bytes = ih.type == 0x08;
-  if (keep_bytes) {
-    bytes.resize(shard_n * feature_dim);
-  } else {
-    floats.resize(shard_n * feature_dim);
-  }
   const Normalization& norm = options.normalization;
-  for (int64_t p = 0, i = 0; p < n; ++p) {
+  for (int64_t p = 0; p < n; ++p) {
     const bool mine = p % options.world == options.rank;
-    uint8_t* dst = mine && keep_bytes ? &bytes[i * feature_dim] : row.data();
-    TESSERA_RETURN_IF_ERROR(imf->ReadExactly(dst, example_bytes, "example data"));
-    if (!mine) continue;
-    if (!keep_bytes) {
-      for (int64_t j = 0; j < feature_dim; ++j) {
-        const double v = Element(ih, row.data(), j);
-        floats[i * feature_dim + j] =
-            static_cast<float>((v / norm.divide_by - norm.mean) / norm.stddev);
-      }
+    if (mine && keep_bytes) {
+      TESSERA_RETURN_IF_ERROR(AppendExactly(*imf, example_bytes, "example data", &bytes));
+      continue;
     }
-    ++i;
+    row.clear();
+    TESSERA_RETURN_IF_ERROR(AppendExactly(*imf, example_bytes, "example data", &row));
+    if (!mine) continue;
+    for (int64_t j = 0; j < feature_dim; ++j) {
+      const double v = Element(ih, row.data(), j);
+      floats.push_back(static_cast<float>((v / norm.divide_by - norm.mean) / norm.stddev));
+    }
   }
   TESSERA_RETURN_IF_ERROR(imf->ExpectEnd());
   if (keep_bytes) {

@@ -2,6 +2,7 @@
 // line, check every line, and keep the examples of this worker's shard.
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -94,10 +95,14 @@ absl::StatusOr<std::shared_ptr<const Dataset>> ReadLibsvmDataset(const std::stri
             return absl::InvalidArgumentError(
                 absl::StrCat(where, ": feature ", t, " ", Quote(tokens[t]), " is not index:value"));
           }
-          const int64_t id = index - base;
-          if (id < 0) {
+          if (index < base) {
             return absl::InvalidArgumentError(
                 absl::StrCat(where, ": feature index ", index, " is below the first index ", base));
+          }
+          const int64_t id = index - base;
+          if (id == std::numeric_limits<int64_t>::max()) {
+            return absl::InvalidArgumentError(
+                absl::StrCat(where, ": feature index ", index, " is too large"));
           }
           if (id <= prev) {
             return absl::InvalidArgumentError(absl::StrCat(where, ": feature index ", index,

@@ -358,6 +358,12 @@ absl::StatusOr<std::unique_ptr<Model::Layer>> MakePool(const v1::Pool2D& p, kern
   g.oh = (g.h + 2 * g.pad_h - g.kh) / g.stride_h + 1;
   g.ow = (g.w + 2 * g.pad_w - g.kw) / g.stride_w + 1;
   Shape out{g.c, g.oh, g.ow};
+  const int64_t out_elements = kernels::CheckedNumElements(out);
+  if (out_elements < 0 || out_elements > kMaxElements) {
+    return LayerError(index, name,
+                      absl::StrCat(type, " output ", kernels::ShapeString(out), " has more than ",
+                                   kMaxElements, " elements"));
+  }
   return std::unique_ptr<Model::Layer>(new Pool2DLayer(name, in, out, g));
 }
 
@@ -411,7 +417,8 @@ absl::StatusOr<std::unique_ptr<Model::Layer>> MakeLayer(const v1::Layer& spec, i
           CheckInitializer(index, name, "dense.kernel_initializer", d.kernel_initializer()));
       TESSERA_RETURN_IF_ERROR(
           CheckInitializer(index, name, "dense.bias_initializer", d.bias_initializer()));
-      if (in_features * d.units() > kMaxElements) {
+      const int64_t kernel_elements = kernels::CheckedProduct(in_features, d.units());
+      if (kernel_elements < 0 || kernel_elements > kMaxElements) {
         return LayerError(
             index, name,
             absl::StrCat("dense kernel of ", d.units(), " x ", in_features, " is too large"));
@@ -436,10 +443,12 @@ absl::StatusOr<std::unique_ptr<Model::Layer>> MakeLayer(const v1::Layer& spec, i
       g.stride_w = c.stride_w() == 0 ? 1 : c.stride_w();
       TESSERA_RETURN_IF_ERROR(CheckSize(index, name, "conv2d.stride_h", g.stride_h));
       TESSERA_RETURN_IF_ERROR(CheckSize(index, name, "conv2d.stride_w", g.stride_w));
-      if (c.padding_h() < 0 || c.padding_w() < 0) {
-        return LayerError(index, name,
-                          absl::StrCat("conv2d.padding_h and padding_w must be >= 0, got ",
-                                       c.padding_h(), " and ", c.padding_w()));
+      if (c.padding_h() < 0 || c.padding_w() < 0 || c.padding_h() > kMaxElements ||
+          c.padding_w() > kMaxElements) {
+        return LayerError(
+            index, name,
+            absl::StrCat("conv2d.padding_h and padding_w must be in [0, ", kMaxElements, "], got ",
+                         c.padding_h(), " and ", c.padding_w()));
       }
       g.pad_h = c.padding_h();
       g.pad_w = c.padding_w();
@@ -455,8 +464,14 @@ absl::StatusOr<std::unique_ptr<Model::Layer>> MakeLayer(const v1::Layer& spec, i
           CheckInitializer(index, name, "conv2d.bias_initializer", c.bias_initializer()));
       g.oh = (g.h + 2 * g.pad_h - g.kh) / g.stride_h + 1;
       g.ow = (g.w + 2 * g.pad_w - g.kw) / g.stride_w + 1;
-      if (g.k * g.oh * g.ow > kMaxElements || g.k * g.c * g.kh * g.kw > kMaxElements) {
-        return LayerError(index, name, "conv2d output or kernel is too large");
+      const int64_t out_elements = kernels::CheckedNumElements({g.k, g.oh, g.ow});
+      const int64_t kernel_elements = kernels::CheckedNumElements({g.k, g.c, g.kh, g.kw});
+      if (out_elements < 0 || out_elements > kMaxElements || kernel_elements < 0 ||
+          kernel_elements > kMaxElements) {
+        return LayerError(index, name,
+                          absl::StrCat("conv2d output [", g.k, ", ", g.oh, ", ", g.ow,
+                                       "] or kernel [", g.k, ", ", g.c, ", ", g.kh, ", ", g.kw,
+                                       "] has more than ", kMaxElements, " elements"));
       }
       Shape out{g.k, g.oh, g.ow};
       return LayerPtr(new Conv2DLayer(name, in, out, g, c));

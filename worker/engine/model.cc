@@ -104,7 +104,8 @@ absl::StatusOr<BuiltLayers> BuildLayers(const v1::ModelSpec& spec) {
       }
     }
     out.input_shape.assign(spec.input_shape().begin(), spec.input_shape().end());
-    if (kernels::NumElements(out.input_shape) > (int64_t{1} << 31)) {
+    const int64_t input_elements = kernels::CheckedNumElements(out.input_shape);
+    if (input_elements < 0 || input_elements > (int64_t{1} << 31)) {
       return absl::InvalidArgumentError(
           absl::StrCat("input_shape: ", kernels::ShapeString(out.input_shape), " is too large"));
     }
@@ -160,6 +161,19 @@ Shape WithBatch(int64_t n, const Shape& s) {
   r.push_back(n);
   r.insert(r.end(), s.begin(), s.end());
   return r;
+}
+
+// a + b for sizes >= 0, saturating at the int64 maximum (a saturated size never fits anywhere).
+int64_t SaturatingAdd(int64_t a, int64_t b) {
+  int64_t r = 0;
+  if (a < 0 || b < 0 || __builtin_add_overflow(a, b, &r)) return INT64_MAX;
+  return r;
+}
+
+// a * b for sizes >= 0, saturating at the int64 maximum.
+int64_t SaturatingProduct(int64_t a, int64_t b) {
+  const int64_t r = kernels::CheckedProduct(a, b);
+  return r < 0 ? INT64_MAX : r;
 }
 
 uint64_t Mix(uint64_t a, uint64_t b) {
@@ -220,6 +234,24 @@ absl::Status Model::Build(const v1::ModelSpec& spec) {
     decls[i] = layers_[i]->Parameters();
     index[i].assign(decls[i].size(), -1);
   }
+  // Refuse a model whose parameters cannot fit before allocating any of them (the host staging
+  // buffer holds one parameter at a time).
+  int64_t largest = 0;
+  parameter_bytes_ = 0;
+  for (const std::vector<ParameterDecl>& layer_decls : decls) {
+    for (const ParameterDecl& d : layer_decls) {
+      const int64_t bytes = SaturatingProduct(kernels::CheckedNumElements(d.shape), 4);
+      largest = std::max(largest, bytes);
+      parameter_bytes_ =
+          SaturatingAdd(parameter_bytes_, SaturatingProduct(bytes, d.trainable ? 2 : 1));
+    }
+  }
+  const int64_t capacity = backend_->MemoryCapacityBytes();
+  if (SaturatingAdd(parameter_bytes_, largest) > capacity) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("model: the parameters and their gradients need ", parameter_bytes_,
+                     " bytes, more than the ", capacity, " bytes of memory of ", backend_->Name()));
+  }
   layer_parameters_.assign(layers_.size(), {});
   std::vector<float> host;
   for (int pass = 0; pass < 2; ++pass) {
@@ -273,6 +305,40 @@ int64_t Model::num_trainable_values() const {
   return total;
 }
 
+int64_t Model::ActivationBytes(int64_t n) const {
+  // Per example: the input (and its gradient), each layer's output and output gradient (views
+  // and in-place layers share them), a mask or workspace of the output size, and the labels.
+  int64_t per_example = sparse_input_ ? 2 : input_dim_;
+  if (layers_[0]->WritesInputGrad()) per_example = SaturatingAdd(per_example, input_dim_);
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    const int64_t out = kernels::NumElements(layers_[i]->out_shape());
+    int64_t copies = 3;  // y, dy, scratch
+    if (layers_[i]->IsView()) {
+      copies = i == 0 ? 1 : 0;
+    } else if (i > 0 && layers_[i]->CanRunInPlace() && layers_[i - 1]->BackwardIgnoresOutput()) {
+      copies = 2;
+    }
+    per_example = SaturatingAdd(per_example, SaturatingProduct(out, copies));
+  }
+  per_example = SaturatingAdd(per_example,
+                              loss_ == kernels::LossKind::kSoftmaxCrossEntropy ? 1 : output_dim_);
+  return SaturatingProduct(SaturatingProduct(per_example, 4), n);
+}
+
+absl::Status Model::CheckMemory(int64_t batch_size, int64_t extra_bytes) const {
+  const int64_t capacity = backend_->MemoryCapacityBytes();
+  const int64_t activations = ActivationBytes(batch_size);
+  const int64_t total = SaturatingAdd(SaturatingAdd(parameter_bytes_, activations), extra_bytes);
+  if (total > capacity) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "batch_size: a batch of ", batch_size, " needs about ", activations,
+        " bytes of activations, which with the model's ", parameter_bytes_, " bytes",
+        extra_bytes > 0 ? absl::StrCat(" and ", extra_bytes, " bytes of optimizer state") : "",
+        " is more than the ", capacity, " bytes of memory of ", backend_->Name()));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<Model::Activations*> Model::ActivationsFor(int64_t n) {
   ++activation_clock_;
   auto found = activations_.find(n);
@@ -280,6 +346,7 @@ absl::StatusOr<Model::Activations*> Model::ActivationsFor(int64_t n) {
     found->second->last_used = activation_clock_;
     return found->second.get();
   }
+  TESSERA_RETURN_IF_ERROR(CheckMemory(n, 0));
   // Keep the buffers of a few batch sizes (training, the last partial batch, evaluation); drop
   // the least recently used beyond that.
   while (activations_.size() >= kMaxCachedBatchSizes) {

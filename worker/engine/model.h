@@ -98,6 +98,9 @@ class Model {
   // Outputs per example (the loss's K).
   int64_t output_dim() const { return output_dim_; }
   int64_t num_trainable_values() const;
+  // RESOURCE_EXHAUSTED when the parameters, their gradients, the activations of a batch of
+  // `batch_size` and `extra_bytes` more (optimizer state) would not fit in the backend's memory.
+  absl::Status CheckMemory(int64_t batch_size, int64_t extra_bytes) const;
   kernels::Backend* backend() const { return backend_; }
 
   // Forward in training mode, loss, backward: every trainable parameter's grad holds the gradient
@@ -141,6 +144,8 @@ class Model {
   Model(kernels::Backend* backend, uint64_t seed);
   absl::Status Build(const v1::ModelSpec& spec);
   absl::StatusOr<Activations*> ActivationsFor(int64_t batch_size);
+  // An estimate of the bytes ActivationsFor(n) allocates (saturating at the int64 maximum).
+  int64_t ActivationBytes(int64_t n) const;
   absl::Status LoadBatch(const BatchView& batch, bool need_labels, Activations* acts);
   absl::Status RunForward(Activations* acts, bool training);
 
@@ -152,6 +157,7 @@ class Model {
   bool sparse_input_ = false;
   int64_t input_dim_ = 0;
   int64_t output_dim_ = 0;
+  int64_t parameter_bytes_ = 0;  // values and gradients
   std::vector<LayerInfo> layer_infos_;
   std::vector<std::unique_ptr<Layer>> layers_;
   // Indices into parameters_ of each layer's trainable parameters.

@@ -183,10 +183,100 @@ INSTANTIATE_TEST_SUITE_P(
                      layers { dense { units: 3 } }
                      loss: LOSS_SOFTMAX_CROSS_ENTROPY)pb",
                 "input_shape[1]: must be in [1, 2^31], got -1"},
+        // Shape products that overflow int64 must not wrap around into a small, accepted size.
+        BadSpec{"InputShapeProductOverflows",
+                R"pb(input_shape: [ 2147483648, 2147483648, 4 ]
+                     layers { relu {} }
+                     loss: LOSS_MEAN_SQUARED_ERROR)pb",
+                "input_shape: [2147483648, 2147483648, 4] is too large"},
+        BadSpec{"ConvPaddingOverflows",
+                R"pb(input_shape: [ 1, 4, 4 ]
+                     layers {
+                       conv2d {
+                         filters: 1
+                         kernel_h: 1
+                         kernel_w: 1
+                         padding_h: 2305843009213693952
+                         padding_w: 2305843009213693952
+                       }
+                     }
+                     loss: LOSS_MEAN_SQUARED_ERROR)pb",
+                "layers[0] (conv2d_1): conv2d.padding_h and padding_w must be in [0, 2147483648]"},
+        BadSpec{"ConvOutputTooLarge",
+                R"pb(input_shape: [ 1, 4, 4 ]
+                     layers {
+                       conv2d {
+                         filters: 2147483648
+                         kernel_h: 1
+                         kernel_w: 1
+                         padding_h: 2147483648
+                         padding_w: 2147483648
+                       }
+                     }
+                     loss: LOSS_MEAN_SQUARED_ERROR)pb",
+                "layers[0] (conv2d_1): conv2d output [2147483648, 4294967300, 4294967300]"},
+        BadSpec{"PoolOutputTooLarge",
+                R"pb(input_shape: [ 1, 4, 4 ]
+                     layers {
+                       max_pool2d {
+                         pool_h: 2147483648
+                         pool_w: 2147483648
+                         padding_h: 2147483647
+                         padding_w: 2147483647
+                         stride_h: 1
+                         stride_w: 1
+                       }
+                     }
+                     loss: LOSS_MEAN_SQUARED_ERROR)pb",
+                "layers[0] (max_pool2d_1): max_pool2d output [1, 2147483651, 2147483651] has "
+                "more than 2147483648 elements"},
         BadSpec{"NoLayers", R"pb(input_shape: [ 3 ]
                                  loss: LOSS_SOFTMAX_CROSS_ENTROPY)pb",
                 "layers: a model needs at least one layer"}),
     [](const ::testing::TestParamInfo<BadSpec>& info) { return info.param.name; });
+
+std::unique_ptr<kernels::Backend> CpuBackendWithMemory(int64_t bytes) {
+  kernels::BackendOptions o;
+  o.device = kernels::DeviceChoice::kCpu;
+  o.memory_limit_bytes = bytes;
+  auto b = kernels::CreateBackend(o);
+  EXPECT_TRUE(b.ok()) << b.status();
+  return std::move(b).value();
+}
+
+TEST(ModelMemoryTest, ParametersThatCannotFitAreRefusedBeforeAllocating) {
+  // The MLP's 247,766 parameters and their gradients need 1,982,128 bytes.
+  auto small = CpuBackendWithMemory(1 << 20);
+  auto model = Model::Create(Parse(kMlp), small.get(), 1);
+  ASSERT_FALSE(model.ok());
+  EXPECT_EQ(model.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(model.status().message()),
+              HasSubstr("model: the parameters and their gradients need 1982128 bytes, more than "
+                        "the 1048576 bytes of memory of cpu"));
+  auto enough = CpuBackendWithMemory(64 << 20);
+  EXPECT_TRUE(Model::Create(Parse(kMlp), enough.get(), 1).ok());
+}
+
+TEST(ModelMemoryTest, BatchesThatCannotFitAreRefusedBeforeAllocating) {
+  auto backend = CpuBackendWithMemory(64 << 20);
+  auto model = Model::Create(Parse(kMlp), backend.get(), 1);
+  ASSERT_TRUE(model.ok()) << model.status();
+  EXPECT_TRUE((*model)->CheckMemory(64, 0).ok());
+  // Optimizer state counts too.
+  EXPECT_EQ((*model)->CheckMemory(64, 64 << 20).code(), absl::StatusCode::kResourceExhausted);
+  // 100,000 examples need far more than 64 MiB of activations; so does a batch whose size in
+  // bytes does not fit in an int64. Both are refused without allocating (or overflowing).
+  for (const int64_t n : {int64_t{100000}, int64_t{1} << 62}) {
+    const absl::Status status = (*model)->CheckMemory(n, 0);
+    EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted) << n;
+    EXPECT_THAT(std::string(status.message()), HasSubstr(absl::StrCat("a batch of ", n)));
+    BatchView batch;
+    batch.size = n;
+    auto step = (*model)->TrainStep(batch);
+    ASSERT_FALSE(step.ok());
+    EXPECT_EQ(step.status(), status);
+  }
+}
 
 TEST(ModelSpecTest, UnknownFieldIsRefused) {
   v1::ModelSpec spec = Parse(kMlp);

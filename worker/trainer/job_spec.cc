@@ -23,6 +23,8 @@ namespace tessera::trainer {
 namespace {
 
 constexpr int32_t kMaxBatchSize = 1 << 20;
+// A spec is a few kilobytes; a larger file is not a spec.
+constexpr int64_t kMaxSpecBytes = int64_t{16} << 20;
 
 // Collects the first error of a textproto parse with its position (1-based).
 class FirstErrorCollector : public google::protobuf::io::ErrorCollector {
@@ -213,16 +215,25 @@ absl::StatusOr<v1::JobSpec> ParseJobSpec(absl::string_view text, absl::string_vi
 }
 
 absl::StatusOr<v1::JobSpec> ReadJobSpecFile(const std::string& path) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) {
+    return absl::NotFoundError(absl::StrCat("job spec file not found: ", path));
+  }
+  // A directory opens and reads as empty, which would parse as an empty spec.
+  if (!S_ISREG(st.st_mode)) {
+    return absl::InvalidArgumentError(absl::StrCat("job spec file is not a regular file: ", path));
+  }
+  if (st.st_size > kMaxSpecBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("job spec file ", path, " holds ", st.st_size,
+                                                   " bytes, more than ", kMaxSpecBytes));
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) {
-    struct stat st;
-    if (::stat(path.c_str(), &st) != 0) {
-      return absl::NotFoundError(absl::StrCat("job spec file not found: ", path));
-    }
     return absl::PermissionDeniedError(absl::StrCat("cannot read job spec file: ", path));
   }
   std::stringstream buffer;
   buffer << in.rdbuf();
+  if (in.bad()) return absl::DataLossError(absl::StrCat("cannot read job spec file: ", path));
   return ParseJobSpec(buffer.str(), path);
 }
 

@@ -16,7 +16,8 @@ namespace tessera::trainer {
 // the line and column of the first error: "job.textproto:3:7: ...".
 absl::StatusOr<v1::JobSpec> ParseJobSpec(absl::string_view text, absl::string_view source);
 
-// Reads and parses `path`. NOT_FOUND naming the path when it does not exist.
+// Reads and parses `path`. NOT_FOUND naming the path when it does not exist; INVALID_ARGUMENT
+// when it is not a regular file or is larger than 16 MiB.
 absl::StatusOr<v1::JobSpec> ReadJobSpecFile(const std::string& path);
 
 struct ValidateOptions {

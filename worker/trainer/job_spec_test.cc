@@ -82,6 +82,14 @@ TEST(JobSpecTest, MissingFileIsNotFound) {
   EXPECT_THAT(std::string(spec.status().message()), HasSubstr("/nonexistent/job.textproto"));
 }
 
+TEST(JobSpecTest, DirectoryIsNotASpec) {
+  // A directory opens as an empty stream; it must not parse as an empty spec.
+  absl::StatusOr<v1::JobSpec> spec = ReadJobSpecFile("/tmp");
+  EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(spec.status().message()),
+              HasSubstr("job spec file is not a regular file: /tmp"));
+}
+
 struct BadSpec {
   const char* what;
   std::function<void(v1::JobSpec*)> mutate;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <limits>
 #include <optional>
 
 #include "absl/strings/str_cat.h"
@@ -43,6 +44,10 @@ absl::StatusOr<std::shared_ptr<const data::Dataset>> ReadSplit(const v1::Dataset
     default:
       return data::ReadCsvDataset(train ? d.train_path() : d.test_path(), options);
   }
+}
+
+int64_t EvalBatchSize(const v1::JobSpec& spec) {
+  return spec.eval().batch_size() > 0 ? spec.eval().batch_size() : 1000;
 }
 
 bool HasTestSplit(const v1::DatasetSpec& d) {
@@ -90,6 +95,7 @@ absl::Status StandaloneTrainer::Init() {
       backend_options.device,
       kernels::ParseDeviceChoice(spec.device().empty() ? "auto" : spec.device()));
   backend_options.num_threads = options_.num_threads;
+  backend_options.memory_limit_bytes = options_.memory_limit_bytes;
   TESSERA_ASSIGN_OR_RETURN(backend_, kernels::CreateBackend(backend_options));
   TESSERA_ASSIGN_OR_RETURN(model_,
                            engine::Model::Create(spec.model(), backend_.get(), spec.seed()));
@@ -108,6 +114,17 @@ absl::Status StandaloneTrainer::Init() {
   }
 
   const int num_slots = kernels::NumSlots(optimizer_.kind);
+  // Refuse a batch that cannot fit before the first step allocates it. A batch never holds more
+  // examples than its split.
+  int64_t largest_batch = std::min<int64_t>(spec.batch_size(), train_->size());
+  if (test_ != nullptr) {
+    largest_batch =
+        std::max<int64_t>(largest_batch, std::min<int64_t>(EvalBatchSize(spec), test_->size()));
+  }
+  const int64_t slot_values = kernels::CheckedProduct(model_->num_trainable_values(), num_slots);
+  TESSERA_RETURN_IF_ERROR(
+      model_->CheckMemory(std::max<int64_t>(largest_batch, 1),
+                          slot_values < 0 ? INT64_MAX : kernels::CheckedProduct(slot_values, 4)));
   const std::vector<engine::Parameter>& params = model_->parameters();
   for (int i = 0; i < static_cast<int>(params.size()); ++i) {
     if (!params[i].trainable) continue;
@@ -151,7 +168,7 @@ absl::StatusOr<engine::StepResult> StandaloneTrainer::Evaluate() {
     return absl::FailedPreconditionError("the job spec has no test split to evaluate");
   }
   data::BatchPrefetcher::Options o;
-  o.batch_size = options_.spec.eval().batch_size() > 0 ? options_.spec.eval().batch_size() : 1000;
+  o.batch_size = EvalBatchSize(options_.spec);
   o.shuffle = false;
   TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<data::BatchPrefetcher> batches,
                            data::BatchPrefetcher::Create(test_, o));
@@ -181,7 +198,14 @@ absl::StatusOr<TrainResult> StandaloneTrainer::Run() {
   int64_t total_steps = static_cast<int64_t>(epochs) * steps_per_epoch;
   if (spec.max_steps() > 0) {
     if (epochs == 0 || spec.max_steps() < total_steps) total_steps = spec.max_steps();
-    epochs = static_cast<int>((total_steps + steps_per_epoch - 1) / steps_per_epoch);
+    const int64_t needed =
+        total_steps / steps_per_epoch + (total_steps % steps_per_epoch != 0 ? 1 : 0);
+    if (needed > std::numeric_limits<int>::max()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "max_steps: ", total_steps, " steps of ", steps_per_epoch, " per epoch take ", needed,
+          " epochs, more than ", std::numeric_limits<int>::max()));
+    }
+    epochs = static_cast<int>(needed);
   }
   const int eval_every = spec.eval().every_epochs() > 0 ? spec.eval().every_epochs() : 1;
 

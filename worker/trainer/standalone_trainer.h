@@ -30,6 +30,9 @@ struct TrainerOptions {
   std::string device;
   // CPU threads for the backend; 0 keeps the OpenMP default.
   int num_threads = 0;
+  // CPU backend: the memory the model, its optimizer state and a batch may use (0: the host's
+  // physical memory). A job that needs more is RESOURCE_EXHAUSTED before it allocates.
+  int64_t memory_limit_bytes = 0;
   // Overrides spec.epochs when >= 0.
   int epochs = -1;
   // Stop after the first evaluation whose test accuracy reaches this (0: never).

@@ -245,6 +245,33 @@ TEST_F(BlobsTest, BadSpecAndBadDataAreErrors) {
               HasSubstr("device:"));
 }
 
+TEST_F(BlobsTest, MaxStepsNeedingMoreEpochsThanAnIntIsRefused) {
+  TrainerOptions options;
+  options.spec = Spec();
+  options.spec.set_epochs(0);
+  options.spec.set_max_steps(INT64_MAX);
+  auto t = Make(options);
+  ASSERT_NE(t, nullptr);
+  absl::StatusOr<TrainResult> r = t->Run();
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(r.status().message()),
+              HasSubstr("max_steps: 9223372036854775807 steps of 19 per epoch take"));
+}
+
+TEST_F(BlobsTest, BatchesThatCannotFitAreRefusedAtCreate) {
+  // The largest batch is the evaluation's: min(1000, 300 test examples).
+  TrainerOptions options;
+  options.spec = Spec();
+  options.memory_limit_bytes = 64 << 10;
+  absl::StatusOr<std::unique_ptr<StandaloneTrainer>> t = StandaloneTrainer::Create(options);
+  EXPECT_EQ(t.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(t.status().message()), HasSubstr("batch_size: a batch of 300 needs"));
+  options.spec.mutable_eval()->set_batch_size(10);
+  t = StandaloneTrainer::Create(options);
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_TRUE((*t)->Run().ok());
+}
+
 TEST_F(BlobsTest, JsonHoldsTheRequiredFields) {
   TrainerOptions options;
   options.spec = Spec();

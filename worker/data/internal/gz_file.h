@@ -29,6 +29,9 @@ class GzFile {
   absl::Status ExpectEnd();
   // Reads everything that is left into *out.
   absl::Status ReadAll(std::string* out);
+  // Reads up to n bytes; returns how many (fewer only at the end of the data), or DATA_LOSS for a
+  // corrupt stream.
+  absl::StatusOr<size_t> ReadSome(void* out, size_t n);
 
   const std::string& path() const { return path_; }
   // Bytes of (decompressed) data consumed so far.
@@ -36,8 +39,6 @@ class GzFile {
 
  private:
   GzFile(std::string path, void* file) : path_(std::move(path)), file_(file) {}
-  // Reads up to n bytes; returns how many, or an error for a corrupt stream.
-  absl::StatusOr<size_t> ReadSome(void* out, size_t n);
 
   std::string path_;
   void* file_;  // gzFile
