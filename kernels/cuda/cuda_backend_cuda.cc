@@ -313,6 +313,17 @@ class CudaBackend final : public Backend {
   std::string Name() const override { return absl::StrCat("cuda:", device_); }
   std::string Description() const override { return description_; }
   bool IsCuda() const override { return true; }
+  // The device's total memory: models and batches are checked against the GPU, not the host.
+  int64_t MemoryCapacityBytes() const override {
+    DeviceGuard guard(device_);
+    size_t free_bytes = 0;
+    size_t total_bytes = 0;
+    if (cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess) {
+      cudaGetLastError();
+      return Backend::MemoryCapacityBytes();
+    }
+    return static_cast<int64_t>(total_bytes);
+  }
 
   // --- Memory ----------------------------------------------------------------------------------
   absl::StatusOr<Tensor> Allocate(const Shape& shape, DType dtype) override {
