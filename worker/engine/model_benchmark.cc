@@ -9,37 +9,13 @@
 #include "google/protobuf/text_format.h"
 #include "kernels/backend.h"
 #include "worker/engine/model.h"
+#include "worker/engine/testing/example_models.h"
 
 namespace tessera::engine {
 namespace {
 
-constexpr char kMlp[] = R"pb(
-  input_shape: [ 784 ]
-  layers { dense { units: 256 } }
-  layers { relu {} }
-  layers { dense { units: 128 } }
-  layers { relu {} }
-  layers { dense { units: 100 } }
-  layers { relu {} }
-  layers { dense { units: 10 } }
-  loss: LOSS_SOFTMAX_CROSS_ENTROPY
-)pb";
-
-constexpr char kCnn[] = R"pb(
-  input_shape: [ 1, 28, 28 ]
-  layers { conv2d { filters: 32 kernel_h: 5 kernel_w: 5 padding_h: 2 padding_w: 2 } }
-  layers { relu {} }
-  layers { max_pool2d {} }
-  layers { conv2d { filters: 64 kernel_h: 5 kernel_w: 5 padding_h: 2 padding_w: 2 } }
-  layers { relu {} }
-  layers { max_pool2d {} }
-  layers { flatten {} }
-  layers { dense { units: 1024 } }
-  layers { relu {} }
-  layers { dropout { rate: 0.4 } }
-  layers { dense { units: 10 } }
-  loss: LOSS_SOFTMAX_CROSS_ENTROPY
-)pb";
+using examples::kFashionCnn;
+using examples::kFashionMlp;
 
 void TrainSteps(benchmark::State& state, const char* text) {
   v1::ModelSpec spec;
@@ -103,8 +79,8 @@ void TrainSteps(benchmark::State& state, const char* text) {
   state.SetLabel((*backend)->Description());
 }
 
-void BM_MlpTrainStep(benchmark::State& state) { TrainSteps(state, kMlp); }
-void BM_CnnTrainStep(benchmark::State& state) { TrainSteps(state, kCnn); }
+void BM_MlpTrainStep(benchmark::State& state) { TrainSteps(state, kFashionMlp); }
+void BM_CnnTrainStep(benchmark::State& state) { TrainSteps(state, kFashionCnn); }
 
 BENCHMARK(BM_MlpTrainStep)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_CnnTrainStep)->Unit(benchmark::kMillisecond)->UseRealTime();

@@ -13,6 +13,7 @@
 #include "kernels/backend.h"
 #include "kernels/device.h"
 #include "worker/engine/model.h"
+#include "worker/engine/testing/example_models.h"
 
 namespace tessera::engine {
 namespace {
@@ -28,34 +29,8 @@ struct StepCase {
 void PrintTo(const StepCase& c, std::ostream* os) { *os << c.name; }
 
 const StepCase kCases[] = {
-    {"FashionMlp", R"pb(
-       input_shape: [ 784 ]
-       layers { dense { units: 256 } }
-       layers { relu {} }
-       layers { dense { units: 128 } }
-       layers { relu {} }
-       layers { dense { units: 100 } }
-       layers { relu {} }
-       layers { dense { units: 10 } }
-       loss: LOSS_SOFTMAX_CROSS_ENTROPY
-     )pb",
-     64, 1e-3},
-    {"FashionCnn", R"pb(
-       input_shape: [ 1, 28, 28 ]
-       layers { conv2d { filters: 32 kernel_h: 5 kernel_w: 5 padding_h: 2 padding_w: 2 } }
-       layers { relu {} }
-       layers { max_pool2d {} }
-       layers { conv2d { filters: 64 kernel_h: 5 kernel_w: 5 padding_h: 2 padding_w: 2 } }
-       layers { relu {} }
-       layers { max_pool2d {} }
-       layers { flatten {} }
-       layers { dense { units: 1024 } }
-       layers { relu {} }
-       layers { dropout { rate: 0.4 } }
-       layers { dense { units: 10 } }
-       loss: LOSS_SOFTMAX_CROSS_ENTROPY
-     )pb",
-     16, 2e-3},
+    {"FashionMlp", examples::kFashionMlp, 64, 1e-3},
+    {"FashionCnn", examples::kFashionCnn, 16, 2e-3},
     {"StridedCnnWithBatchNorm", R"pb(
        input_shape: [ 3, 15, 13 ]
        layers {

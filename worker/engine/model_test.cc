@@ -13,9 +13,13 @@
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
 #include "kernels/device.h"
+#include "worker/engine/testing/example_models.h"
 
 namespace tessera::engine {
 namespace {
+
+using examples::kFashionCnn;
+using examples::kFashionMlp;
 
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
@@ -33,34 +37,6 @@ v1::ModelSpec Parse(const std::string& text) {
   EXPECT_TRUE(google::protobuf::TextFormat::ParseFromString(text, &spec)) << text;
   return spec;
 }
-
-constexpr char kMlp[] = R"pb(
-  input_shape: [ 784 ]
-  layers { dense { units: 256 } }
-  layers { relu {} }
-  layers { dense { units: 128 } }
-  layers { relu {} }
-  layers { dense { units: 100 } }
-  layers { relu {} }
-  layers { dense { units: 10 } }
-  loss: LOSS_SOFTMAX_CROSS_ENTROPY
-)pb";
-
-constexpr char kCnn[] = R"pb(
-  input_shape: [ 1, 28, 28 ]
-  layers { conv2d { filters: 32 kernel_h: 5 kernel_w: 5 padding_h: 2 padding_w: 2 } }
-  layers { relu {} }
-  layers { max_pool2d {} }
-  layers { conv2d { filters: 64 kernel_h: 5 kernel_w: 5 padding_h: 2 padding_w: 2 } }
-  layers { relu {} }
-  layers { max_pool2d {} }
-  layers { flatten {} }
-  layers { dense { units: 1024 } }
-  layers { relu {} }
-  layers { dropout { rate: 0.4 } }
-  layers { dense { units: 10 } }
-  loss: LOSS_SOFTMAX_CROSS_ENTROPY
-)pb";
 
 // --- Validation ----------------------------------------------------------------------------------
 
@@ -247,19 +223,19 @@ std::unique_ptr<kernels::Backend> CpuBackendWithMemory(int64_t bytes) {
 TEST(ModelMemoryTest, ParametersThatCannotFitAreRefusedBeforeAllocating) {
   // The MLP's 247,766 parameters and their gradients need 1,982,128 bytes.
   auto small = CpuBackendWithMemory(1 << 20);
-  auto model = Model::Create(Parse(kMlp), small.get(), 1);
+  auto model = Model::Create(Parse(kFashionMlp), small.get(), 1);
   ASSERT_FALSE(model.ok());
   EXPECT_EQ(model.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(std::string(model.status().message()),
               HasSubstr("model: the parameters and their gradients need 1982128 bytes, more than "
                         "the 1048576 bytes of memory of cpu"));
   auto enough = CpuBackendWithMemory(64 << 20);
-  EXPECT_TRUE(Model::Create(Parse(kMlp), enough.get(), 1).ok());
+  EXPECT_TRUE(Model::Create(Parse(kFashionMlp), enough.get(), 1).ok());
 }
 
 TEST(ModelMemoryTest, BatchesThatCannotFitAreRefusedBeforeAllocating) {
   auto backend = CpuBackendWithMemory(64 << 20);
-  auto model = Model::Create(Parse(kMlp), backend.get(), 1);
+  auto model = Model::Create(Parse(kFashionMlp), backend.get(), 1);
   ASSERT_TRUE(model.ok()) << model.status();
   EXPECT_TRUE((*model)->CheckMemory(64, 0).ok());
   // Optimizer state counts too.
@@ -279,7 +255,7 @@ TEST(ModelMemoryTest, BatchesThatCannotFitAreRefusedBeforeAllocating) {
 }
 
 TEST(ModelSpecTest, UnknownFieldIsRefused) {
-  v1::ModelSpec spec = Parse(kMlp);
+  v1::ModelSpec spec = Parse(kFashionMlp);
   std::string wire;
   ASSERT_TRUE(spec.SerializeToString(&wire));
   // Field 99 of the first layer (varint 7): tag = (99 << 3) | 0.
@@ -298,7 +274,7 @@ TEST(ModelSpecTest, UnknownFieldIsRefused) {
 }
 
 TEST(ModelSpecTest, ShapesOfTheBenchmarkModels) {
-  auto mlp = ValidateModelSpec(Parse(kMlp));
+  auto mlp = ValidateModelSpec(Parse(kFashionMlp));
   ASSERT_TRUE(mlp.ok()) << mlp.status();
   ASSERT_EQ(mlp->size(), 7u);
   EXPECT_EQ((*mlp)[0].name, "dense_1");
@@ -306,7 +282,7 @@ TEST(ModelSpecTest, ShapesOfTheBenchmarkModels) {
   EXPECT_EQ((*mlp)[6].name, "dense_4");
   EXPECT_THAT((*mlp)[6].output_shape, ElementsAre(10));
 
-  auto cnn = ValidateModelSpec(Parse(kCnn));
+  auto cnn = ValidateModelSpec(Parse(kFashionCnn));
   ASSERT_TRUE(cnn.ok()) << cnn.status();
   EXPECT_THAT((*cnn)[0].output_shape, ElementsAre(32, 28, 28));
   EXPECT_THAT((*cnn)[2].output_shape, ElementsAre(32, 14, 14));
@@ -320,7 +296,7 @@ TEST(ModelSpecTest, ShapesOfTheBenchmarkModels) {
 
 TEST(ModelTest, ParameterNamesShapesAndOrder) {
   auto backend = CpuBackend();
-  auto model = Model::Create(Parse(kCnn), backend.get(), 7);
+  auto model = Model::Create(Parse(kFashionCnn), backend.get(), 7);
   ASSERT_TRUE(model.ok()) << model.status();
   std::vector<std::string> names;
   for (const Parameter& p : (*model)->parameters()) names.push_back(p.name);
@@ -365,9 +341,9 @@ TEST(ModelTest, BatchNormStateComesAfterTrainableParameters) {
 
 TEST(ModelTest, SeededInitialization) {
   auto backend = CpuBackend();
-  auto a = Model::Create(Parse(kMlp), backend.get(), 42);
-  auto b = Model::Create(Parse(kMlp), backend.get(), 42);
-  auto c = Model::Create(Parse(kMlp), backend.get(), 43);
+  auto a = Model::Create(Parse(kFashionMlp), backend.get(), 42);
+  auto b = Model::Create(Parse(kFashionMlp), backend.get(), 42);
+  auto c = Model::Create(Parse(kFashionMlp), backend.get(), 43);
   ASSERT_TRUE(a.ok() && b.ok() && c.ok());
   std::vector<float> va, vb, vc, bias;
   ASSERT_TRUE((*a)->CopyValueToHost("dense_1/kernel", &va).ok());
@@ -420,7 +396,7 @@ TEST(ModelTest, HeNormalAndNormalInitializers) {
 
 TEST(ModelTest, CopyValuesByName) {
   auto backend = CpuBackend();
-  auto model = Model::Create(Parse(kMlp), backend.get(), 1);
+  auto model = Model::Create(Parse(kFashionMlp), backend.get(), 1);
   ASSERT_TRUE(model.ok());
   std::vector<float> v(10);
   for (int i = 0; i < 10; ++i) v[i] = 0.5f * i;
@@ -721,7 +697,7 @@ TEST(ForwardTest, EmbeddingBagSumAndMean) {
 
 TEST(ModelTest, BadBatchesAreRefused) {
   Fixture f;
-  f.Build(kMlp);
+  f.Build(kFashionMlp);
   std::vector<float> x(2 * 784, 0.1f);
   std::vector<int32_t> labels = {3, 10};
   BatchView b;
@@ -817,7 +793,7 @@ TEST(ModelTest, DropoutSeedAdvancesEveryStepAndReplays) {
 
 TEST(ModelTest, ManyBatchSizesGiveConsistentResults) {
   Fixture f;
-  f.Build(kCnn);
+  f.Build(kFashionCnn);
   auto x = f.RandomInput(7);
   std::vector<int32_t> labels = {1, 2, 3, 4, 5, 6, 7};
   auto eval = [&](int64_t n) {

@@ -2,6 +2,7 @@
 
 #include <functional>
 #include <string>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
@@ -9,6 +10,7 @@
 #include "google/protobuf/util/json_util.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "gtest/gtest.h"
+#include "worker/engine/testing/example_models.h"
 
 namespace tessera::trainer {
 namespace {
@@ -40,6 +42,23 @@ TEST(JobSpecTest, ExamplesParseAndValidate) {
   EXPECT_EQ(mlp.model().layers(2).dense().units(), 128);
   EXPECT_EQ(mlp.model().layers(4).dense().units(), 100);
   EXPECT_EQ(mlp.model().layers(6).dense().units(), 10);
+}
+
+// The engine's tests and benchmarks use copies of the examples' models: keep them the same.
+TEST(JobSpecTest, ExampleModelsMatchTheEngineTestCopies) {
+  const std::pair<const char*, const char*> cases[] = {
+      {"fashion_mlp.textproto", engine::examples::kFashionMlp},
+      {"fashion_cnn.textproto", engine::examples::kFashionCnn}};
+  for (const auto& [file, text] : cases) {
+    absl::StatusOr<v1::JobSpec> spec = ReadJobSpecFile(Example(file));
+    ASSERT_TRUE(spec.ok()) << file << ": " << spec.status();
+    v1::ModelSpec copy;
+    ASSERT_TRUE(google::protobuf::TextFormat::ParseFromString(text, &copy)) << file;
+    std::string diff;
+    google::protobuf::util::MessageDifferencer differencer;
+    differencer.ReportDifferencesToString(&diff);
+    EXPECT_TRUE(differencer.Compare(copy, spec->model())) << file << ": " << diff;
+  }
 }
 
 TEST(JobSpecTest, JsonAndTextprotoGiveTheSameSpec) {
