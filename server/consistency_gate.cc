@@ -5,6 +5,17 @@
 #include "absl/strings/str_cat.h"
 
 namespace tessera::server {
+namespace {
+
+bool IsCancelled(const ConsistencyGate::Wait& wait) {
+  return wait.cancelled != nullptr && wait.cancelled->load(std::memory_order_acquire);
+}
+
+absl::Status CancelledStatus() {
+  return absl::CancelledError("the pull was cancelled while it waited on the consistency gate");
+}
+
+}  // namespace
 
 ConsistencyGate::ConsistencyGate(v1::Consistency mode, uint32_t staleness, uint32_t num_workers)
     : mode_(mode == v1::CONSISTENCY_UNSPECIFIED ? v1::CONSISTENCY_BSP : mode),
@@ -36,6 +47,7 @@ absl::Status ConsistencyGate::UpdateMembership(const std::vector<uint32_t>& live
     set[w] = true;
   }
   std::vector<Wait> ready;
+  std::vector<Wait> cancelled;
   {
     absl::MutexLock lock(&mu_);
     const std::vector<bool> before = MembershipAt(effective_step - 1).live;
@@ -50,8 +62,9 @@ absl::Status ConsistencyGate::UpdateMembership(const std::vector<uint32_t>& live
     for (uint32_t w = 0; w < num_workers_; ++w) {
       if (set[w] && !before[w]) clock_floor_[w] = std::max(clock_floor_[w], effective_step);
     }
-    CollectOpenLocked(&ready);
+    CollectOpenLocked(&ready, &cancelled);
   }
+  for (Wait& w : cancelled) w.done(CancelledStatus());
   for (Wait& w : ready) w.done(absl::OkStatus());
   return absl::OkStatus();
 }
@@ -122,9 +135,12 @@ bool ConsistencyGate::IsOpenLocked(const Wait& wait) {
   return true;
 }
 
-void ConsistencyGate::CollectOpenLocked(std::vector<Wait>* ready) {
+void ConsistencyGate::CollectOpenLocked(std::vector<Wait>* ready, std::vector<Wait>* cancelled) {
   for (auto it = parked_.begin(); it != parked_.end();) {
-    if (IsOpenLocked(*it)) {
+    if (IsCancelled(*it)) {
+      cancelled->push_back(std::move(*it));
+      it = parked_.erase(it);
+    } else if (IsOpenLocked(*it)) {
       ready->push_back(std::move(*it));
       it = parked_.erase(it);
     } else {
@@ -133,27 +149,46 @@ void ConsistencyGate::CollectOpenLocked(std::vector<Wait>* ready) {
   }
 }
 
+void ConsistencyGate::CollectCancelledLocked(std::vector<Wait>* cancelled) {
+  for (auto it = parked_.begin(); it != parked_.end();) {
+    if (IsCancelled(*it)) {
+      cancelled->push_back(std::move(*it));
+      it = parked_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
 void ConsistencyGate::Park(Wait wait) {
-  absl::Status closed;
+  absl::Status status;
+  std::vector<Wait> cancelled;
+  bool parked = false;
   {
     absl::MutexLock lock(&mu_);
-    closed = closed_;
-    if (closed.ok()) {
-      if (!IsOpenLocked(wait)) {
-        parked_.push_back(std::move(wait));
-        return;
+    status = closed_;
+    if (status.ok() && IsCancelled(wait)) status = CancelledStatus();
+    if (status.ok() && !IsOpenLocked(wait)) {
+      parked_.push_back(std::move(wait));
+      parked = true;
+      if (parked_.size() >= sweep_at_) {
+        CollectCancelledLocked(&cancelled);
+        sweep_at_ = std::max<size_t>(64, 2 * parked_.size());
       }
     }
   }
-  wait.done(closed);
+  for (Wait& w : cancelled) w.done(CancelledStatus());
+  if (!parked) wait.done(status);
 }
 
 void ConsistencyGate::Notify() {
   std::vector<Wait> ready;
+  std::vector<Wait> cancelled;
   {
     absl::MutexLock lock(&mu_);
-    CollectOpenLocked(&ready);
+    CollectOpenLocked(&ready, &cancelled);
   }
+  for (Wait& w : cancelled) w.done(CancelledStatus());
   for (Wait& w : ready) w.done(absl::OkStatus());
 }
 

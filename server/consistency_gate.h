@@ -51,8 +51,13 @@ class ConsistencyGate {
   struct Wait {
     std::vector<std::pair<std::shared_ptr<const std::atomic<int64_t>>, int64_t>> versions;
     std::vector<std::pair<std::shared_ptr<const WorkerClocks>, int64_t>> clocks;
-    // Runs exactly once: OK when the gate opened, or the status given to Close().
+    // Runs exactly once: OK when the gate opened, the status given to Close(), or CANCELLED once
+    // `cancelled` (optional) is set.
     std::function<void(absl::Status)> done;
+    // Set by the caller when nobody wants the answer any more (the call was cancelled). The gate
+    // drops such a wait at its next Notify(), or at a later Park() (amortised), so cancelled
+    // pulls that never open do not pile up.
+    std::shared_ptr<const std::atomic<bool>> cancelled;
   };
 
   // REQUIRES: num_workers >= 1. CONSISTENCY_UNSPECIFIED is treated as BSP.
@@ -87,7 +92,8 @@ class ConsistencyGate {
                                 int64_t step) const;
 
   // Runs wait.done inline (OK) when the gate is already open, with the Close() status when the
-  // gate is closed, and otherwise parks it. Never blocks.
+  // gate is closed, with CANCELLED when wait.cancelled is set, and otherwise parks it. Never
+  // blocks.
   void Park(Wait wait);
   // Re-checks the parked waits (call after a version or clock changed) and runs those now open.
   void Notify();
@@ -108,8 +114,11 @@ class ConsistencyGate {
   int64_t SlowestClockLocked(const WorkerClocks& clocks, int64_t step) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
   bool IsOpenLocked(const Wait& wait) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Moves the open waits out of parked_ into *ready.
-  void CollectOpenLocked(std::vector<Wait>* ready) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Moves the open waits out of parked_ into *ready, and the cancelled ones into *cancelled.
+  void CollectOpenLocked(std::vector<Wait>* ready, std::vector<Wait>* cancelled)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Moves the cancelled waits out of parked_ into *cancelled.
+  void CollectCancelledLocked(std::vector<Wait>* cancelled) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const v1::Consistency mode_;
   const uint32_t staleness_;
@@ -120,6 +129,8 @@ class ConsistencyGate {
   // The step from which each worker's clocks count (its latest join), else 0.
   std::vector<int64_t> clock_floor_ ABSL_GUARDED_BY(mu_);
   std::list<Wait> parked_ ABSL_GUARDED_BY(mu_);
+  // Park() sweeps out cancelled waits when parked_ reaches this size.
+  size_t sweep_at_ ABSL_GUARDED_BY(mu_) = 64;
   absl::Status closed_ ABSL_GUARDED_BY(mu_);
   int64_t max_staleness_served_ ABSL_GUARDED_BY(mu_) = 0;
 };

@@ -1,5 +1,6 @@
 #include "server/consistency_gate.h"
 
+#include <algorithm>
 #include <atomic>
 #include <future>
 #include <memory>
@@ -92,6 +93,51 @@ TEST(ConsistencyGateTest, CloseFailsParkedAndLaterWaits) {
   ASSERT_EQ(results.size(), 2u);
   EXPECT_EQ(results[0].code(), absl::StatusCode::kAborted);
   EXPECT_EQ(results[1].code(), absl::StatusCode::kAborted);
+}
+
+// A pull whose call is cancelled while it waits for a step that never comes must not stay parked
+// forever: repeated retries of such a pull would pile up without bound.
+TEST(ConsistencyGateTest, CancelledWaitsAreDroppedWithoutTheGateOpening) {
+  ConsistencyGate gate(v1::CONSISTENCY_BSP, 0, 1);
+  auto version = std::make_shared<std::atomic<int64_t>>(0);
+  std::vector<absl::Status> results;
+  auto park = [&](std::shared_ptr<std::atomic<bool>> cancelled) {
+    ConsistencyGate::Wait wait;
+    wait.versions.emplace_back(version, 1000);
+    wait.done = [&](absl::Status s) { results.push_back(s); };
+    wait.cancelled = std::move(cancelled);
+    gate.Park(std::move(wait));
+  };
+  auto first = std::make_shared<std::atomic<bool>>(false);
+  park(first);
+  first->store(true);
+  gate.Notify();
+  ASSERT_EQ(results.size(), 1u);
+  EXPECT_EQ(results[0].code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(gate.NumParked(), 0u);
+  // Without any Notify: 10000 waits parked and cancelled one after another stay bounded.
+  for (int i = 0; i < 10000; ++i) {
+    auto cancelled = std::make_shared<std::atomic<bool>>(false);
+    park(cancelled);
+    cancelled->store(true);
+  }
+  EXPECT_LE(gate.NumParked(), 128u);
+  EXPECT_GE(results.size(), 10001u - 128u);
+  // A wait that is not cancelled stays parked through the sweeps and opens normally.
+  results.clear();
+  park(nullptr);
+  for (int i = 0; i < 1000; ++i) {
+    auto cancelled = std::make_shared<std::atomic<bool>>(true);
+    park(cancelled);  // already cancelled: answered at once
+  }
+  EXPECT_EQ(results.size(), 1000u);
+  version->store(1000);
+  gate.Notify();
+  EXPECT_EQ(gate.NumParked(), 0u);
+  EXPECT_EQ(
+      std::count_if(results.begin(), results.end(), [](const absl::Status& s) { return s.ok(); }),
+      1);
+  EXPECT_TRUE(results.back().ok());
 }
 
 // --- Gates through the store, under threads ---------------------------------------------------

@@ -1,5 +1,6 @@
 #include "server/grpc_parameter_service.h"
 
+#include <atomic>
 #include <deque>
 #include <memory>
 #include <utility>
@@ -47,15 +48,16 @@ class PushPullReactor final
           draining_ = true;
           schedule = true;
         }
-        if (in_flight_ < kMaxInFlightPerStream && !finish_called_) {
+        if (in_flight_ < kMaxInFlightPerStream && !finish_called_ && !cancelled_) {
           read_again = true;
+          starting_read_ = true;
         } else {
           read_paused_ = true;
         }
       }
     }
     if (schedule) pool_->Schedule([this] { DrainOne(); });
-    if (read_again) StartRead(&request_);
+    if (read_again) StartReadAndMaybeFinish();
     if (finish) Finish(finish_with);
   }
 
@@ -83,6 +85,8 @@ class PushPullReactor final
   }
 
   void OnCancel() override {
+    // Lets the gates drop this stream's parked pulls (they complete with CANCELLED).
+    cancelled_flag_->store(true, std::memory_order_release);
     bool finish = false;
     grpc::Status finish_with;
     {
@@ -120,9 +124,12 @@ class PushPullReactor final
     if (Cancelled()) {
       Complete(seq, absl::CancelledError("the call was cancelled"));
     } else {
-      store_->PushPull(*request, [this, seq](absl::StatusOr<v1::PushPullResponse> response) {
-        Complete(seq, std::move(response));
-      });
+      store_->PushPull(
+          *request,
+          [this, seq](absl::StatusOr<v1::PushPullResponse> response) {
+            Complete(seq, std::move(response));
+          },
+          cancelled_flag_);
     }
     request.reset();
     bool again;
@@ -177,12 +184,13 @@ class PushPullReactor final
         if (read_paused_ && in_flight_ - 1 < kMaxInFlightPerStream && !reads_done_) {
           read_paused_ = false;
           read_again = true;
+          starting_read_ = true;
         }
       }
     }
     // in_flight_ still counts this request, so the reactor cannot be destroyed here.
     if (write != nullptr) StartWrite(write);
-    if (read_again) StartRead(&request_);
+    if (read_again) StartReadAndMaybeFinish();
     bool finish;
     bool destroy;
     grpc::Status finish_with;
@@ -196,10 +204,25 @@ class PushPullReactor final
     if (destroy) delete this;
   }
 
-  // Finish once nothing is being written and either the client closed its side and every request
-  // is answered, or the call is cancelled. Marks Finish as called; the caller calls it unlocked.
+  // StartRead with starting_read_ set, so that no other thread calls Finish (after which gRPC may
+  // be done with the call) until StartRead has returned; then finishes if that was held back.
+  void StartReadAndMaybeFinish() {
+    StartRead(&request_);
+    bool finish;
+    grpc::Status finish_with;
+    {
+      absl::MutexLock lock(&mu_);
+      starting_read_ = false;
+      finish = ShouldFinishLocked(&finish_with);
+    }
+    if (finish) Finish(finish_with);
+  }
+
+  // Finish once nothing is being written or started and either the client closed its side and
+  // every request is answered, or the call is cancelled. Marks Finish as called; the caller calls
+  // it unlocked.
   bool ShouldFinishLocked(grpc::Status* status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (finish_called_ || writing_ || !writes_.empty()) return false;
+    if (finish_called_ || writing_ || starting_read_ || !writes_.empty()) return false;
     if (cancelled_ || (reads_done_ && in_flight_ == 0)) {
       finish_called_ = true;
       *status = finish_status_;
@@ -216,6 +239,7 @@ class PushPullReactor final
   internal::ThreadPool* const pool_;
   const size_t max_message_bytes_;
   v1::PushPullRequest request_;  // target of the one outstanding read
+  const std::shared_ptr<std::atomic<bool>> cancelled_flag_ = std::make_shared<std::atomic<bool>>();
 
   absl::Mutex mu_;
   std::deque<std::unique_ptr<v1::PushPullRequest>> pending_ ABSL_GUARDED_BY(mu_);
@@ -224,6 +248,7 @@ class PushPullReactor final
   bool draining_ ABSL_GUARDED_BY(mu_) = false;
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   bool read_paused_ ABSL_GUARDED_BY(mu_) = false;
+  bool starting_read_ ABSL_GUARDED_BY(mu_) = false;  // a StartRead is being issued
   bool reads_done_ ABSL_GUARDED_BY(mu_) = false;
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
   bool finish_called_ ABSL_GUARDED_BY(mu_) = false;
@@ -232,29 +257,41 @@ class PushPullReactor final
 };
 
 // Pull: parks on the gate without a thread, then streams the weights in messages that each stay
-// under the message limit.
+// under the message limit. At most one write is outstanding, and Finish is never called while a
+// StartWrite is being issued or outstanding, so no write reaches a call that gRPC is done with.
 class PullReactor final : public grpc::ServerWriteReactor<v1::PullResponse> {
  public:
   PullReactor(ParameterStore* store, internal::ThreadPool* pool, const v1::PullRequest& request,
               size_t max_message_bytes)
       : max_message_bytes_(max_message_bytes), request_(request) {
     pool->Schedule([this, store] {
-      store->Pull(request_, [this](absl::StatusOr<std::vector<v1::Slice>> weights) {
-        OnWeights(std::move(weights));
-      });
+      store->Pull(
+          request_,
+          [this](absl::StatusOr<std::vector<v1::Slice>> weights) { OnWeights(std::move(weights)); },
+          cancelled_flag_);
     });
   }
 
   void OnWriteDone(bool ok) override {
-    if (!ok) {
-      FinishOnce(grpc::Status(grpc::StatusCode::CANCELLED, "the stream broke"));
-      return;
+    {
+      absl::MutexLock lock(&mu_);
+      writing_ = false;
+      if (!ok) cancelled_ = true;
     }
     WriteNext();
   }
 
   void OnCancel() override {
-    FinishOnce(grpc::Status(grpc::StatusCode::CANCELLED, "the call was cancelled"));
+    // Lets the gate drop the parked pull; OnWeights then runs with CANCELLED.
+    cancelled_flag_->store(true, std::memory_order_release);
+    {
+      absl::MutexLock lock(&mu_);
+      cancelled_ = true;
+      // A write in flight finishes the call from OnWriteDone.
+      if (writing_ || finish_called_) return;
+      finish_called_ = true;
+    }
+    Finish(grpc::Status(grpc::StatusCode::CANCELLED, "the call was cancelled"));
   }
 
   void OnDone() override {
@@ -290,7 +327,13 @@ class PullReactor final : public grpc::ServerWriteReactor<v1::PullResponse> {
       }
     }
     if (!status.ok()) {
-      FinishOnce(ToGrpcStatus(status));
+      bool finish;
+      {
+        absl::MutexLock lock(&mu_);
+        finish = !finish_called_;
+        finish_called_ = true;
+      }
+      if (finish) Finish(ToGrpcStatus(status));
     } else {
       WriteNext();
     }
@@ -304,33 +347,39 @@ class PullReactor final : public grpc::ServerWriteReactor<v1::PullResponse> {
     if (destroy) delete this;
   }
 
+  // Starts the next write, or finishes (OK when everything is written, CANCELLED when the call
+  // broke). REQUIRES: no write outstanding.
   void WriteNext() {
+    const v1::PullResponse* next = nullptr;
+    grpc::Status finish_with;
     {
       absl::MutexLock lock(&mu_);
       if (finish_called_) return;
+      if (cancelled_) {
+        finish_with = grpc::Status(grpc::StatusCode::CANCELLED, "the call was cancelled");
+      } else if (next_ < messages_.size()) {
+        writing_ = true;
+        next = &messages_[next_++];
+      }
+      if (next == nullptr) finish_called_ = true;
     }
-    if (next_ < messages_.size()) {
-      StartWrite(&messages_[next_++]);
+    if (next != nullptr) {
+      StartWrite(next);
     } else {
-      FinishOnce(grpc::Status::OK);
+      Finish(std::move(finish_with));
     }
-  }
-
-  void FinishOnce(grpc::Status status) {
-    {
-      absl::MutexLock lock(&mu_);
-      if (finish_called_) return;
-      finish_called_ = true;
-    }
-    Finish(std::move(status));
   }
 
   const size_t max_message_bytes_;
   const v1::PullRequest request_;
+  const std::shared_ptr<std::atomic<bool>> cancelled_flag_ = std::make_shared<std::atomic<bool>>();
+  // Filled by OnWeights before the first write; read by the writes.
   std::vector<v1::PullResponse> messages_;
-  size_t next_ = 0;
 
   absl::Mutex mu_;
+  size_t next_ ABSL_GUARDED_BY(mu_) = 0;
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
   bool answered_ ABSL_GUARDED_BY(mu_) = false;
   bool on_done_ ABSL_GUARDED_BY(mu_) = false;
   bool finish_called_ ABSL_GUARDED_BY(mu_) = false;

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -411,6 +412,137 @@ TEST_F(GrpcParameterServiceTest, PullValidatesKeysEncodingWorkerAndStep) {
     for (const std::string& m : c.mentions) EXPECT_THAT(status.error_message(), HasSubstr(m));
     ExpectStillServing();
   }
+}
+
+// Declarations far beyond the shard's memory (terabytes, by the default budget of 3/4 of the
+// physical memory) and answers beyond the message limit fail alone, and the shard keeps serving.
+TEST_F(GrpcParameterServiceTest, HostileSizesAreRefusedAndTheShardKeepsServing) {
+  v1::CreateJobStateRequest huge;
+  huge.set_job_id("huge");
+  *huge.mutable_config() = Config(v1::CONSISTENCY_BSP, 65536, 0.5f, v1::OPTIMIZER_KIND_ADAM);
+  for (uint32_t i = 0; i < 4096; ++i) *huge.add_partitions() = Dense("w", i, int64_t{1} << 28);
+  grpc::Status status = CreateJobState(huge);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << status.error_message();
+  EXPECT_THAT(status.error_message(), HasSubstr("max_memory_bytes"));
+  ExpectStillServing();
+
+  // 500000 rows of table emb (dim 2, fp32) would answer 4 MB, over the 1 MiB message limit: refused
+  // before any of it is built.
+  grpc::ClientContext context;
+  auto stream = stub_->PushPull(&context);
+  v1::PushPullRequest pull = Request("job", 0, 1, 0, 1, {}, {PullKey("emb", 0)});
+  for (int64_t r = 0; r < 500000; ++r) pull.mutable_pull(0)->add_row_ids(r % 7);
+  ASSERT_TRUE(stream->Write(pull));
+  v1::PushPullResponse response;
+  ASSERT_TRUE(stream->Read(&response));
+  EXPECT_EQ(response.status().code(), static_cast<int>(grpc::StatusCode::RESOURCE_EXHAUSTED))
+      << response.status().message();
+  EXPECT_THAT(response.status().message(), HasSubstr("emb/0"));
+  // 200000 rows of a table of width 2^20 would be 800 GiB (std::bad_alloc, or the OOM killer).
+  v1::CreateJobStateRequest wide;
+  wide.set_job_id("wide");
+  *wide.mutable_config() = Config(v1::CONSISTENCY_ASP, 1, 0.5f);
+  wide.add_tables()->set_name("t");
+  wide.mutable_tables(0)->set_dim(1 << 20);
+  ASSERT_TRUE(CreateJobState(wide).ok());
+  v1::PushPullRequest wide_pull = Request("wide", 0, 1, 0, 1, {}, {PullKey("t", 0)});
+  for (int64_t r = 0; r < 200000; ++r) wide_pull.mutable_pull(0)->add_row_ids(r % 3);
+  ASSERT_TRUE(stream->Write(wide_pull));
+  ASSERT_TRUE(stream->Read(&response));
+  EXPECT_EQ(response.status().code(), static_cast<int>(grpc::StatusCode::RESOURCE_EXHAUSTED))
+      << response.status().message();
+  EXPECT_THAT(response.status().message(), HasSubstr("t/0"));
+  stream->WritesDone();
+  EXPECT_TRUE(stream->Finish().ok());
+  ExpectStillServing();
+}
+
+// Pulls that park for a step that never comes and are then cancelled (deadline) do not pile up
+// in the shard: the gate drops them, so retries cannot exhaust it.
+TEST_F(GrpcParameterServiceTest, CancelledParkedPullsDoNotPileUp) {
+  constexpr int kCalls = 150;
+  for (int i = 0; i < kCalls; ++i) {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(5));
+    v1::PullRequest pull;
+    pull.set_job_id("job");
+    pull.set_step(1);  // BSP: waits for version 1, which needs both workers to push step 0
+    *pull.add_keys() = PullKey("w", 0);
+    auto reader = stub_->Pull(&context, pull);
+    v1::PullResponse response;
+    EXPECT_FALSE(reader->Read(&response));
+    EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  }
+  auto stats = server_->store()->GetJobStats("job");
+  ASSERT_TRUE(stats.ok());
+  // Without the sweep all 150 would still be parked; with it, about 64 at most (the sweep runs
+  // when 64 are parked, and drops those whose cancellation the shard has seen).
+  EXPECT_LE(stats->parked_pulls, 100u);
+  // The step completes and the shard still answers a pull for it.
+  ASSERT_TRUE(Push(Request("job", 0, 1, 0, 1, {GradSlice("w", 0, {1, 1, 1, 1})})).ok());
+  ASSERT_TRUE(Push(Request("job", 1, 1, 0, 1, {GradSlice("w", 0, {3, 3, 3, 3})})).ok());
+  stats = server_->store()->GetJobStats("job");
+  ASSERT_TRUE(stats.ok());
+  EXPECT_EQ(stats->parked_pulls, 0u);
+  grpc::ClientContext context;
+  v1::PullRequest pull;
+  pull.set_job_id("job");
+  pull.set_step(1);
+  *pull.add_keys() = PullKey("w", 0);
+  auto reader = stub_->Pull(&context, pull);
+  v1::PullResponse response;
+  ASSERT_TRUE(reader->Read(&response));
+  EXPECT_EQ(Floats(response.weights(0)), (std::vector<float>{-1, -1, -1, -1}));
+  EXPECT_TRUE(reader->Finish().ok());
+}
+
+// Calls are cancelled while the pushes that open their parked pulls arrive: whichever comes first,
+// no write reaches a finished call (run under ASan/TSan), every step is applied once, and the shard
+// keeps serving.
+TEST_F(GrpcParameterServiceTest, CancellingCallsWhileTheirPullsOpenIsSafe) {
+  constexpr int kSteps = 30;
+  for (int step = 0; step < kSteps; ++step) {
+    grpc::ClientContext stream_context;
+    auto stream = stub_->PushPull(&stream_context);
+    ASSERT_TRUE(stream->Write(Request("job", 0, 1, step + 1, 1, {}, {PullKey("w", 0)})));
+    grpc::ClientContext pull_context;
+    v1::PullRequest pull;
+    pull.set_job_id("job");
+    pull.set_step(step + 1);
+    *pull.add_keys() = PullKey("w", 0);
+    auto reader = stub_->Pull(&pull_context, pull);
+    std::thread cancel([&] {
+      stream_context.TryCancel();
+      pull_context.TryCancel();
+    });
+    const uint64_t seq = static_cast<uint64_t>(step) + 1;
+    EXPECT_TRUE(Push(Request("job", 0, 1, step, seq, {GradSlice("w", 0, {1, 1, 1, 1})})).ok());
+    EXPECT_TRUE(Push(Request("job", 1, 1, step, seq, {GradSlice("w", 0, {3, 3, 3, 3})})).ok());
+    cancel.join();
+    v1::PushPullResponse response;
+    while (stream->Read(&response)) {
+    }
+    stream->Finish();
+    v1::PullResponse weights;
+    while (reader->Read(&weights)) {
+    }
+    reader->Finish();
+  }
+  grpc::ClientContext context;
+  v1::PullRequest pull;
+  pull.set_job_id("job");
+  pull.set_step(kSteps);
+  *pull.add_keys() = PullKey("w", 0);
+  auto reader = stub_->Pull(&context, pull);
+  v1::PullResponse response;
+  ASSERT_TRUE(reader->Read(&response));
+  EXPECT_EQ(Floats(response.weights(0)), (std::vector<float>(4, -1.0f * kSteps)));
+  EXPECT_EQ(response.weights(0).version(), kSteps);
+  EXPECT_TRUE(reader->Finish().ok());
+  auto stats = server_->store()->GetJobStats("job");
+  ASSERT_TRUE(stats.ok());
+  EXPECT_EQ(stats->parked_pulls, 0u);
+  ExpectStillServing();
 }
 
 // Server reflection lists the ParameterService (grpc.reflection.v1alpha, as Debian ships it).

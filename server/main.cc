@@ -56,6 +56,7 @@ int Run(const Flags& flags) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  tessera::ExecWithPassiveOpenMpWait(argv);
   tessera::BlockShutdownSignals();
   // Partitions are 4 MiB: keep freed message buffers in the heap for reuse instead of returning
   // them to the kernel (mmap/munmap and page faults on every message).
@@ -85,6 +86,11 @@ int main(int argc, char** argv) {
                  "largest gRPC message received or sent, in bytes; larger requests get "
                  "RESOURCE_EXHAUSTED")
       ->capture_default_str();
+  app.add_option("--max_memory_bytes", flags.server.max_memory_bytes,
+                 "cap on the bytes of parameter state over all jobs; declarations and pushes "
+                 "beyond it get RESOURCE_EXHAUSTED; 0: three quarters of the physical memory")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--threads", flags.server.threads,
                  "threads that apply pushes and answer pulls; 0: one per hardware thread")
       ->capture_default_str()

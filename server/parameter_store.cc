@@ -1,11 +1,15 @@
 #include "server/parameter_store.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <utility>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "common/encoding.h"
 #include "common/status_macros.h"
@@ -18,6 +22,9 @@ namespace {
 constexpr int64_t kMaxPartitionElements = int64_t{1} << 28;  // 1 GiB of fp32
 constexpr uint32_t kMaxSparseDim = 1u << 20;
 constexpr uint32_t kMaxWorkers = 1u << 16;
+// Steps and effective steps beyond this are refused, so that step + 1 and the gates' arithmetic
+// never overflow.
+constexpr int64_t kMaxStep = int64_t{1} << 62;
 constexpr double kPi = 3.14159265358979323846;
 
 std::string KeyName(const v1::PartitionKey& key) {
@@ -134,7 +141,51 @@ SparseGrad MergeRows(const v1::Slice& slice, uint32_t dim) {
 // Identifies the wait whose gate is being checked inline on this thread (see AnswerWhenOpen).
 thread_local const void* inline_wait_token = nullptr;
 
+// Three quarters of the physical memory, or of the cgroup (v2) limit when that is lower.
+int64_t DefaultMemoryLimit() {
+  const long pages = ::sysconf(_SC_PHYS_PAGES);
+  const long page_size = ::sysconf(_SC_PAGESIZE);
+  int64_t memory =
+      pages > 0 && page_size > 0 ? static_cast<int64_t>(pages) * page_size : int64_t{16} << 30;
+  if (std::FILE* f = std::fopen("/sys/fs/cgroup/memory.max", "r")) {
+    long long cgroup = 0;
+    if (std::fscanf(f, "%lld", &cgroup) == 1 && cgroup > 0) {
+      memory = std::min<int64_t>(memory, cgroup);
+    }
+    std::fclose(f);
+  }
+  return memory / 4 * 3;
+}
+
 }  // namespace
+
+// Bytes of state held by the whole store, against options.max_memory_bytes. Thread-safe.
+class ParameterStore::MemoryBudget {
+ public:
+  explicit MemoryBudget(int64_t limit) : limit_(limit) {}
+
+  // Reserves `bytes` unless the total would pass the limit.
+  bool TryReserve(int64_t bytes) {
+    int64_t used = used_.load(std::memory_order_relaxed);
+    do {
+      if (bytes > limit_ - used) return false;
+    } while (!used_.compare_exchange_weak(used, used + bytes, std::memory_order_relaxed));
+    return true;
+  }
+  // For growth that was checked beforehand (sparse rows created when a BSP step completes).
+  void ForceReserve(int64_t bytes) { used_.fetch_add(bytes, std::memory_order_relaxed); }
+  void Release(int64_t bytes) { used_.fetch_sub(bytes, std::memory_order_relaxed); }
+
+  absl::Status Exhausted(absl::string_view what, int64_t bytes) const {
+    return absl::ResourceExhaustedError(
+        absl::StrCat(what, " needs ", bytes, " more bytes of state, but the shard already holds ",
+                     used_.load(std::memory_order_relaxed), " of its max_memory_bytes ", limit_));
+  }
+
+ private:
+  const int64_t limit_;
+  std::atomic<int64_t> used_{0};
+};
 
 // One dense partition or one sparse table.
 struct ParameterStore::Partition {
@@ -147,6 +198,26 @@ struct ParameterStore::Partition {
     std::vector<float> values;  // dim weights, then NumSlots * dim slot values
     int64_t updates = 0;
   };
+
+  ~Partition() {
+    if (budget != nullptr) budget->Release(charged.load(std::memory_order_relaxed));
+  }
+
+  // Bytes of bookkeeping that do not depend on the values: this struct, the name and the
+  // per-worker vectors.
+  static int64_t FixedBytes(uint32_t workers, size_t name_size) {
+    return static_cast<int64_t>(sizeof(Partition) + name_size) +
+           int64_t{workers} * static_cast<int64_t>(sizeof(Seq) + 2 + sizeof(SparseGrad) +
+                                                   sizeof(int64_t) + sizeof(std::atomic<int64_t>));
+  }
+  // Bytes of one sparse row: weights, slots and the hash map entry.
+  int64_t RowBytes() const {
+    return int64_t{dim} * 4 * (1 + num_slots) +
+           static_cast<int64_t>(sizeof(Row) + sizeof(int64_t) + 16);
+  }
+
+  std::shared_ptr<MemoryBudget> budget;
+  std::atomic<int64_t> charged{0};  // bytes reserved in `budget`, given back on destruction
 
   std::string name;  // "tensor/index", for messages
   bool sparse = false;
@@ -173,11 +244,15 @@ struct ParameterStore::Partition {
   std::vector<std::vector<float>> staged ABSL_GUARDED_BY(mu);  // per worker
   // Sparse.
   absl::flat_hash_map<int64_t, Row> rows ABSL_GUARDED_BY(mu);
-  std::vector<SparseGrad> staged_rows ABSL_GUARDED_BY(mu);  // per worker
+  std::vector<SparseGrad> staged_rows ABSL_GUARDED_BY(mu);     // per worker
+  std::vector<int64_t> staged_rows_bytes ABSL_GUARDED_BY(mu);  // per worker, reserved for it
 
   Row& RowLocked(int64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     auto [it, inserted] = rows.try_emplace(id);
     if (inserted) {
+      // The push that creates rows checked that they fit (ParameterStore::PushToJob).
+      budget->ForceReserve(RowBytes());
+      charged.fetch_add(RowBytes(), std::memory_order_relaxed);
       it->second.values.resize(static_cast<size_t>(dim) * (1 + num_slots));
       InitRow(initializer, id, it->second.values.data(), dim);
       for (int s = 0; s < num_slots; ++s) {
@@ -243,17 +318,28 @@ struct ParameterStore::Partition {
 };
 
 struct ParameterStore::Job {
-  Job(std::string job_id, const v1::JobConfig& cfg, absl::StatusOr<kernels::OptimizerParams> p)
+  Job(std::string job_id, const v1::JobConfig& cfg, absl::StatusOr<kernels::OptimizerParams> p,
+      std::shared_ptr<MemoryBudget> b, int64_t bytes)
       : id(std::move(job_id)),
         config(cfg),
         dense_params(std::move(p)),
-        gate(cfg.consistency(), cfg.staleness(), cfg.num_workers()) {}
+        gate(cfg.consistency(), cfg.staleness(), cfg.num_workers()),
+        budget(std::move(b)),
+        charged(bytes) {}
+  ~Job() { budget->Release(charged); }
+
+  // Bytes of a job without partitions: this struct, its id and the gate's per-worker state.
+  static int64_t FixedBytes(uint32_t workers, size_t id_size) {
+    return static_cast<int64_t>(sizeof(Job) + id_size) + int64_t{workers} * 10;
+  }
 
   const std::string id;
   const v1::JobConfig config;
   // The job's optimizer for dense partitions, or why it cannot update them (FTRL).
   const absl::StatusOr<kernels::OptimizerParams> dense_params;
   ConsistencyGate gate;
+  const std::shared_ptr<MemoryBudget> budget;
+  const int64_t charged;
 
   mutable absl::Mutex mu;
   absl::flat_hash_map<std::pair<std::string, uint32_t>, std::shared_ptr<Partition>> dense
@@ -322,8 +408,10 @@ struct ParameterStore::Job {
             for (uint32_t j = 0; j < p.dim; ++j) dst[j] += src[j];
           }
         }
-        p.staged_rows[w].ids.clear();
-        p.staged_rows[w].values.clear();
+        p.staged_rows[w] = SparseGrad();
+        p.budget->Release(p.staged_rows_bytes[w]);
+        p.charged.fetch_sub(p.staged_rows_bytes[w], std::memory_order_relaxed);
+        p.staged_rows_bytes[w] = 0;
       }
       if (!merged.ids.empty()) {
         p.ApplySparseLocked(config, step, scale, merged);
@@ -355,7 +443,10 @@ struct ParameterStore::PullItem {
   int64_t gate_step = -1;
 };
 
-ParameterStore::ParameterStore(ParameterStoreOptions options) : options_(std::move(options)) {}
+ParameterStore::ParameterStore(ParameterStoreOptions options)
+    : options_(std::move(options)),
+      budget_(std::make_shared<MemoryBudget>(
+          options_.max_memory_bytes > 0 ? options_.max_memory_bytes : DefaultMemoryLimit())) {}
 
 ParameterStore::~ParameterStore() {
   CloseAll(absl::CancelledError("the parameter store is shutting down"));
@@ -408,6 +499,7 @@ absl::StatusOr<v1::CreateJobStateResponse> ParameterStore::CreateJobState(
   }
 
   // Validate every declaration before touching any state.
+  absl::flat_hash_set<std::pair<std::string, uint32_t>> declared;
   for (int i = 0; i < request.partitions_size(); ++i) {
     const v1::DensePartitionDecl& d = request.partitions(i);
     const std::string field = absl::StrCat("partitions[", i, "]");
@@ -425,6 +517,14 @@ absl::StatusOr<v1::CreateJobStateResponse> ParameterStore::CreateJobState(
           field, ".initial_values (key ", KeyName(d.key()), "): expected ", d.num_elements() * 4,
           " bytes (", d.num_elements(), " fp32 values) or none, got ", d.initial_values().size()));
     }
+    if (HasNonFinite(v1::ENCODING_FP32, d.initial_values())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ".initial_values (key ", KeyName(d.key()), "): holds NaN or Inf"));
+    }
+    if (!declared.emplace(d.key().tensor(), d.key().index()).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ".key: ", KeyName(d.key()), " is declared twice in one request"));
+    }
     if (!dense_params.ok()) {
       return absl::InvalidArgumentError(absl::StrCat(
           field, " (key ", KeyName(d.key()), "): config.optimizer.kind ",
@@ -437,6 +537,11 @@ absl::StatusOr<v1::CreateJobStateResponse> ParameterStore::CreateJobState(
     const std::string field = absl::StrCat("tables[", i, "]");
     if (t.name().empty()) {
       return absl::InvalidArgumentError(absl::StrCat(field, ".name: must not be empty"));
+    }
+    if (!declared.emplace(t.name(), 0u).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ".name: ", t.name(), " is declared twice in one request (or also as ",
+                       t.name(), "/0)"));
     }
     if (t.dim() < 1 || t.dim() > kMaxSparseDim) {
       return absl::InvalidArgumentError(absl::StrCat(field, ".dim (table ", t.name(),
@@ -469,13 +574,19 @@ absl::StatusOr<v1::CreateJobStateResponse> ParameterStore::CreateJobState(
   }
 
   std::shared_ptr<Job> job;
+  bool created = false;
   {
     absl::MutexLock lock(&mu_);
     auto it = jobs_.find(request.job_id());
     if (it == jobs_.end()) {
-      job = std::make_shared<Job>(request.job_id(), config, dense_params);
+      const int64_t bytes = Job::FixedBytes(config.num_workers(), request.job_id().size());
+      if (!budget_->TryReserve(bytes)) {
+        return budget_->Exhausted(absl::StrCat("job '", request.job_id(), "'"), bytes);
+      }
+      job = std::make_shared<Job>(request.job_id(), config, dense_params, budget_, bytes);
       if (!closed_.ok()) job->gate.Close(closed_);
       jobs_.emplace(request.job_id(), job);
+      created = true;
     } else {
       job = it->second;
       if (!google::protobuf::util::MessageDifferencer::Equals(job->config, config)) {
@@ -486,42 +597,99 @@ absl::StatusOr<v1::CreateJobStateResponse> ParameterStore::CreateJobState(
     }
   }
 
-  absl::MutexLock lock(&job->mu);
-  // Check redeclarations first so that the call stays all or nothing.
-  for (int i = 0; i < request.partitions_size(); ++i) {
+  absl::StatusOr<v1::CreateJobStateResponse> added = AddToJob(*job, request, table_params);
+  if (!added.ok() && created) {
+    // All or nothing: forget the job this call created, unless another call added to it since.
+    std::shared_ptr<Job> forget;
+    absl::MutexLock lock(&mu_);
+    auto it = jobs_.find(request.job_id());
+    if (it != jobs_.end() && it->second == job && job->AllPartitions().empty()) {
+      forget = std::move(it->second);
+      jobs_.erase(it);
+    }
+  }
+  return added;
+}
+
+absl::StatusOr<v1::CreateJobStateResponse> ParameterStore::AddToJob(
+    Job& job, const v1::CreateJobStateRequest& request,
+    const std::vector<kernels::OptimizerParams>& table_params) {
+  // Redeclarations must match what exists, so that the call stays all or nothing.
+  auto check_locked = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.mu) -> absl::Status {
+    for (int i = 0; i < request.partitions_size(); ++i) {
+      const v1::DensePartitionDecl& d = request.partitions(i);
+      auto it = job.dense.find(std::make_pair(d.key().tensor(), d.key().index()));
+      if (it != job.dense.end() && it->second->num_elements != d.num_elements()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "partitions[", i, "]: key ", KeyName(d.key()), " already exists with ",
+            it->second->num_elements, " elements, redeclared with ", d.num_elements()));
+      }
+      if (d.key().index() == 0 && job.tables.contains(d.key().tensor())) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "partitions[", i, "]: key ", KeyName(d.key()), " is already a sparse table"));
+      }
+    }
+    for (int i = 0; i < request.tables_size(); ++i) {
+      const v1::SparseTableDecl& t = request.tables(i);
+      auto it = job.tables.find(t.name());
+      if (it != job.tables.end() && it->second->table_decl != t.SerializeAsString()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "tables[", i, "]: table ", t.name(), " already exists with dim ", it->second->dim,
+            " and another declaration (redeclared with dim ", t.dim(), ")"));
+      }
+      if (job.dense.contains(std::make_pair(t.name(), 0u))) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("tables[", i, "]: ", t.name(), " is already a dense tensor"));
+      }
+    }
+    return absl::OkStatus();
+  };
+  const uint32_t workers = request.config().num_workers();
+  const int dense_slots = job.dense_params.ok() ? kernels::NumSlots(job.dense_params->kind) : 0;
+  auto dense_bytes = [&](const v1::DensePartitionDecl& d) {
+    return Partition::FixedBytes(workers, KeyName(d.key()).size()) +
+           d.num_elements() * 4 * (1 + dense_slots);
+  };
+  auto table_bytes = [&](const v1::SparseTableDecl& t) {
+    return Partition::FixedBytes(workers, t.name().size() + 2) +
+           static_cast<int64_t>(t.ByteSizeLong());
+  };
+
+  // 1. Under the job's lock: check, pick what is new and reserve its bytes.
+  std::vector<int> new_dense;
+  std::vector<int> new_tables;
+  {
+    absl::MutexLock lock(&job.mu);
+    TESSERA_RETURN_IF_ERROR(check_locked());
+    int64_t bytes = 0;
+    for (int i = 0; i < request.partitions_size(); ++i) {
+      const v1::DensePartitionDecl& d = request.partitions(i);
+      if (job.dense.contains(std::make_pair(d.key().tensor(), d.key().index()))) continue;
+      new_dense.push_back(i);
+      bytes += dense_bytes(d);
+    }
+    for (int i = 0; i < request.tables_size(); ++i) {
+      if (job.tables.contains(request.tables(i).name())) continue;
+      new_tables.push_back(i);
+      bytes += table_bytes(request.tables(i));
+    }
+    if (bytes > 0 && !budget_->TryReserve(bytes)) {
+      return budget_->Exhausted(
+          absl::StrCat("the partitions and tables of job '", job.id, "' declared here"), bytes);
+    }
+  }
+
+  // 2. Without it: allocate and fill (up to gigabytes), while the job's pushes and pulls go on.
+  // Each partition owns its share of the reservation and gives it back if it is not inserted.
+  std::vector<std::shared_ptr<Partition>> dense;
+  for (int i : new_dense) {
     const v1::DensePartitionDecl& d = request.partitions(i);
-    auto it = job->dense.find(std::make_pair(d.key().tensor(), d.key().index()));
-    if (it != job->dense.end() && it->second->num_elements != d.num_elements()) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("partitions[", i, "]: key ", KeyName(d.key()), " already exists with ",
-                       it->second->num_elements, " elements, redeclared with ", d.num_elements()));
-    }
-    if (d.key().index() == 0 && job->tables.contains(d.key().tensor())) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "partitions[", i, "]: key ", KeyName(d.key()), " is already a sparse table"));
-    }
-  }
-  for (int i = 0; i < request.tables_size(); ++i) {
-    const v1::SparseTableDecl& t = request.tables(i);
-    auto it = job->tables.find(t.name());
-    if (it != job->tables.end() && it->second->table_decl != t.SerializeAsString()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "tables[", i, "]: table ", t.name(), " already exists with dim ", it->second->dim,
-          " and another declaration (redeclared with dim ", t.dim(), ")"));
-    }
-    if (job->dense.contains(std::make_pair(t.name(), 0u))) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("tables[", i, "]: ", t.name(), " is already a dense tensor"));
-    }
-  }
-  const uint32_t workers = config.num_workers();
-  for (const v1::DensePartitionDecl& d : request.partitions()) {
-    auto key = std::make_pair(d.key().tensor(), d.key().index());
-    if (job->dense.contains(key)) continue;
     auto p = std::make_shared<Partition>();
     p->name = KeyName(d.key());
+    p->budget = budget_;
+    p->charged = dense_bytes(d);
     p->num_elements = d.num_elements();
-    p->params = *job->dense_params;
+    p->params = *job.dense_params;
     p->num_slots = kernels::NumSlots(p->params.kind);
     p->clocks = WorkerClocks(workers);
     absl::MutexLock plock(&p->mu);
@@ -537,13 +705,15 @@ absl::StatusOr<v1::CreateJobStateResponse> ParameterStore::CreateJobState(
       p->slots.emplace_back(static_cast<size_t>(d.num_elements()),
                             kernels::SlotInitialValue(p->params, s));
     }
-    job->dense.emplace(std::move(key), std::move(p));
+    dense.push_back(std::move(p));
   }
-  for (int i = 0; i < request.tables_size(); ++i) {
+  std::vector<std::shared_ptr<Partition>> tables;
+  for (int i : new_tables) {
     const v1::SparseTableDecl& t = request.tables(i);
-    if (job->tables.contains(t.name())) continue;
     auto p = std::make_shared<Partition>();
     p->name = absl::StrCat(t.name(), "/0");
+    p->budget = budget_;
+    p->charged = table_bytes(t);
     p->sparse = true;
     p->dim = t.dim();
     p->initializer = t.initializer();
@@ -556,16 +726,33 @@ absl::StatusOr<v1::CreateJobStateResponse> ParameterStore::CreateJobState(
     p->contributed.assign(workers, 0);
     p->skipped.assign(workers, 0);
     p->staged_rows.resize(workers);
-    job->tables.emplace(t.name(), std::move(p));
+    p->staged_rows_bytes.assign(workers, 0);
+    tables.push_back(std::move(p));
+  }
+
+  // 3. Under the lock again: a concurrent call may have declared some of the keys meanwhile, so
+  // check again; keys now present keep their partition (the new one is dropped).
+  absl::MutexLock lock(&job.mu);
+  TESSERA_RETURN_IF_ERROR(check_locked());
+  for (size_t k = 0; k < new_dense.size(); ++k) {
+    const v1::PartitionKey& key = request.partitions(new_dense[k]).key();
+    job.dense.try_emplace(std::make_pair(key.tensor(), key.index()), std::move(dense[k]));
+  }
+  for (size_t k = 0; k < new_tables.size(); ++k) {
+    job.tables.try_emplace(request.tables(new_tables[k]).name(), std::move(tables[k]));
   }
   v1::CreateJobStateResponse response;
-  response.set_partitions(static_cast<uint32_t>(job->dense.size()));
-  response.set_tables(static_cast<uint32_t>(job->tables.size()));
+  response.set_partitions(static_cast<uint32_t>(job.dense.size()));
+  response.set_tables(static_cast<uint32_t>(job.tables.size()));
   return response;
 }
 
 absl::Status ParameterStore::UpdateMembership(const v1::UpdateMembershipRequest& request) {
   TESSERA_ASSIGN_OR_RETURN(std::shared_ptr<Job> job, FindJob(request.job_id()));
+  if (request.effective_step() > kMaxStep) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("effective_step: must be <= ", kMaxStep, ", got ", request.effective_step()));
+  }
   std::vector<uint32_t> live(request.live_workers().begin(), request.live_workers().end());
   TESSERA_RETURN_IF_ERROR(job->gate.UpdateMembership(live, request.effective_step()));
   if (job->bsp()) {
@@ -608,8 +795,9 @@ absl::StatusOr<PushAck> ParameterStore::PushToJob(Job& job, const v1::PushPullRe
                                                    " is out of range for job '", job.id,
                                                    "' (num_workers ", job.gate.num_workers(), ")"));
   }
-  if (step < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("step: must be >= 0, got ", step));
+  if (step < 0 || step > kMaxStep) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("step: must be in [0, ", kMaxStep, "], got ", step));
   }
   PushAck ack;
   if (request.push_size() == 0) return ack;
@@ -622,11 +810,14 @@ absl::StatusOr<PushAck> ParameterStore::PushToJob(Job& job, const v1::PushPullRe
   struct Item {
     const v1::Slice* slice;
     std::shared_ptr<Partition> partition;
-    bool skip = false;       // non-finite under NON_FINITE_POLICY_SKIP
-    bool duplicate = false;  // seen (worker, incarnation, seq)
+    bool skip = false;          // non-finite under NON_FINITE_POLICY_SKIP
+    bool duplicate = false;     // seen (worker, incarnation, seq)
+    bool record_seq = false;    // a duplicate whose (incarnation, seq) becomes the last applied
+    int64_t staging_bytes = 0;  // BSP: what staging the gradient adds (reserved in step 2)
   };
   std::vector<Item> items;
   items.reserve(request.push_size());
+  absl::flat_hash_set<const Partition*> seen;
   const bool skip_policy = job.config.non_finite_policy() == v1::NON_FINITE_POLICY_SKIP;
   for (int i = 0; i < request.push_size(); ++i) {
     const v1::Slice& s = request.push(i);
@@ -670,11 +861,9 @@ absl::StatusOr<PushAck> ParameterStore::PushToJob(Job& job, const v1::PushPullRe
       }
       item.skip = true;
     }
-    for (const Item& other : items) {
-      if (other.partition == item.partition) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("push[", i, "] key ", key, ": key appears twice in one request"));
-      }
+    if (!seen.insert(item.partition.get()).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("push[", i, "] key ", key, ": key appears twice in one request"));
     }
     items.push_back(std::move(item));
   }
@@ -719,7 +908,48 @@ absl::StatusOr<PushAck> ParameterStore::PushToJob(Job& job, const v1::PushPullRe
                                                         " was already applied (version ", version,
                                                         ") without worker ", worker));
     }
-    if (p.contributed[worker]) item.duplicate = true;  // pushed by an earlier incarnation
+    if (p.contributed[worker]) {
+      // Pushed by an earlier incarnation: this one's seq counts as applied, so that its retries
+      // after the step completes are acknowledged too.
+      item.duplicate = true;
+      item.record_seq = true;
+    }
+  }
+  // The state this push grows: BSP staging (a dense partition's buffer is kept for later steps,
+  // sparse rows are given back when the step completes) is reserved here; new sparse rows (at
+  // most one per row id) are checked to fit here and charged as they are created.
+  int64_t staging = 0;
+  int64_t rows = 0;
+  const Partition* growing = nullptr;
+  for (Item& item : items) {
+    const Partition& p = *item.partition;
+    p.mu.AssertHeld();
+    if (item.duplicate || item.skip) continue;
+    if (bsp && !p.sparse && p.staged[worker].empty()) {
+      item.staging_bytes = p.num_elements * 4;
+      staging += item.staging_bytes;
+      if (growing == nullptr) growing = &p;
+    }
+    if (p.sparse && item.slice->row_ids_size() > 0) {
+      rows += item.slice->row_ids_size() * p.RowBytes();
+      if (bsp) {  // staged until the step completes
+        item.staging_bytes = item.slice->row_ids_size() * (int64_t{p.dim} * 4 + 8);
+        staging += item.staging_bytes;
+      }
+      if (growing == nullptr) growing = &p;
+    }
+  }
+  if (staging + rows > 0) {
+    if (!budget_->TryReserve(staging + rows)) {
+      unlock_all();
+      return budget_->Exhausted(absl::StrCat("a push of worker ", worker, " to key ", growing->name,
+                                             " (job '", job.id, "')"),
+                                staging + rows);
+    }
+    budget_->Release(rows);
+    for (Item& item : items) {
+      item.partition->charged.fetch_add(item.staging_bytes, std::memory_order_relaxed);
+    }
   }
 
   // 3. Apply.
@@ -736,6 +966,7 @@ absl::StatusOr<PushAck> ParameterStore::PushToJob(Job& job, const v1::PushPullRe
       clock.store(step + 1, std::memory_order_release);
     }
     if (item.duplicate) {
+      if (item.record_seq) p.last_applied[worker] = Partition::Seq{true, incarnation, seq};
       ++ack.duplicates;
       continue;
     }
@@ -753,6 +984,7 @@ absl::StatusOr<PushAck> ParameterStore::PushToJob(Job& job, const v1::PushPullRe
               .IgnoreError();
         } else {
           p.staged_rows[worker] = MergeRows(s, p.dim);
+          p.staged_rows_bytes[worker] = item.staging_bytes;
         }
       }
       version_changed |= job.CompleteBspStepLocked(p);
@@ -780,21 +1012,44 @@ absl::StatusOr<PushAck> ParameterStore::PushToJob(Job& job, const v1::PushPullRe
 }
 
 absl::Status ParameterStore::ResolvePulls(const Job& job, const v1::PushPullRequest& request,
-                                          std::vector<PullItem>* items) const {
+                                          bool one_message, std::vector<PullItem>* items) const {
   const int64_t step = request.step();
+  const size_t width = BytesPerValue(request.pull_encoding());
+  const size_t limit = options_.max_message_bytes;
+  size_t total = 0;
+  absl::flat_hash_set<const Partition*> pulled;
   // A sparse push without rows (a BSP "nothing this step" contribution) may want weights: it
   // gets an empty slice back.
   auto add = [&](const v1::Slice& s, int64_t gate_step, absl::string_view field,
-                 bool allow_no_rows) -> absl::Status {
+                 bool from_push) -> absl::Status {
     TESSERA_ASSIGN_OR_RETURN(std::shared_ptr<Partition> p, job.Find(s.key()));
     if (!p->sparse && s.row_ids_size() != 0) {
       return absl::InvalidArgumentError(absl::StrCat(field, " key ", KeyName(s.key()),
                                                      ": row_ids (", s.row_ids_size(),
                                                      ") given for a dense partition"));
     }
-    if (p->sparse && s.row_ids_size() == 0 && !allow_no_rows) {
+    if (p->sparse && s.row_ids_size() == 0 && !from_push) {
       return absl::InvalidArgumentError(
           absl::StrCat(field, " key ", KeyName(s.key()), ": row_ids missing for sparse table"));
+    }
+    // A push key twice is refused by PushToJob before anything is read.
+    if (!from_push && !pulled.insert(p.get()).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, " key ", KeyName(s.key()), ": key appears twice in one request"));
+    }
+    // Check the size of the answer before anything is read or parked.
+    const size_t values = p->sparse ? static_cast<size_t>(s.row_ids_size()) * p->dim
+                                    : static_cast<size_t>(p->num_elements);
+    total += values * width;
+    if (limit != 0 && values * width > limit) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat(field, " key ", KeyName(s.key()), ": the answer takes ", values * width,
+                       " bytes, over the message limit of ", limit, " bytes; pull fewer rows"));
+    }
+    if (limit != 0 && one_message && total > limit) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat(field, " key ", KeyName(s.key()), ": the answer takes at least ", total,
+                       " bytes, over the message limit of ", limit, " bytes; pull fewer keys"));
     }
     if (job.bsp() && gate_step >= 0) {
       const int64_t version = p->version.load(std::memory_order_acquire);
@@ -813,21 +1068,24 @@ absl::Status ParameterStore::ResolvePulls(const Job& job, const v1::PushPullRequ
     return absl::OkStatus();
   };
   for (int i = 0; i < request.pull_size(); ++i) {
-    TESSERA_RETURN_IF_ERROR(add(request.pull(i), step, absl::StrCat("pull[", i, "]"), false));
+    TESSERA_RETURN_IF_ERROR(
+        add(request.pull(i), step, absl::StrCat("pull[", i, "]"), /*from_push=*/false));
   }
   for (int i = 0; i < request.push_size(); ++i) {
     if (!request.push(i).want_weights()) continue;
     // The rows of a sparse push are the rows wanted back.
     TESSERA_RETURN_IF_ERROR(
-        add(request.push(i), step + 1, absl::StrCat("push[", i, "]"), /*allow_no_rows=*/true));
+        add(request.push(i), step + 1, absl::StrCat("push[", i, "]"), /*from_push=*/true));
   }
   return absl::OkStatus();
 }
 
 void ParameterStore::AnswerWhenOpen(
     std::shared_ptr<Job> job, std::vector<PullItem> items, v1::Encoding encoding,
+    std::shared_ptr<const std::atomic<bool>> cancelled,
     std::function<void(absl::StatusOr<std::vector<v1::Slice>>)> done) {
   ConsistencyGate::Wait wait;
+  wait.cancelled = std::move(cancelled);
   if (job->bsp()) {
     for (const PullItem& item : items) {
       if (item.gate_step < 0) continue;
@@ -871,7 +1129,8 @@ void ParameterStore::AnswerWhenOpen(
   inline_wait_token = nullptr;
 }
 
-void ParameterStore::PushPull(const v1::PushPullRequest& request, PushPullDone done) {
+void ParameterStore::PushPull(const v1::PushPullRequest& request, PushPullDone done,
+                              std::shared_ptr<const std::atomic<bool>> cancelled) {
   absl::StatusOr<std::shared_ptr<Job>> job = FindJob(request.job_id());
   if (!job.ok()) {
     done(job.status());
@@ -888,12 +1147,13 @@ void ParameterStore::PushPull(const v1::PushPullRequest& request, PushPullDone d
                      request.job_id(), "' (num_workers ", (*job)->gate.num_workers(), ")")));
     return;
   }
-  if (request.step() < 0) {
-    done(absl::InvalidArgumentError(absl::StrCat("step: must be >= 0, got ", request.step())));
+  if (request.step() < 0 || request.step() > kMaxStep) {
+    done(absl::InvalidArgumentError(
+        absl::StrCat("step: must be in [0, ", kMaxStep, "], got ", request.step())));
     return;
   }
   std::vector<PullItem> items;
-  absl::Status resolved = ResolvePulls(**job, request, &items);
+  absl::Status resolved = ResolvePulls(**job, request, /*one_message=*/true, &items);
   if (!resolved.ok()) {
     done(resolved);
     return;
@@ -911,7 +1171,7 @@ void ParameterStore::PushPull(const v1::PushPullRequest& request, PushPullDone d
     done(std::move(response));
     return;
   }
-  AnswerWhenOpen(*std::move(job), std::move(items), request.pull_encoding(),
+  AnswerWhenOpen(*std::move(job), std::move(items), request.pull_encoding(), std::move(cancelled),
                  [response = std::move(response),
                   done = std::move(done)](absl::StatusOr<std::vector<v1::Slice>> slices) mutable {
                    if (!slices.ok()) {
@@ -923,7 +1183,8 @@ void ParameterStore::PushPull(const v1::PushPullRequest& request, PushPullDone d
                  });
 }
 
-void ParameterStore::Pull(const v1::PullRequest& request, PullDone done) {
+void ParameterStore::Pull(const v1::PullRequest& request, PullDone done,
+                          std::shared_ptr<const std::atomic<bool>> cancelled) {
   absl::StatusOr<std::shared_ptr<Job>> job = FindJob(request.job_id());
   if (!job.ok()) {
     done(job.status());
@@ -940,21 +1201,28 @@ void ParameterStore::Pull(const v1::PullRequest& request, PullDone done) {
                      request.job_id(), "' (num_workers ", (*job)->gate.num_workers(), ")")));
     return;
   }
+  if (request.step() > kMaxStep) {
+    done(absl::InvalidArgumentError(
+        absl::StrCat("step: must be <= ", kMaxStep, ", got ", request.step())));
+    return;
+  }
   // Reuse the PushPull resolution: the keys are pulls for request.step.
   v1::PushPullRequest as_push_pull;
   as_push_pull.set_step(request.step() < 0 ? -1 : request.step());
+  as_push_pull.set_pull_encoding(request.encoding());
   for (const v1::Slice& k : request.keys()) {
     v1::Slice* s = as_push_pull.add_pull();
     *s->mutable_key() = k.key();
     *s->mutable_row_ids() = k.row_ids();
   }
   std::vector<PullItem> items;
-  absl::Status resolved = ResolvePulls(**job, as_push_pull, &items);
+  absl::Status resolved = ResolvePulls(**job, as_push_pull, /*one_message=*/false, &items);
   if (!resolved.ok()) {
     done(resolved);
     return;
   }
-  AnswerWhenOpen(*std::move(job), std::move(items), request.encoding(), std::move(done));
+  AnswerWhenOpen(*std::move(job), std::move(items), request.encoding(), std::move(cancelled),
+                 std::move(done));
 }
 
 absl::StatusOr<JobStats> ParameterStore::GetJobStats(absl::string_view job_id) const {

@@ -10,7 +10,9 @@
 //   2. Lock the touched partitions in address order (independent partitions never share a lock),
 //      then per slice: a seen (worker, incarnation, seq) is a duplicate and is acknowledged only;
 //      a stale incarnation is FAILED_PRECONDITION; the step is checked against the gate (a step
-//      from the future is INVALID_ARGUMENT). Any error still fails the whole request.
+//      from the future is INVALID_ARGUMENT); then the state the push grows (BSP staging buffers,
+//      new sparse rows) must fit max_memory_bytes (else RESOURCE_EXHAUSTED). Any error still fails
+//      the whole request.
 //   3. Apply: BSP stages the worker's gradient for the step and, once every live worker of the
 //      step has pushed, applies sum / contributors once (the sum runs in ascending worker order, so
 //      the result does not depend on arrival order); SSP applies grad / num_live at once; ASP
@@ -61,6 +63,13 @@ struct ParameterStoreOptions {
   // Runs the continuation of a parked pull once its gate opens. Empty: it runs inline on the thread
   // that opened the gate (a pushing thread).
   std::function<void(std::function<void()>)> executor;
+  // Cap on the bytes the shard's state may hold (weights, optimizer slots, sparse rows, BSP
+  // staging, per-worker bookkeeping) over all jobs; beyond it CreateJobState and pushes that would
+  // grow the state fail with RESOURCE_EXHAUSTED. 0: three quarters of the physical memory.
+  int64_t max_memory_bytes = 0;
+  // Largest answer: each pulled slice, and the whole answer of a PushPull, must fit, or the
+  // request fails with RESOURCE_EXHAUSTED before anything is read. 0: no limit.
+  size_t max_message_bytes = 0;
 };
 
 // Thread-safe. Never blocks on a gate: waiting pulls park and finish through their callback.
@@ -79,7 +88,8 @@ class ParameterStore {
   // Creates the job or adds partitions and tables to it; additive and idempotent. INVALID_ARGUMENT
   // for a bad config or declaration (the message names the field); FAILED_PRECONDITION when the
   // job exists with another config, or a partition or table exists with another size or
-  // declaration. All or nothing.
+  // declaration; RESOURCE_EXHAUSTED when the new state would exceed max_memory_bytes. All or
+  // nothing.
   absl::StatusOr<v1::CreateJobStateResponse> CreateJobState(
       const v1::CreateJobStateRequest& request);
 
@@ -91,18 +101,25 @@ class ParameterStore {
   absl::Status DropJob(absl::string_view job_id);
 
   // Applies the push slices of `request` (all or nothing) and advances the worker's clock on each
-  // pushed partition; ignores its pull slices. Never waits.
+  // pushed partition; ignores its pull slices. Never waits. RESOURCE_EXHAUSTED when the new
+  // sparse rows or BSP staging it needs would exceed max_memory_bytes.
   absl::StatusOr<PushAck> Push(const v1::PushPullRequest& request);
 
   // Push, then answers request.pull (gated for request.step) and the push slices with
   // want_weights (gated for request.step + 1) in one response, with duplicates and
   // skipped_non_finite filled in. `done` runs exactly once: inline when nothing waits, later
   // (see ParameterStoreOptions::executor) otherwise. Validation errors fail before anything is
-  // applied.
-  void PushPull(const v1::PushPullRequest& request, PushPullDone done);
+  // applied; a key pulled twice is INVALID_ARGUMENT and an answer over max_message_bytes is
+  // RESOURCE_EXHAUSTED, both before anything is applied. Once `cancelled` (optional) is set, a
+  // pull that still waits may finish with CANCELLED instead (the push stays applied).
+  void PushPull(const v1::PushPullRequest& request, PushPullDone done,
+                std::shared_ptr<const std::atomic<bool>> cancelled = nullptr);
 
-  // Answers request.keys once the gate opens for request.step (negative: no gating).
-  void Pull(const v1::PullRequest& request, PullDone done);
+  // Answers request.keys once the gate opens for request.step (negative: no gating); keys must be
+  // distinct, and each slice of the answer must fit max_message_bytes. `cancelled` as for
+  // PushPull.
+  void Pull(const v1::PullRequest& request, PullDone done,
+            std::shared_ptr<const std::atomic<bool>> cancelled = nullptr);
 
   absl::StatusOr<JobStats> GetJobStats(absl::string_view job_id) const;
 
@@ -113,15 +130,24 @@ class ParameterStore {
   struct Job;
   struct Partition;
   struct PullItem;
+  class MemoryBudget;
 
   absl::StatusOr<std::shared_ptr<Job>> FindJob(absl::string_view job_id) const;
-  absl::Status ResolvePulls(const Job& job, const v1::PushPullRequest& request,
+  // The part of CreateJobState after validation: adds what `request` declares to `job`.
+  absl::StatusOr<v1::CreateJobStateResponse> AddToJob(
+      Job& job, const v1::CreateJobStateRequest& request,
+      const std::vector<kernels::OptimizerParams>& table_params);
+  // `one_message`: the whole answer must fit in one message (PushPull).
+  absl::Status ResolvePulls(const Job& job, const v1::PushPullRequest& request, bool one_message,
                             std::vector<PullItem>* items) const;
   absl::StatusOr<PushAck> PushToJob(Job& job, const v1::PushPullRequest& request);
   void AnswerWhenOpen(std::shared_ptr<Job> job, std::vector<PullItem> items, v1::Encoding encoding,
+                      std::shared_ptr<const std::atomic<bool>> cancelled,
                       std::function<void(absl::StatusOr<std::vector<v1::Slice>>)> done);
 
   const ParameterStoreOptions options_;
+  // Shared with every job and partition, which give their bytes back when destroyed.
+  const std::shared_ptr<MemoryBudget> budget_;
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<Job>> jobs_ ABSL_GUARDED_BY(mu_);
   absl::Status closed_ ABSL_GUARDED_BY(mu_);

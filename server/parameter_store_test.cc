@@ -1,6 +1,7 @@
 #include "server/parameter_store.h"
 
 #include <cmath>
+#include <limits>
 #include <map>
 #include <optional>
 #include <random>
@@ -137,6 +138,33 @@ TEST(ParameterStoreTest, CreateJobStateValidatesEveryField) {
        },
        "tables[0]"},
       {"empty job id", [](auto* r) { r->set_job_id(""); }, "job_id"},
+      {"same key twice with other sizes",
+       [](auto* r) {
+         *r->add_partitions() = Dense("x", 0, 3);
+         *r->add_partitions() = Dense("x", 0, 5);
+       },
+       "partitions[1].key"},
+      {"table and partition of one name",
+       [](auto* r) {
+         *r->add_partitions() = Dense("emb", 0, 3);
+         auto* t = r->add_tables();
+         t->set_name("emb");
+         t->set_dim(4);
+       },
+       "tables[0].name"},
+      {"empty tensor name", [](auto* r) { *r->add_partitions() = Dense("", 0, 3); },
+       "partitions[0].key.tensor"},
+      {"huge partition", [](auto* r) { *r->add_partitions() = Dense("x", 0, int64_t{1} << 40); },
+       "partitions[0].num_elements"},
+      {"huge table dim",
+       [](auto* r) {
+         auto* t = r->add_tables();
+         t->set_name("emb");
+         t->set_dim(1u << 31);
+       },
+       "tables[0].dim"},
+      {"huge num_workers", [](auto* r) { r->mutable_config()->set_num_workers(1u << 31); },
+       "config.num_workers"},
   };
   for (const BadConfigCase& c : cases) {
     SCOPED_TRACE(c.name);
@@ -554,6 +582,26 @@ TEST(ParameterStoreTest, StaleIncarnationIsRefused) {
   EXPECT_EQ(PullDense(store, "e", "w", 0), (std::vector<float>{-0.5f, -0.5f}));
 }
 
+// A worker restarted mid-step (new incarnation) re-pushes the step its previous incarnation
+// already contributed: acknowledged as a duplicate, and so is every retry of it, also after the
+// step has completed.
+TEST(ParameterStoreTest, BspRetryOfNewIncarnationIsAcknowledgedAfterTheStepCompletes) {
+  ParameterStore store;
+  v1::CreateJobStateRequest job = JobRequest("r", Config(v1::CONSISTENCY_BSP, 2, 0.5f));
+  *job.add_partitions() = Dense("w", 0, 2);
+  ASSERT_TRUE(store.CreateJobState(job).ok());
+  ASSERT_TRUE(store.Push(Request("r", 0, 1, 0, 1, {GradSlice("w", 0, {2, 2})})).ok());
+  auto again = store.Push(Request("r", 0, 2, 0, 1, {GradSlice("w", 0, {2, 2})}));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->duplicates, 1u);
+  ASSERT_TRUE(store.Push(Request("r", 1, 1, 0, 1, {GradSlice("w", 0, {4, 4})})).ok());
+  EXPECT_EQ(PullDense(store, "r", "w", 0), (std::vector<float>{-1.5f, -1.5f}));
+  auto retry = store.Push(Request("r", 0, 2, 0, 1, {GradSlice("w", 0, {2, 2})}));
+  ASSERT_TRUE(retry.ok()) << retry.status();
+  EXPECT_EQ(retry->duplicates, 1u);
+  EXPECT_EQ(PullDense(store, "r", "w", 0), (std::vector<float>{-1.5f, -1.5f}));
+}
+
 // --- Validation (all or nothing) ------------------------------------------------------------
 
 TEST(ParameterStoreTest, RequestIsValidatedFullyBeforeAnythingIsApplied) {
@@ -625,6 +673,218 @@ TEST(ParameterStoreTest, DropJobFailsParkedPullsAndForgetsTheJob) {
   EXPECT_EQ(parked->status().code(), absl::StatusCode::kAborted);
   EXPECT_EQ(store.DropJob("d").code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(PullNow(store, "d", {PullKey("w", 0)}).status().code(), absl::StatusCode::kNotFound);
+}
+
+// --- Hostile input: bounded memory, clear errors, the store keeps serving --------------------
+
+ParameterStoreOptions Limits(int64_t max_memory_bytes, size_t max_message_bytes = 0) {
+  ParameterStoreOptions options;
+  options.max_memory_bytes = max_memory_bytes;
+  options.max_message_bytes = max_message_bytes;
+  return options;
+}
+
+TEST(ParameterStoreTest, MemoryBudgetRefusesOversizedDeclarationsAllOrNothing) {
+  ParameterStore store(Limits(10 << 20));
+  // 2 partitions of 1M fp32 values with Adam (weights + 2 slots): 24 MiB > 8 MiB.
+  v1::CreateJobStateRequest big =
+      JobRequest("m", Config(v1::CONSISTENCY_ASP, 1, 0.5f, v1::OPTIMIZER_KIND_ADAM));
+  *big.add_partitions() = Dense("w", 0, 1 << 20);
+  *big.add_partitions() = Dense("w", 1, 1 << 20);
+  auto status = store.CreateJobState(big).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(status.message(), HasSubstr("max_memory_bytes"));
+  // Nothing was created, not even the job: another config for the same id is accepted.
+  EXPECT_EQ(store.GetJobStats("m").status().code(), absl::StatusCode::kNotFound);
+  // Per-worker state is charged too: 65536 workers x 200 partitions of 1 value.
+  v1::CreateJobStateRequest wide = JobRequest("many", Config(v1::CONSISTENCY_BSP, 65536, 0.5f));
+  for (uint32_t i = 0; i < 200; ++i) *wide.add_partitions() = Dense("w", i, 1);
+  EXPECT_EQ(store.CreateJobState(wide).status().code(), absl::StatusCode::kResourceExhausted);
+  // The store keeps serving a declaration that fits, and DropJob gives the bytes back.
+  v1::CreateJobStateRequest fits = JobRequest("m", Config(v1::CONSISTENCY_ASP, 1, 0.5f));
+  *fits.add_partitions() = Dense("w", 0, 1 << 20);
+  ASSERT_TRUE(store.CreateJobState(fits).ok());
+  for (int round = 0; round < 3; ++round) {
+    v1::CreateJobStateRequest again = JobRequest("n", Config(v1::CONSISTENCY_ASP, 1, 0.5f));
+    *again.add_partitions() = Dense("w", 0, 1 << 20);
+    ASSERT_TRUE(store.CreateJobState(again).ok()) << round;
+    ASSERT_TRUE(store.DropJob("n").ok());
+  }
+  ASSERT_TRUE(
+      store.Push(Request("m", 0, 1, 0, 1, {GradSlice("w", 0, std::vector<float>(1 << 20, 1))}))
+          .ok());
+  EXPECT_EQ(PullDense(store, "m", "w", 0)[7], -0.5f);
+}
+
+// Concurrent additive declarations of overlapping keys: every call succeeds, each key exists once,
+// and every byte reserved (also for partitions built by a call that lost the race) comes back.
+TEST(ParameterStoreTest, ConcurrentDeclarationsKeepTheBudgetExact) {
+  constexpr int64_t kMiB = 1 << 20;
+  ParameterStore store(Limits(100 * kMiB));
+  std::vector<std::thread> threads;
+  std::vector<absl::Status> results(4);
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&store, &results, t] {
+      v1::CreateJobStateRequest r = JobRequest("c", Config(v1::CONSISTENCY_ASP, 2, 0.5f));
+      for (uint32_t i = 0; i < 8; ++i) *r.add_partitions() = Dense("shared", i, kMiB / 4);
+      *r.add_partitions() = Dense("own", static_cast<uint32_t>(t), kMiB / 4);
+      results[t] = store.CreateJobState(r).status();
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (const absl::Status& r : results) EXPECT_TRUE(r.ok()) << r;
+  v1::CreateJobStateRequest none = JobRequest("c", Config(v1::CONSISTENCY_ASP, 2, 0.5f));
+  auto count = store.CreateJobState(none);
+  ASSERT_TRUE(count.ok());
+  EXPECT_EQ(count->partitions(), 12u);
+  ASSERT_TRUE(store.DropJob("c").ok());
+  // Everything came back: 95 MiB fit into the 100 MiB budget again.
+  v1::CreateJobStateRequest big = JobRequest("d", Config(v1::CONSISTENCY_ASP, 1, 0.5f));
+  for (uint32_t i = 0; i < 95; ++i) *big.add_partitions() = Dense("w", i, kMiB / 4);
+  auto status = store.CreateJobState(big).status();
+  EXPECT_TRUE(status.ok()) << status;
+}
+
+TEST(ParameterStoreTest, MemoryBudgetBoundsSparseRowsAndBspStaging) {
+  ParameterStore store(Limits(4 << 20));
+  v1::CreateJobStateRequest job = JobRequest("s", Config(v1::CONSISTENCY_ASP, 1, 0.5f));
+  *job.add_tables() = Table("emb", 1024, v1::Initializer::KIND_ZEROS, 0);
+  ASSERT_TRUE(store.CreateJobState(job).ok());
+  // Each push creates 256 new rows of 4 KiB: 1 MiB. The budget runs out within a few pushes.
+  absl::Status last;
+  int accepted = 0;
+  for (int push = 0; push < 16 && last.ok(); ++push) {
+    std::vector<int64_t> rows;
+    for (int r = 0; r < 256; ++r) rows.push_back(int64_t{push} * 256 + r);
+    last = store
+               .Push(Request("s", 0, 1, 0, static_cast<uint64_t>(push),
+                             {RowsSlice("emb", rows, std::vector<float>(256 * 1024, 1))}))
+               .status();
+    if (last.ok()) ++accepted;
+  }
+  EXPECT_EQ(last.code(), absl::StatusCode::kResourceExhausted) << last;
+  EXPECT_THAT(last.message(), HasSubstr("emb/0"));
+  EXPECT_GE(accepted, 1);
+  EXPECT_LT(accepted, 4);
+  // Rows that exist still take updates, and pulls of any row still work.
+  ASSERT_TRUE(
+      store.Push(Request("s", 0, 1, 0, 100, {RowsSlice("emb", {0}, std::vector<float>(1024, 1))}))
+          .ok());
+  EXPECT_EQ(PullRows(store, "s", "emb", {0})[0], -1.0f);
+  EXPECT_EQ(PullRows(store, "s", "emb", {1 << 30})[0], 0.0f);
+  ASSERT_TRUE(store.DropJob("s").ok());
+
+  // BSP staging: each worker's staged gradient is a full partition copy.
+  ParameterStore bsp_store(Limits(12 << 20));
+  v1::CreateJobStateRequest bsp = JobRequest("b", Config(v1::CONSISTENCY_BSP, 4, 0.5f));
+  *bsp.add_partitions() = Dense("w", 0, 1 << 20);  // 4 MiB
+  ASSERT_TRUE(bsp_store.CreateJobState(bsp).ok());
+  const std::vector<float> grad(1 << 20, 1);
+  ASSERT_TRUE(bsp_store.Push(Request("b", 0, 1, 0, 1, {GradSlice("w", 0, grad)})).ok());
+  auto refused = bsp_store.Push(Request("b", 1, 1, 0, 1, {GradSlice("w", 0, grad)})).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
+  EXPECT_THAT(refused.message(), HasSubstr("w/0"));
+  // Nothing was staged for worker 1: the step still waits for it.
+  auto stats = bsp_store.GetJobStats("b");
+  ASSERT_TRUE(stats.ok());
+  EXPECT_EQ(stats->updates_applied, 0);
+}
+
+// Staged sparse gradients count against the budget until their BSP step completes, and are given
+// back then: steps over the same rows run forever within the budget, while many workers staging
+// at once are refused.
+TEST(ParameterStoreTest, BspSparseStagingIsChargedUntilTheStepCompletes) {
+  std::vector<int64_t> rows(256);
+  for (int r = 0; r < 256; ++r) rows[r] = r;
+  const std::vector<float> grad(256 * 1024, 1);  // 1 MiB per worker and step
+  {
+    ParameterStore store(Limits(5 << 20));
+    v1::CreateJobStateRequest job = JobRequest("s", Config(v1::CONSISTENCY_BSP, 2, 0.5f));
+    *job.add_tables() = Table("emb", 1024, v1::Initializer::KIND_ZEROS, 0);
+    ASSERT_TRUE(store.CreateJobState(job).ok());
+    for (int step = 0; step < 12; ++step) {
+      for (uint32_t w = 0; w < 2; ++w) {
+        auto ack = store.Push(Request("s", w, 1, step, static_cast<uint64_t>(step) + 1,
+                                      {RowsSlice("emb", rows, grad)}));
+        ASSERT_TRUE(ack.ok()) << "step " << step << " worker " << w << ": " << ack.status();
+      }
+    }
+    EXPECT_EQ(PullRows(store, "s", "emb", {255})[1023], -6.0f);  // 12 steps of lr 0.5 * mean 1
+  }
+  ParameterStore store(Limits(5 << 20));
+  v1::CreateJobStateRequest job = JobRequest("s", Config(v1::CONSISTENCY_BSP, 8, 0.5f));
+  *job.add_tables() = Table("emb", 1024, v1::Initializer::KIND_ZEROS, 0);
+  ASSERT_TRUE(store.CreateJobState(job).ok());
+  absl::Status last;
+  uint32_t staged = 0;
+  for (uint32_t w = 0; w < 8 && last.ok(); ++w) {
+    last = store.Push(Request("s", w, 1, 0, 1, {RowsSlice("emb", rows, grad)})).status();
+    if (last.ok()) ++staged;
+  }
+  EXPECT_EQ(last.code(), absl::StatusCode::kResourceExhausted) << last;
+  EXPECT_LT(staged, 5u);
+}
+
+TEST(ParameterStoreTest, PullAnswersAreBoundedAndKeysUniqueBeforeAnythingIsRead) {
+  ParameterStore store(Limits(0, 1 << 20));
+  v1::CreateJobStateRequest job = JobRequest("p", Config(v1::CONSISTENCY_ASP, 1, 0.5f));
+  *job.add_tables() = Table("emb", 1024, v1::Initializer::KIND_ZEROS, 0);  // 4 KiB rows
+  *job.add_partitions() = Dense("w", 0, 1 << 17);                          // 512 KiB
+  *job.add_partitions() = Dense("w", 1, 1 << 17);
+  ASSERT_TRUE(store.CreateJobState(job).ok());
+  // 10^5 row ids of 4 KiB each would be 400 MiB: refused before any of it is built.
+  std::vector<int64_t> rows(100000, 7);
+  auto status = PullNow(store, "p", {PullKey("emb", 0, rows)}).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted) << status;
+  EXPECT_THAT(status.message(), HasSubstr("emb/0"));
+  // The same key many times.
+  status = PullNow(store, "p", std::vector<v1::Slice>(10, PullKey("w", 0))).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+  EXPECT_THAT(status.message(), HasSubstr("w/0"));
+  // A PushPull answer is one message: 2 x 512 KiB and a row do not fit into 1 MiB.
+  v1::PushPullRequest pp = Request("p", 0, 1, 0, 1, {});
+  *pp.add_pull() = PullKey("w", 0);
+  *pp.add_pull() = PullKey("w", 1);
+  *pp.add_pull() = PullKey("emb", 0, {1});
+  std::optional<absl::StatusOr<v1::PushPullResponse>> answer;
+  store.PushPull(pp, [&](absl::StatusOr<v1::PushPullResponse> r) { answer = std::move(r); });
+  ASSERT_TRUE(answer.has_value());
+  EXPECT_EQ(answer->status().code(), absl::StatusCode::kResourceExhausted) << answer->status();
+  // Still serving.
+  EXPECT_EQ(PullDense(store, "p", "w", 0).size(), size_t{1} << 17);
+}
+
+TEST(ParameterStoreTest, StepsBeyondTheLimitAreRefusedInEveryMode) {
+  for (auto mode : {v1::CONSISTENCY_ASP, v1::CONSISTENCY_SSP, v1::CONSISTENCY_BSP}) {
+    ParameterStore store;
+    v1::CreateJobStateRequest job = JobRequest(
+        "t", Config(mode, 1, 0.5f, v1::OPTIMIZER_KIND_SGD, mode == v1::CONSISTENCY_SSP ? 2 : 0));
+    *job.add_partitions() = Dense("w", 0, 2);
+    ASSERT_TRUE(store.CreateJobState(job).ok());
+    const int64_t max = std::numeric_limits<int64_t>::max();
+    v1::PushPullRequest r = Request("t", 0, 1, max, 1, {GradSlice("w", 0, {1, 1}, true)});
+    std::optional<absl::StatusOr<v1::PushPullResponse>> answer;
+    store.PushPull(r, [&](absl::StatusOr<v1::PushPullResponse> a) { answer = std::move(a); });
+    ASSERT_TRUE(answer.has_value()) << v1::Consistency_Name(mode);
+    EXPECT_EQ(answer->status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(answer->status().message(), HasSubstr("step"));
+    EXPECT_EQ(store.Push(r).status().code(), absl::StatusCode::kInvalidArgument);
+    v1::UpdateMembershipRequest m;
+    m.set_job_id("t");
+    m.add_live_workers(0);
+    m.set_effective_step(max);
+    EXPECT_EQ(store.UpdateMembership(m).code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(PullDense(store, "t", "w", 0), (std::vector<float>{0, 0}));
+  }
+}
+
+TEST(ParameterStoreTest, NonFiniteInitialValuesAreRefused) {
+  ParameterStore store;
+  v1::CreateJobStateRequest job = JobRequest("i", Config(v1::CONSISTENCY_ASP, 1, 0.5f));
+  *job.add_partitions() = Dense("w", 3, 2, {1, INFINITY});
+  auto status = store.CreateJobState(job).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(status.message(), HasSubstr("partitions[0].initial_values"));
 }
 
 }  // namespace

@@ -45,6 +45,8 @@ ShardServer::ShardServer(const ShardServerOptions& options) : options_(options) 
   ParameterStoreOptions store_options;
   internal::ThreadPool* pool = pool_.get();
   store_options.executor = [pool](std::function<void()> task) { pool->Schedule(std::move(task)); };
+  store_options.max_memory_bytes = options.max_memory_bytes;
+  store_options.max_message_bytes = options.max_message_bytes;
   store_ = std::make_unique<ParameterStore>(std::move(store_options));
   service_ =
       std::make_unique<GrpcParameterService>(store_.get(), pool_.get(), options.max_message_bytes);
@@ -65,6 +67,10 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Create(
   if (options.threads < 0 || options.threads > 1024) {
     return absl::InvalidArgumentError(
         absl::StrCat("--threads: must be in [0, 1024], got ", options.threads));
+  }
+  if (options.max_memory_bytes < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max_memory_bytes: must be >= 0, got ", options.max_memory_bytes));
   }
   if (options.shard_index < 0) {
     return absl::InvalidArgumentError(

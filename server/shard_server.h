@@ -7,6 +7,7 @@
 #define TESSERA_SERVER_SHARD_SERVER_H_
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -30,6 +31,9 @@ struct ShardServerOptions {
   size_t max_message_bytes = size_t{64} << 20;
   // Threads that apply pushes and answer pulls; 0 means one per hardware thread.
   int threads = 0;
+  // Cap on the bytes of parameter state (ParameterStoreOptions::max_memory_bytes); 0 means three
+  // quarters of the physical memory.
+  int64_t max_memory_bytes = 0;
 };
 
 class ShardServer {
