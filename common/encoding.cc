@@ -90,6 +90,7 @@ absl::Status DecodeValues(v1::Encoding encoding, absl::string_view bytes, float*
                                                    " bytes) but got ", bytes.size(), " bytes"));
   }
   const char* p = bytes.data();
+  if (n == 0) return absl::OkStatus();  // memcpy must not see the null pointers of empty data
   if (width == 4) {
     std::memcpy(out, p, n * 4);
     return absl::OkStatus();
@@ -107,6 +108,7 @@ void EncodeValues(v1::Encoding encoding, const float* in, size_t n, std::string*
   const size_t width = BytesPerValue(encoding);
   out->resize(n * width);
   char* p = out->data();
+  if (n == 0) return;
   if (width == 4) {
     std::memcpy(p, in, n * 4);
     return;
