@@ -12,6 +12,7 @@
 // then TCP with the bytes that round moved), and the ratio is the median of the rounds' ratios,
 // because machines are shared: compare ratios, not absolutes.
 #include <arpa/inet.h>
+#include <malloc.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/socket.h>
@@ -383,6 +384,10 @@ int PushPullMain(const PushPullFlags& flags) {
 }  // namespace tessera
 
 int main(int argc, char** argv) {
+  // As in tessera-server: keep freed 4 MiB message buffers (requests, decoded weights) in the heap
+  // for the next step instead of returning them to the kernel (page faults on every message).
+  mallopt(M_MMAP_THRESHOLD, 256 << 20);
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);
   CLI::App app{"tessera-bench: whole-system benchmarks against real shards on loopback",
                "tessera-bench"};
   app.require_subcommand(1);

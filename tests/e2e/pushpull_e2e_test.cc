@@ -99,12 +99,18 @@ class PushPullE2eTest : public ::testing::Test {
     return o;
   }
 
+  // Called from the worker threads at once: `initial_` is filled once and only read after that
+  // (clearing and refilling it here raced, and aborted with a double free).
   std::vector<client::DenseTensorSpec> Specs() {
-    initial_.clear();
-    for (size_t t = 0; t < Tensors().size(); ++t) {
-      std::vector<float> v(Tensors()[t].size);
-      for (int64_t i = 0; i < Tensors()[t].size; ++i) v[i] = Initial(t, i);
-      initial_.push_back(std::move(v));
+    {
+      absl::MutexLock lock(&initial_mu_);
+      if (initial_.empty()) {
+        for (size_t t = 0; t < Tensors().size(); ++t) {
+          std::vector<float> v(Tensors()[t].size);
+          for (int64_t i = 0; i < Tensors()[t].size; ++i) v[i] = Initial(t, i);
+          initial_.push_back(std::move(v));
+        }
+      }
     }
     std::vector<client::DenseTensorSpec> specs;
     for (size_t t = 0; t < Tensors().size(); ++t) {
@@ -256,7 +262,8 @@ class PushPullE2eTest : public ::testing::Test {
   }
 
   std::unique_ptr<LocalShards> shards_;
-  std::vector<std::vector<float>> initial_;
+  absl::Mutex initial_mu_;
+  std::vector<std::vector<float>> initial_;  // filled once by Specs(), then read only
   int64_t retries_ = 0;
   int64_t duplicates_ = 0;
   int injected_duplicates_ = 0;

@@ -1,5 +1,7 @@
 #include "worker/client/grpc_shard_client.h"
 
+#include <algorithm>
+#include <cstring>
 #include <deque>
 #include <mutex>
 #include <utility>
@@ -98,6 +100,156 @@ grpc::ByteBuffer SerializeZeroCopy(const std::shared_ptr<const v1::PushPullReque
   return grpc::ByteBuffer(slices.data(), slices.size());
 }
 
+// A read cursor over the slices of a received message.
+class SliceCursor {
+ public:
+  explicit SliceCursor(const std::vector<grpc::Slice>& slices) : slices_(slices) { Settle(); }
+
+  size_t consumed() const { return consumed_; }
+  bool AtEnd() const { return slice_ >= slices_.size(); }
+  size_t slice() const { return slice_; }
+  size_t offset() const { return offset_; }
+
+  bool ReadByte(uint8_t* b) {
+    if (AtEnd()) return false;
+    *b = slices_[slice_].begin()[offset_];
+    ++offset_;
+    ++consumed_;
+    Settle();
+    return true;
+  }
+
+  bool ReadVarint(uint64_t* v) {
+    *v = 0;
+    for (int shift = 0; shift < 64; shift += 7) {
+      uint8_t b;
+      if (!ReadByte(&b)) return false;
+      *v |= static_cast<uint64_t>(b & 0x7f) << shift;
+      if ((b & 0x80) == 0) return true;
+    }
+    return false;
+  }
+
+  // Appends the next n bytes to *out (nullptr: skips them).
+  bool Take(size_t n, std::string* out) {
+    while (n > 0) {
+      if (AtEnd()) return false;
+      const size_t k = std::min(n, slices_[slice_].size() - offset_);
+      if (out != nullptr) {
+        out->append(reinterpret_cast<const char*>(slices_[slice_].begin()) + offset_, k);
+      }
+      offset_ += k;
+      consumed_ += k;
+      n -= k;
+      Settle();
+    }
+    return true;
+  }
+
+ private:
+  void Settle() {
+    while (slice_ < slices_.size() && offset_ >= slices_[slice_].size()) {
+      ++slice_;
+      offset_ = 0;
+    }
+  }
+
+  const std::vector<grpc::Slice>& slices_;
+  size_t slice_ = 0;
+  size_t offset_ = 0;
+  size_t consumed_ = 0;
+};
+
+// Copies one field whose tag has been read to *out, tag included.
+bool CopyField(uint64_t tag, SliceCursor* in, std::string* out) {
+  AppendVarint(tag, out);
+  uint64_t v;
+  switch (tag & 7) {
+    case 0:
+      if (!in->ReadVarint(&v)) return false;
+      AppendVarint(v, out);
+      return true;
+    case 1:
+      return in->Take(8, out);
+    case 5:
+      return in->Take(4, out);
+    case 2:
+      if (!in->ReadVarint(&v)) return false;
+      AppendVarint(v, out);
+      return in->Take(v, out);
+    default:
+      return false;
+  }
+}
+
+// Weight bytes of at least this many bytes are left in the received slices by ParseResponse.
+constexpr size_t kInPlaceMinBytes = 16 << 10;
+
+// Parses a PushPullResponse from `slices` without copying the data of large weight slices: for
+// weights(i) with such data, (*data)[i] says where it lies and the parsed slice's data is empty.
+bool ParseResponse(const std::vector<grpc::Slice>& slices, v1::PushPullResponse* response,
+                   std::vector<GrpcShardClient::DataRef>* data) {
+  SliceCursor in(slices);
+  std::string rest;  // every field but `weights`, in wire format
+  std::vector<v1::Slice> weights;
+  while (!in.AtEnd()) {
+    uint64_t tag;
+    if (!in.ReadVarint(&tag)) return false;
+    if (tag != ((3 << 3) | 2)) {  // not PushPullResponse.weights
+      if (!CopyField(tag, &in, &rest)) return false;
+      continue;
+    }
+    uint64_t length;
+    if (!in.ReadVarint(&length)) return false;
+    const size_t end = in.consumed() + length;
+    std::string meta;  // the Slice without its large data
+    GrpcShardClient::DataRef ref;
+    while (in.consumed() < end) {
+      uint64_t field;
+      if (!in.ReadVarint(&field)) return false;
+      uint64_t n;
+      if (field == ((3 << 3) | 2) && ref.length == 0) {  // Slice.data
+        if (!in.ReadVarint(&n)) return false;
+        if (n >= kInPlaceMinBytes) {
+          ref.slice = in.slice();
+          ref.offset = in.offset();
+          ref.length = n;
+          if (!in.Take(n, nullptr)) return false;
+        } else {
+          AppendVarint(field, &meta);
+          AppendVarint(n, &meta);
+          if (!in.Take(n, &meta)) return false;
+        }
+        continue;
+      }
+      if (!CopyField(field, &in, &meta)) return false;
+    }
+    if (in.consumed() != end) return false;
+    weights.emplace_back();
+    if (!weights.back().ParseFromString(meta)) return false;
+    data->push_back(ref);
+  }
+  if (!response->ParseFromString(rest)) return false;
+  for (v1::Slice& w : weights) *response->add_weights() = std::move(w);
+  return true;
+}
+
+// Copies the bytes `ref` names to `out`.
+void CopyOut(const std::vector<grpc::Slice>& slices, const GrpcShardClient::DataRef& ref,
+             char* out) {
+  size_t slice = ref.slice;
+  size_t offset = ref.offset;
+  size_t n = ref.length;
+  while (n > 0) {
+    const size_t k = std::min(n, slices[slice].size() - offset);
+    std::memcpy(out, slices[slice].begin() + offset, k);
+    out += k;
+    n -= k;
+    ++slice;
+    offset = 0;
+  }
+}
+
 }  // namespace
 
 // One PushPull stream. It owns itself from Start() until OnDone(), so that gRPC may finish it
@@ -174,18 +326,18 @@ class GrpcShardClient::Stream final
       finished_ = true;
       return;
     }
+    std::vector<grpc::Slice> received;
     v1::PushPullResponse response;
-    const grpc::Status parsed =
-        grpc::SerializationTraits<v1::PushPullResponse>::Deserialize(&response_, &response);
-    response_.Clear();
-    if (parsed.ok()) {
-      owner_->Deliver(std::move(response));
+    std::vector<DataRef> data;
+    if (response_.Dump(&received).ok() && ParseResponse(received, &response, &data)) {
+      owner_->Deliver(std::move(response), received, data);
     } else {
       // An unparsable answer cannot be matched to its request; the request then runs into its
       // deadline and is retried.
-      spdlog::warn("{}: unparsable PushPull response: {}", owner_->options_.address,
-                   parsed.error_message());
+      spdlog::warn("{}: unparsable PushPull response", owner_->options_.address);
     }
+    received.clear();
+    response_.Clear();
     StartRead(&response_);
   }
 
@@ -307,6 +459,12 @@ std::shared_ptr<GrpcShardClient::Stream> GrpcShardClient::CurrentStreamLocked(in
 
 void GrpcShardClient::PushPull(std::shared_ptr<const v1::PushPullRequest> request,
                                absl::Time deadline, PushPullCallback done) {
+  PushPullInto(std::move(request), deadline, WeightsTarget(), std::move(done));
+}
+
+void GrpcShardClient::PushPullInto(std::shared_ptr<const v1::PushPullRequest> request,
+                                   absl::Time deadline, const WeightsTarget& target,
+                                   PushPullCallback done) {
   std::shared_ptr<Stream> stream;
   bool start = false;
   {
@@ -318,6 +476,7 @@ void GrpcShardClient::PushPull(std::shared_ptr<const v1::PushPullRequest> reques
       p.request = request;
       p.deadline = deadline;
       p.done = std::move(done);
+      if (target.out != nullptr && target.written != nullptr) p.target = target;
       p.stream_generation = stream->generation();
       pending_.emplace(request->seq(), std::move(p));
     }
@@ -332,14 +491,46 @@ void GrpcShardClient::PushPull(std::shared_ptr<const v1::PushPullRequest> reques
   stream->Send(std::move(request));
 }
 
-void GrpcShardClient::Deliver(v1::PushPullResponse response) {
+void GrpcShardClient::Deliver(v1::PushPullResponse response,
+                              const std::vector<grpc::Slice>& received,
+                              const std::vector<DataRef>& data) {
   PushPullCallback done;
+  WeightsTarget target;
   {
     absl::MutexLock lock(&mu_);
     auto it = pending_.lower_bound(response.seq());
     if (it == pending_.end() || it->first != response.seq()) return;  // late answer: dropped
     done = std::move(it->second.done);
+    target = std::move(it->second.target);
     pending_.erase(it);
+  }
+  // The request is out of pending_, so nobody else runs `done`: the caller's buffer is still
+  // waiting for these weights.
+  for (int i = 0; i < response.weights_size(); ++i) {
+    const DataRef& ref = data[i];
+    if (ref.length == 0) continue;
+    v1::Slice* w = response.mutable_weights(i);
+    if (target.out != nullptr &&
+        (w->encoding() == v1::ENCODING_FP32 || w->encoding() == v1::ENCODING_UNSPECIFIED) &&
+        ref.length == target.count * sizeof(float) && w->key().index() == target.index &&
+        w->key().tensor() == target.tensor) {
+      CopyOut(received, ref, reinterpret_cast<char*>(target.out));
+      *target.written = true;
+      continue;
+    }
+    std::string* bytes = w->mutable_data();
+    bytes->clear();
+    bytes->reserve(ref.length);
+    size_t slice = ref.slice;
+    size_t offset = ref.offset;
+    size_t n = ref.length;
+    while (n > 0) {
+      const size_t k = std::min(n, received[slice].size() - offset);
+      bytes->append(reinterpret_cast<const char*>(received[slice].begin()) + offset, k);
+      n -= k;
+      ++slice;
+      offset = 0;
+    }
   }
   done(std::move(response));
 }

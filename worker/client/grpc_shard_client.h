@@ -7,7 +7,10 @@
 // carries raw bytes (grpc::GenericStub): a request is serialised by hand so that the bytes of each
 // large push slice go out as a gRPC slice pointing into the shared request, not as a copy. Each
 // response is matched to the oldest pending request with the same seq, and that request's
-// callback runs on a gRPC thread. A sweeper thread fails requests whose deadline has passed with
+// callback runs on a gRPC thread. Responses are parsed by hand from the received slices: the bytes
+// of a large weight slice are not copied into the message but decoded straight into the caller's
+// buffer when the request came with a matching WeightsTarget (fp32), and copied into the slice's
+// data otherwise. A sweeper thread fails requests whose deadline has passed with
 // DEADLINE_EXCEEDED; the streams themselves have no deadline because a gated BSP pull may park for
 // as long as the slowest worker takes.
 //
@@ -34,6 +37,7 @@
 #include "absl/synchronization/mutex.h"
 #include "grpcpp/channel.h"
 #include "grpcpp/generic/generic_stub.h"
+#include "grpcpp/support/slice.h"
 #include "tessera/v1/parameter.grpc.pb.h"
 #include "worker/client/shard_client.h"
 
@@ -61,6 +65,14 @@ class GrpcShardClient final : public ShardClient {
     bool own_connection = true;
   };
 
+  // Where the bytes of one parsed weight slice lie in a received message (length 0: nowhere, they
+  // were parsed into the slice normally). Internal to the stream's response parsing.
+  struct DataRef {
+    size_t slice = 0;   // index into the received slices
+    size_t offset = 0;  // within that slice
+    size_t length = 0;
+  };
+
   // INVALID_ARGUMENT when the address is empty. Does not connect yet.
   static absl::StatusOr<std::unique_ptr<GrpcShardClient>> Create(const Options& options);
 
@@ -69,6 +81,8 @@ class GrpcShardClient final : public ShardClient {
   const std::string& address() const override { return options_.address; }
   void PushPull(std::shared_ptr<const v1::PushPullRequest> request, absl::Time deadline,
                 PushPullCallback done) override;
+  void PushPullInto(std::shared_ptr<const v1::PushPullRequest> request, absl::Time deadline,
+                    const WeightsTarget& target, PushPullCallback done) override;
   absl::StatusOr<std::vector<v1::Slice>> Pull(const v1::PullRequest& request,
                                               absl::Time deadline) override;
   absl::StatusOr<v1::CreateJobStateResponse> CreateJobState(
@@ -83,6 +97,7 @@ class GrpcShardClient final : public ShardClient {
     std::shared_ptr<const v1::PushPullRequest> request;
     absl::Time deadline;
     PushPullCallback done;
+    WeightsTarget target;
     uint64_t stream_generation = 0;
     int resends = 0;
   };
@@ -93,7 +108,8 @@ class GrpcShardClient final : public ShardClient {
   std::shared_ptr<Stream> CurrentStreamLocked(int slot, bool* created)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Called by a stream when a response arrives / when it has ended.
-  void Deliver(v1::PushPullResponse response);
+  void Deliver(v1::PushPullResponse response, const std::vector<grpc::Slice>& received,
+               const std::vector<DataRef>& data);
   void OnStreamDone(int slot, uint64_t generation, absl::Status status);
   void OnStreamDestroyed();
   void SweepDeadlines();

@@ -173,6 +173,75 @@ TEST_F(GrpcShardClientTest, MatchesOutOfOrderResponsesBySeq) {
   EXPECT_EQ(second->weights(0).data(), "two");
 }
 
+// Large weights (over the in-place threshold) go straight into a matching target's buffer: the
+// response slice keeps its key and version but no bytes.
+TEST_F(GrpcShardClientTest, DecodesLargeWeightsIntoMatchingTarget) {
+  Start();
+  std::vector<float> values(20000);
+  for (size_t i = 0; i < values.size(); ++i) values[i] = 0.5f * static_cast<float>(i) - 7.0f;
+  const std::string bytes(reinterpret_cast<const char*>(values.data()),
+                          values.size() * sizeof(float));
+  std::vector<float> out(values.size(), -1.0f);
+  bool written = false;
+  ShardClient::WeightsTarget target;
+  target.tensor = "w";
+  target.index = 0;
+  target.out = out.data();
+  target.count = out.size();
+  target.written = &written;
+  absl::Notification done;
+  absl::StatusOr<v1::PushPullResponse> result;
+  client_->PushPullInto(Request(3, bytes), absl::Now() + absl::Seconds(10), target,
+                        [&](absl::StatusOr<v1::PushPullResponse> r) {
+                          result = std::move(r);
+                          done.Notify();
+                        });
+  done.WaitForNotification();
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_TRUE(written);
+  EXPECT_EQ(result->seq(), 3u);
+  ASSERT_EQ(result->weights_size(), 1);
+  EXPECT_EQ(result->weights(0).key().tensor(), "w");
+  EXPECT_EQ(result->weights(0).version(), 3);
+  EXPECT_TRUE(result->weights(0).data().empty());
+  EXPECT_EQ(out, values);
+}
+
+// Without a target, or with one that does not match (wrong size or key), large weights come back
+// as the slice's bytes and the target's buffer is left alone.
+TEST_F(GrpcShardClientTest, KeepsLargeWeightsInResponseWithoutMatchingTarget) {
+  Start();
+  std::string bytes(100000, '\0');
+  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<char>(i * 7 + 1);
+  auto plain = Call(Request(4, bytes));
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  ASSERT_EQ(plain->weights_size(), 1);
+  EXPECT_EQ(plain->weights(0).data(), bytes);
+
+  for (int mismatch = 0; mismatch < 2; ++mismatch) {
+    std::vector<float> out(bytes.size() / sizeof(float) + (mismatch == 0 ? 1 : 0), -1.0f);
+    bool written = false;
+    ShardClient::WeightsTarget target;
+    target.tensor = mismatch == 1 ? "other" : "w";
+    target.out = out.data();
+    target.count = out.size();
+    target.written = &written;
+    absl::Notification done;
+    absl::StatusOr<v1::PushPullResponse> result;
+    client_->PushPullInto(Request(5 + mismatch, bytes), absl::Now() + absl::Seconds(10), target,
+                          [&](absl::StatusOr<v1::PushPullResponse> r) {
+                            result = std::move(r);
+                            done.Notify();
+                          });
+    done.WaitForNotification();
+    ASSERT_TRUE(result.ok()) << result.status();
+    EXPECT_FALSE(written) << mismatch;
+    ASSERT_EQ(result->weights_size(), 1);
+    EXPECT_EQ(result->weights(0).data(), bytes) << mismatch;
+    EXPECT_EQ(out[0], -1.0f) << mismatch;
+  }
+}
+
 TEST_F(GrpcShardClientTest, BrokenStreamIsReopenedAndTheRequestResentWithTheSameSeq) {
   service_.break_first_stream = true;
   Start();

@@ -68,6 +68,10 @@ struct ParameterClient::Attempt {
   int attempts = 0;
   std::string what;
   std::function<absl::Status(const v1::PushPullResponse&)> accept;
+  // Dense partitions: where the transport may decode the weights in place (then it sets
+  // `weights_written` and `accept` is skipped).
+  ShardClient::WeightsTarget target;
+  bool weights_written = false;
 };
 
 // Runs retries after their backoff on one thread.
@@ -343,10 +347,12 @@ std::shared_ptr<v1::PushPullRequest> ParameterClient::NewRequest(int64_t step) {
 void ParameterClient::Send(std::shared_ptr<Attempt> attempt) {
   ++attempt->attempts;
   ShardClient* shard = shards_[attempt->shard].get();
-  shard->PushPull(attempt->request, absl::Now() + options_.call_timeout,
-                  [this, attempt](absl::StatusOr<v1::PushPullResponse> response) {
-                    OnResponse(attempt, std::move(response));
-                  });
+  attempt->weights_written = false;
+  const ShardClient::WeightsTarget& target = attempt->target;
+  shard->PushPullInto(attempt->request, absl::Now() + options_.call_timeout, target,
+                      [this, attempt](absl::StatusOr<v1::PushPullResponse> response) {
+                        OnResponse(attempt, std::move(response));
+                      });
 }
 
 void ParameterClient::OnResponse(std::shared_ptr<Attempt> attempt,
@@ -366,7 +372,9 @@ void ParameterClient::OnResponse(std::shared_ptr<Attempt> attempt,
     retry_timer_->After(Backoff(attempt->attempts), [this, attempt] { Send(attempt); });
     return;
   }
-  if (error.ok() && attempt->accept) error = attempt->accept(*response);
+  if (error.ok() && attempt->accept && !attempt->weights_written) {
+    error = attempt->accept(*response);
+  }
   {
     absl::MutexLock lock(&op.mu);
     if (!error.ok()) {
@@ -455,6 +463,11 @@ void ParameterClient::PushPullAsync(absl::string_view name, int64_t step,
       const size_t count = static_cast<size_t>(p.num_elements);
       const uint32_t index = p.index;
       const std::string* tensor = &layout.name;
+      attempt->target.tensor = layout.name;
+      attempt->target.index = index;
+      attempt->target.out = out;
+      attempt->target.count = count;
+      attempt->target.written = &attempt->weights_written;
       attempt->accept = [out, count, index, tensor](const v1::PushPullResponse& r) {
         for (const v1::Slice& w : r.weights()) {
           if (w.key().index() != index || w.key().tensor() != *tensor) continue;

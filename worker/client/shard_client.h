@@ -3,9 +3,12 @@
 #ifndef TESSERA_WORKER_CLIENT_SHARD_CLIENT_H_
 #define TESSERA_WORKER_CLIENT_SHARD_CLIENT_H_
 
+#include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -36,6 +39,24 @@ class ShardClient {
   // it must not be modified afterwards. Responses are matched to requests by `seq`.
   virtual void PushPull(std::shared_ptr<const v1::PushPullRequest> request, absl::Time deadline,
                         PushPullCallback done) = 0;
+
+  // Where a transport may decode the fp32 weights of one partition straight from its receive
+  // buffers into the caller's memory, instead of returning them in the response's bytes.
+  struct WeightsTarget {
+    std::string tensor;
+    uint32_t index = 0;
+    float* out = nullptr;  // nullptr: no target
+    size_t count = 0;      // values at `out`
+    // Set to true by the transport, before `done` runs, when it wrote the weights of
+    // (tensor, index) to `out`; that slice of the response then has empty data.
+    bool* written = nullptr;
+  };
+
+  // PushPull that may decode the weights for `target` in place. The default ignores the target.
+  virtual void PushPullInto(std::shared_ptr<const v1::PushPullRequest> request, absl::Time deadline,
+                            const WeightsTarget& target, PushPullCallback done) {
+    PushPull(std::move(request), deadline, std::move(done));
+  }
 
   // Blocking server-streaming Pull; returns every weight slice the shard sent, in order.
   virtual absl::StatusOr<std::vector<v1::Slice>> Pull(const v1::PullRequest& request,
