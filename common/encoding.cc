@@ -46,7 +46,7 @@ uint16_t FloatToFp16(float f) {
   const uint32_t u = Bits(f);
   const uint32_t sign = (u >> 16) & 0x8000u;
   const uint32_t abs = u & 0x7fffffffu;
-  if (abs > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);  // NaN
+  if (abs > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);   // NaN
   if (abs >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // overflow -> Inf
   if (abs < 0x38800000u) {
     // Subnormal or zero in fp16: shift the implicit-one mantissa and round to nearest even.
@@ -83,7 +83,8 @@ float Fp16ToFloat(uint16_t h) {
 absl::Status DecodeValues(v1::Encoding encoding, absl::string_view bytes, float* out, size_t n) {
   const size_t width = BytesPerValue(encoding);
   if (width == 0) {
-    return absl::InvalidArgumentError(absl::StrCat("unknown encoding ", static_cast<int>(encoding)));
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown encoding ", static_cast<int>(encoding)));
   }
   if (bytes.size() != n * width) {
     return absl::InvalidArgumentError(absl::StrCat("expected ", n, " values (", n * width,

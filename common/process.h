@@ -4,9 +4,9 @@
 #define TESSERA_COMMON_PROCESS_H_
 
 #include <string>
-#include "absl/strings/string_view.h"
 
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 
 namespace tessera {
 

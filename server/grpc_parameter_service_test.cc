@@ -547,11 +547,11 @@ TEST_F(GrpcParameterServiceTest, CancellingCallsWhileTheirPullsOpenIsSafe) {
 
 // Server reflection lists the ParameterService (grpc.reflection.v1alpha, as Debian ships it).
 TEST_F(GrpcParameterServiceTest, ServesReflection) {
-  grpc::GenericStub stub(channel_);
+  grpc::GenericStub generic_stub(channel_);
   grpc::CompletionQueue cq;
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-  auto call = stub.PrepareCall(
+  auto call = generic_stub.PrepareCall(
       &context, "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo", &cq);
   void* tag;
   bool ok;
@@ -585,13 +585,13 @@ TEST_F(GrpcParameterServiceTest, ServesReflection) {
 
 grpc::Status GenericUnary(grpc::Channel* channel, const std::string& method,
                           const std::string& request_bytes, std::string* response_bytes) {
-  grpc::GenericStub stub(channel->shared_from_this());
+  grpc::GenericStub generic_stub(channel->shared_from_this());
   grpc::CompletionQueue cq;
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
   grpc::Slice slice(request_bytes);
   grpc::ByteBuffer request(&slice, 1);
-  auto call = stub.PrepareUnaryCall(&context, method, request, &cq);
+  auto call = generic_stub.PrepareUnaryCall(&context, method, request, &cq);
   call->StartCall();
   grpc::ByteBuffer response;
   grpc::Status status;

@@ -377,12 +377,12 @@ void PinCallbackCompletionQueue() {
   std::call_once(once, [] {
     auto* channel = new std::shared_ptr<grpc::Channel>(
         grpc::CreateChannel("127.0.0.1:1", grpc::InsecureChannelCredentials()));
-    auto* stub = v1::ParameterService::NewStub(*channel).release();
+    auto* service = v1::ParameterService::NewStub(*channel).release();
     auto* context = new grpc::ClientContext();
     context->set_deadline(absl::ToChronoTime(absl::Now() + absl::Milliseconds(1)));
     auto* request = new v1::DropJobRequest();
     auto* response = new v1::DropJobResponse();
-    stub->async()->DropJob(context, request, response, [](grpc::Status) {});
+    service->async()->DropJob(context, request, response, [](grpc::Status) {});
   });
 }
 
