@@ -1129,22 +1129,28 @@ void ParameterStore::AnswerWhenOpen(
   inline_wait_token = nullptr;
 }
 
+absl::StatusOr<std::shared_ptr<ParameterStore::Job>> ParameterStore::FindJobForCaller(
+    absl::string_view job_id, uint32_t worker_id, v1::Encoding encoding,
+    absl::string_view encoding_field) const {
+  TESSERA_ASSIGN_OR_RETURN(std::shared_ptr<Job> job, FindJob(job_id));
+  if (BytesPerValue(encoding) == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(encoding_field, ": unknown encoding ", static_cast<int>(encoding)));
+  }
+  if (worker_id >= job->gate.num_workers()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("worker_id: ", worker_id, " is out of range for job '", job_id,
+                     "' (num_workers ", job->gate.num_workers(), ")"));
+  }
+  return job;
+}
+
 void ParameterStore::PushPull(const v1::PushPullRequest& request, PushPullDone done,
                               std::shared_ptr<const std::atomic<bool>> cancelled) {
-  absl::StatusOr<std::shared_ptr<Job>> job = FindJob(request.job_id());
+  absl::StatusOr<std::shared_ptr<Job>> job = FindJobForCaller(
+      request.job_id(), request.worker_id(), request.pull_encoding(), "pull_encoding");
   if (!job.ok()) {
     done(job.status());
-    return;
-  }
-  if (BytesPerValue(request.pull_encoding()) == 0) {
-    done(absl::InvalidArgumentError(absl::StrCat("pull_encoding: unknown encoding ",
-                                                 static_cast<int>(request.pull_encoding()))));
-    return;
-  }
-  if (request.worker_id() >= (*job)->gate.num_workers()) {
-    done(absl::InvalidArgumentError(
-        absl::StrCat("worker_id: ", request.worker_id(), " is out of range for job '",
-                     request.job_id(), "' (num_workers ", (*job)->gate.num_workers(), ")")));
     return;
   }
   if (request.step() < 0 || request.step() > kMaxStep) {
@@ -1185,20 +1191,10 @@ void ParameterStore::PushPull(const v1::PushPullRequest& request, PushPullDone d
 
 void ParameterStore::Pull(const v1::PullRequest& request, PullDone done,
                           std::shared_ptr<const std::atomic<bool>> cancelled) {
-  absl::StatusOr<std::shared_ptr<Job>> job = FindJob(request.job_id());
+  absl::StatusOr<std::shared_ptr<Job>> job =
+      FindJobForCaller(request.job_id(), request.worker_id(), request.encoding(), "encoding");
   if (!job.ok()) {
     done(job.status());
-    return;
-  }
-  if (BytesPerValue(request.encoding()) == 0) {
-    done(absl::InvalidArgumentError(
-        absl::StrCat("encoding: unknown encoding ", static_cast<int>(request.encoding()))));
-    return;
-  }
-  if (request.worker_id() >= (*job)->gate.num_workers()) {
-    done(absl::InvalidArgumentError(
-        absl::StrCat("worker_id: ", request.worker_id(), " is out of range for job '",
-                     request.job_id(), "' (num_workers ", (*job)->gate.num_workers(), ")")));
     return;
   }
   if (request.step() > kMaxStep) {

@@ -133,6 +133,11 @@ class ParameterStore {
   class MemoryBudget;
 
   absl::StatusOr<std::shared_ptr<Job>> FindJob(absl::string_view job_id) const;
+  // FindJob, then the checks every pull makes: a known `encoding` (INVALID_ARGUMENT naming
+  // `encoding_field`) and a worker_id below the job's num_workers.
+  absl::StatusOr<std::shared_ptr<Job>> FindJobForCaller(absl::string_view job_id,
+                                                        uint32_t worker_id, v1::Encoding encoding,
+                                                        absl::string_view encoding_field) const;
   // The part of CreateJobState after validation: adds what `request` declares to `job`.
   absl::StatusOr<v1::CreateJobStateResponse> AddToJob(
       Job& job, const v1::CreateJobStateRequest& request,
