@@ -517,12 +517,9 @@ INSTANTIATE_TEST_SUITE_P(Geometries, ConvForwardTest,
 TEST(ForwardTest, PoolingMatchesReference) {
   for (bool max : {true, false}) {
     Fixture f;
-    f.Build(
-        std::string(R"pb(input_shape: [ 2, 5, 6 ]
-                         layers {)pb") +
-        (max ? "max_pool2d" : "avg_pool2d") +
-        R"pb(                                                                                                    { pool_h: 3 pool_w: 2 stride_h: 2 stride_w: 2 padding_h: 1 } }
-                                                                                                                 loss: LOSS_MEAN_SQUARED_ERROR)pb");
+    f.Build(absl::StrCat("input_shape: [2, 5, 6] layers { ", max ? "max_pool2d" : "avg_pool2d",
+                         " { pool_h: 3 pool_w: 2 stride_h: 2 stride_w: 2 padding_h: 1 } }",
+                         " loss: LOSS_MEAN_SQUARED_ERROR"));
     const int64_t n = 2, c = 2, h = 5, w = 6, oh = 3, ow = 3;
     ASSERT_EQ(f.model->output_dim(), c * oh * ow);
     auto x = f.RandomInput(n);
