@@ -237,6 +237,53 @@ absl::StatusOr<v1::JobSpec> ReadJobSpecFile(const std::string& path) {
   return ParseJobSpec(buffer.str(), path);
 }
 
+namespace {
+
+constexpr int kMaxWorkers = 1024;
+constexpr int64_t kMinPartitionBytes = 1024;
+constexpr int64_t kMaxPartitionBytes = int64_t{1} << 30;
+
+absl::Status ValidateDistributedFields(const v1::JobSpec& spec) {
+  if (spec.num_workers() < 1 || spec.num_workers() > kMaxWorkers) {
+    return absl::InvalidArgumentError(absl::StrCat("num_workers: must be in [1, ", kMaxWorkers,
+                                                   "], got ", spec.num_workers()));
+  }
+  const std::string mode = absl::AsciiStrToLower(spec.consistency());
+  if (!mode.empty() && mode != "bsp" && mode != "ssp" && mode != "asp") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("consistency: must be \"bsp\", \"ssp\" or \"asp\", got \"",
+                     absl::CEscape(spec.consistency()), "\""));
+  }
+  if (mode == "ssp" && (spec.staleness() < 1 || spec.staleness() > 1000000)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "staleness: ssp needs a staleness in [1, 1000000], got ", spec.staleness()));
+  }
+  if (mode != "ssp" && spec.staleness() != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("staleness: only ssp takes a staleness, got ", spec.staleness(), " with ",
+                     mode.empty() ? "bsp" : mode));
+  }
+  if (spec.partition_bytes() != 0 && (spec.partition_bytes() < kMinPartitionBytes ||
+                                      spec.partition_bytes() > kMaxPartitionBytes)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("partition_bytes: must be 0 (4 MiB) or in [", kMinPartitionBytes, ", ",
+                     kMaxPartitionBytes, "], got ", spec.partition_bytes()));
+  }
+  const std::string encoding = absl::AsciiStrToLower(spec.wire_encoding());
+  if (!encoding.empty() && encoding != "fp32" && encoding != "bf16" && encoding != "fp16") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("wire_encoding: must be \"fp32\", \"bf16\" or \"fp16\", got \"",
+                     absl::CEscape(spec.wire_encoding()), "\""));
+  }
+  if (spec.checkpoint_every_steps() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("checkpoint_every_steps: must be >= 0, got ",
+                                                   spec.checkpoint_every_steps()));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status ValidateJobSpec(const v1::JobSpec& spec, const ValidateOptions& options) {
   if (!ValidName(spec.name())) {
     return absl::InvalidArgumentError(
@@ -311,7 +358,40 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec, const ValidateOptions& opt
     return absl::InvalidArgumentError(absl::StrCat(
         "eval.batch_size: must be in [0, ", kMaxBatchSize, "], got ", spec.eval().batch_size()));
   }
+  if (options.distributed) TESSERA_RETURN_IF_ERROR(ValidateDistributedFields(spec));
   return absl::OkStatus();
+}
+
+v1::JobConfig MakeJobConfig(const v1::JobSpec& spec) {
+  v1::JobConfig config;
+  const std::string mode = absl::AsciiStrToLower(spec.consistency());
+  if (mode == "ssp") {
+    config.set_consistency(v1::CONSISTENCY_SSP);
+    config.set_staleness(static_cast<uint32_t>(spec.staleness()));
+  } else if (mode == "asp") {
+    config.set_consistency(v1::CONSISTENCY_ASP);
+  } else {
+    config.set_consistency(v1::CONSISTENCY_BSP);
+  }
+  config.set_num_workers(static_cast<uint32_t>(NumWorkers(spec)));
+  *config.mutable_optimizer() = spec.optimizer();
+  *config.mutable_schedule() = spec.schedule();
+  return config;
+}
+
+v1::Encoding WireEncoding(const v1::JobSpec& spec) {
+  const std::string e = absl::AsciiStrToLower(spec.wire_encoding());
+  if (e == "bf16") return v1::ENCODING_BF16;
+  if (e == "fp16") return v1::ENCODING_FP16;
+  return v1::ENCODING_FP32;
+}
+
+int64_t PartitionBytes(const v1::JobSpec& spec) {
+  return spec.partition_bytes() == 0 ? int64_t{4} << 20 : spec.partition_bytes();
+}
+
+int NumWorkers(const v1::JobSpec& spec) {
+  return spec.num_workers() == 0 ? 1 : spec.num_workers();
 }
 
 data::ReadOptions MakeReadOptions(const v1::DatasetSpec& dataset, int rank, int world) {

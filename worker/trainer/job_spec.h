@@ -7,6 +7,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "tessera/v1/job_spec.pb.h"
+#include "tessera/v1/parameter.pb.h"
 #include "worker/data/dataset.h"
 
 namespace tessera::trainer {
@@ -23,12 +24,25 @@ absl::StatusOr<v1::JobSpec> ReadJobSpecFile(const std::string& path);
 struct ValidateOptions {
   // Check that the dataset files exist and are readable.
   bool check_files = true;
+  // Also check the fields of distributed runs (num_workers, consistency, staleness,
+  // partition_bytes, wire_encoding, checkpoint_every_steps). A standalone run ignores them.
+  bool distributed = false;
 };
 
 // Checks every field of `spec` before any work starts. INVALID_ARGUMENT names the field and the
 // value: "batch_size: must be in [1, 1048576], got 0", "dataset.train_images: file not found: /x",
 // "model.layers[2] (dense_2): ...", "optimizer.learning_rate: ...".
 absl::Status ValidateJobSpec(const v1::JobSpec& spec, const ValidateOptions& options = {});
+
+// The shards' view of a distributed job: consistency (with its staleness), num_workers (0 -> 1),
+// optimizer, schedule. REQUIRES: ValidateJobSpec(spec, {.distributed = true}).ok().
+v1::JobConfig MakeJobConfig(const v1::JobSpec& spec);
+// spec.wire_encoding as the data plane's enum (empty -> FP32). REQUIRES: a validated spec.
+v1::Encoding WireEncoding(const v1::JobSpec& spec);
+// spec.partition_bytes, 0 -> 4 MiB.
+int64_t PartitionBytes(const v1::JobSpec& spec);
+// spec.num_workers, 0 -> 1 (standalone specs leave it unset).
+int NumWorkers(const v1::JobSpec& spec);
 
 // The reader options for one split of `spec.dataset` on shard rank/world.
 // REQUIRES: ValidateJobSpec(spec).ok().

@@ -187,6 +187,84 @@ INSTANTIATE_TEST_SUITE_P(
                 "optimizer: must be set"}),
     [](const ::testing::TestParamInfo<BadSpec>& info) { return std::string(info.param.what); });
 
+v1::JobSpec DistributedMlp() {
+  v1::JobSpec spec = Mlp();
+  spec.set_num_workers(2);
+  return spec;
+}
+
+ValidateOptions Distributed() {
+  ValidateOptions options;
+  options.distributed = true;
+  return options;
+}
+
+class ValidateDistributedTest : public ::testing::TestWithParam<BadSpec> {};
+
+TEST_P(ValidateDistributedTest, NamesTheField) {
+  v1::JobSpec spec = DistributedMlp();
+  GetParam().mutate(&spec);
+  const absl::Status status = ValidateJobSpec(spec, Distributed());
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+  EXPECT_THAT(std::string(status.message()), HasSubstr(GetParam().message));
+  // A standalone run ignores the distributed fields.
+  EXPECT_TRUE(ValidateJobSpec(spec).ok()) << ValidateJobSpec(spec);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Fields, ValidateDistributedTest,
+    ::testing::Values(
+        BadSpec{"no_workers", [](v1::JobSpec* s) { s->set_num_workers(0); },
+                "num_workers: must be in [1, 1024], got 0"},
+        BadSpec{"negative_workers", [](v1::JobSpec* s) { s->set_num_workers(-3); },
+                "num_workers: must be in [1, 1024], got -3"},
+        BadSpec{"consistency", [](v1::JobSpec* s) { s->set_consistency("eventual"); },
+                "consistency: must be \"bsp\", \"ssp\" or \"asp\", got \"eventual\""},
+        BadSpec{"ssp_without_k", [](v1::JobSpec* s) { s->set_consistency("ssp"); },
+                "staleness: ssp needs a staleness in [1, 1000000], got 0"},
+        BadSpec{"k_without_ssp", [](v1::JobSpec* s) { s->set_staleness(2); },
+                "staleness: only ssp takes a staleness, got 2 with bsp"},
+        BadSpec{"partition", [](v1::JobSpec* s) { s->set_partition_bytes(100); },
+                "partition_bytes: must be 0 (4 MiB) or in [1024, 1073741824], got 100"},
+        BadSpec{"encoding", [](v1::JobSpec* s) { s->set_wire_encoding("int8"); },
+                "wire_encoding: must be \"fp32\", \"bf16\" or \"fp16\", got \"int8\""},
+        BadSpec{"checkpoint", [](v1::JobSpec* s) { s->set_checkpoint_every_steps(-1); },
+                "checkpoint_every_steps: must be >= 0, got -1"}),
+    [](const ::testing::TestParamInfo<BadSpec>& info) { return std::string(info.param.what); });
+
+TEST(JobSpecTest, JobConfigFollowsTheSpec) {
+  v1::JobSpec spec = DistributedMlp();
+  ASSERT_TRUE(ValidateJobSpec(spec, Distributed()).ok());
+  v1::JobConfig config = MakeJobConfig(spec);
+  EXPECT_EQ(config.consistency(), v1::CONSISTENCY_BSP);
+  EXPECT_EQ(config.staleness(), 0u);
+  EXPECT_EQ(config.num_workers(), 2u);
+  EXPECT_EQ(config.optimizer().kind(), spec.optimizer().kind());
+  EXPECT_FLOAT_EQ(config.optimizer().learning_rate(), spec.optimizer().learning_rate());
+  EXPECT_EQ(WireEncoding(spec), v1::ENCODING_FP32);
+  EXPECT_EQ(PartitionBytes(spec), 4 << 20);
+
+  spec.set_consistency("SSP");
+  spec.set_staleness(3);
+  spec.set_wire_encoding("bf16");
+  spec.set_partition_bytes(65536);
+  ASSERT_TRUE(ValidateJobSpec(spec, Distributed()).ok());
+  config = MakeJobConfig(spec);
+  EXPECT_EQ(config.consistency(), v1::CONSISTENCY_SSP);
+  EXPECT_EQ(config.staleness(), 3u);
+  EXPECT_EQ(WireEncoding(spec), v1::ENCODING_BF16);
+  EXPECT_EQ(PartitionBytes(spec), 65536);
+
+  spec.set_consistency("asp");
+  spec.set_staleness(0);
+  spec.set_wire_encoding("fp16");
+  ASSERT_TRUE(ValidateJobSpec(spec, Distributed()).ok());
+  EXPECT_EQ(MakeJobConfig(spec).consistency(), v1::CONSISTENCY_ASP);
+  EXPECT_EQ(WireEncoding(spec), v1::ENCODING_FP16);
+  spec.set_num_workers(0);
+  EXPECT_EQ(NumWorkers(spec), 1);
+}
+
 TEST(JobSpecTest, FileChecksCanBeSkipped) {
   v1::JobSpec spec = Mlp();
   spec.mutable_dataset()->set_train_images("/elsewhere/images.gz");
