@@ -72,6 +72,7 @@ class FaultyShardClient final : public client::ShardClient {
   absl::Status DropJob(const v1::DropJobRequest& request, absl::Time deadline) override {
     return inner_->DropJob(request, deadline);
   }
+  void CancelPending() override { inner_->CancelPending(); }
 
   int duplicated() const { return duplicated_.load(); }
   int dropped() const { return dropped_.load(); }

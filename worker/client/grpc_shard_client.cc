@@ -576,6 +576,19 @@ void GrpcShardClient::OnStreamDone(int slot, uint64_t generation, absl::Status s
   }
 }
 
+void GrpcShardClient::CancelPending() {
+  std::multimap<uint64_t, Pending> cancelled;
+  {
+    absl::MutexLock lock(&mu_);
+    cancelled.swap(pending_);
+  }
+  // Out of pending_, so a late answer is dropped (Deliver) and never written to a target.
+  for (auto& [seq, p] : cancelled) {
+    p.done(absl::CancelledError(
+        absl::StrCat(options_.address, ": PushPull seq ", seq, " cancelled: client shutting down")));
+  }
+}
+
 void GrpcShardClient::OnStreamDestroyed() {
   // Last touch of *this by a stream: the destructor waits for live_streams_ to reach 0.
   absl::MutexLock lock(&mu_);

@@ -90,6 +90,7 @@ class GrpcShardClient final : public ShardClient {
   absl::Status UpdateMembership(const v1::UpdateMembershipRequest& request,
                                 absl::Time deadline) override;
   absl::Status DropJob(const v1::DropJobRequest& request, absl::Time deadline) override;
+  void CancelPending() override;
 
  private:
   class Stream;

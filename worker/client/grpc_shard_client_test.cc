@@ -346,6 +346,29 @@ TEST_F(GrpcShardClientTest, UnansweredRequestFailsAtItsDeadlineWithTheAddress) {
   ASSERT_TRUE(next.ok()) << next.status();
 }
 
+TEST_F(GrpcShardClientTest, CancelPendingFailsHeldRequestsAtOnce) {
+  service_.never_seq = 5;
+  Start();
+  absl::Notification done;
+  absl::StatusOr<v1::PushPullResponse> result;
+  client_->PushPull(Request(5, "held"), absl::Now() + absl::Seconds(30),
+                    [&](absl::StatusOr<v1::PushPullResponse> r) {
+                      result = std::move(r);
+                      done.Notify();
+                    });
+  // Let the request reach the shard, which never answers it.
+  absl::SleepFor(absl::Milliseconds(100));
+  EXPECT_FALSE(done.HasBeenNotified());
+  client_->CancelPending();
+  ASSERT_TRUE(done.HasBeenNotified());
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kCancelled) << result.status();
+  EXPECT_NE(result.status().message().find(client_->address()), absl::string_view::npos);
+  // The client keeps working.
+  auto next = Call(Request(6, "next"));
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_EQ(next->seq(), 6u);
+}
+
 TEST_F(GrpcShardClientTest, UnreachableShardFailsUnavailableWithTheAddress) {
   GrpcShardClient::Options o;
   o.address = "127.0.0.1:1";  // nothing listens on port 1

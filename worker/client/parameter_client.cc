@@ -185,10 +185,22 @@ ParameterClient::ParameterClient(const Options& options,
     : options_(options), shards_(std::move(shards)), retry_timer_(std::make_unique<RetryTimer>()) {}
 
 ParameterClient::~ParameterClient() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  // Calls in flight end now rather than at their deadline (a pull parked at a barrier that will
+  // never open, after a cancel, would otherwise hold this destructor for call_timeout times the
+  // attempts); stopping_ keeps them from being retried.
+  for (const std::unique_ptr<ShardClient>& shard : shards_) shard->CancelPending();
   absl::MutexLock lock(&mu_);
-  stopping_ = true;
   mu_.Await(absl::Condition(
       +[](int* n) { return *n == 0; }, &ops_in_flight_));
+}
+
+bool ParameterClient::Stopping() const {
+  absl::MutexLock lock(&mu_);
+  return stopping_;
 }
 
 void ParameterClient::OpStarted() {
@@ -346,6 +358,10 @@ std::shared_ptr<v1::PushPullRequest> ParameterClient::NewRequest(int64_t step) {
 
 void ParameterClient::Send(std::shared_ptr<Attempt> attempt) {
   ++attempt->attempts;
+  if (Stopping()) {  // a retry that fired during shutdown
+    OnResponse(attempt, absl::CancelledError("the client is shutting down"));
+    return;
+  }
   ShardClient* shard = shards_[attempt->shard].get();
   attempt->weights_written = false;
   const ShardClient::WeightsTarget& target = attempt->target;
@@ -364,7 +380,8 @@ void ParameterClient::OnResponse(std::shared_ptr<Attempt> attempt,
     error = StatusFromCode(response->status().code(), response->status().message());
   }
   Op& op = *attempt->op;
-  if (!error.ok() && IsRetryable(error.code()) && attempt->attempts < options_.retry.max_attempts) {
+  if (!error.ok() && IsRetryable(error.code()) && attempt->attempts < options_.retry.max_attempts &&
+      !Stopping()) {
     {
       absl::MutexLock lock(&op.mu);
       ++op.result.retries;

@@ -13,8 +13,8 @@
 // GrpcShardClient::Options::zero_copy_push), and decoded from the response's bytes straight into
 // the caller's buffer.
 //
-// Thread-safety: all methods may be called from any thread concurrently. The destructor blocks
-// until every call in flight has finished (at most the call deadline times the attempts).
+// Thread-safety: all methods may be called from any thread concurrently. The destructor fails
+// every call in flight with CANCELLED (no retries) and returns once their callbacks have run.
 #ifndef TESSERA_WORKER_CLIENT_PARAMETER_CLIENT_H_
 #define TESSERA_WORKER_CLIENT_PARAMETER_CLIENT_H_
 
@@ -179,6 +179,7 @@ class ParameterClient {
   // Runs `call` under the retry policy (idempotent blocking calls: Pull and control).
   absl::Status CallWithRetries(int shard, const std::function<absl::Status(absl::Time)>& call);
   absl::Status WithAddress(int shard, const absl::Status& status) const;
+  bool Stopping() const;
   void OpStarted();
   void OpFinished();
 

@@ -10,6 +10,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/encoding.h"
 #include "common/placement.h"
+#include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
 
 namespace tessera {
@@ -38,6 +39,26 @@ class FakeShard final : public ShardClient {
     drop_next_ = n;
   }
 
+  // From now on PushPull calls are held unanswered (a pull parked at a barrier) until
+  // CancelPending.
+  void HoldPushPulls() {
+    absl::MutexLock lock(&mu_);
+    hold_ = true;
+  }
+  void CancelPending() override {
+    std::vector<PushPullCallback> held;
+    {
+      absl::MutexLock lock(&mu_);
+      held.swap(held_);
+      ++cancel_pending_calls_;
+    }
+    for (PushPullCallback& done : held) done(absl::CancelledError(address_ + ": cancelled"));
+  }
+  int cancel_pending_calls() {
+    absl::MutexLock lock(&mu_);
+    return cancel_pending_calls_;
+  }
+
   void PushPull(std::shared_ptr<const v1::PushPullRequest> request, absl::Time deadline,
                 PushPullCallback done) override {
     absl::StatusOr<v1::PushPullResponse> result;
@@ -45,6 +66,10 @@ class FakeShard final : public ShardClient {
     {
       absl::MutexLock lock(&mu_);
       seqs_.push_back(request->seq());
+      if (hold_) {
+        held_.push_back(std::move(done));
+        return;
+      }
       if (fail_next_ > 0) {
         --fail_next_;
         if (fail_in_response_) {
@@ -217,6 +242,9 @@ class FakeShard final : public ShardClient {
   absl::StatusCode fail_code_ ABSL_GUARDED_BY(mu_) = absl::StatusCode::kOk;
   bool fail_in_response_ ABSL_GUARDED_BY(mu_) = false;
   int drop_next_ ABSL_GUARDED_BY(mu_) = 0;
+  bool hold_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<PushPullCallback> held_ ABSL_GUARDED_BY(mu_);
+  int cancel_pending_calls_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 class ParameterClientTest : public ::testing::Test {
@@ -481,6 +509,34 @@ struct BackoffCase {
   double unit;
   absl::Duration expected;
 };
+
+TEST_F(ParameterClientTest, DestructorCancelsCallsInFlightInsteadOfWaitingForTheirDeadline) {
+  MakeClient(2, 64);
+  DeclareW(40);
+  for (FakeShard* f : fakes_) f->HoldPushPulls();
+  std::vector<float> grad(40, 1.0f), weights(40, 0.0f);
+  absl::Notification done;
+  absl::StatusOr<PushPullResult> result;
+  client_->PushPullAsync("w", 0, grad, absl::MakeSpan(weights),
+                         [&](absl::StatusOr<PushPullResult> r) {
+                           result = std::move(r);
+                           done.Notify();
+                         });
+  EXPECT_FALSE(done.HasBeenNotified());
+  const absl::Time start = absl::Now();
+  client_.reset();  // the default call_timeout is 30 s: it must not wait for it
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  ASSERT_TRUE(done.HasBeenNotified());
+  ASSERT_FALSE(result.ok());
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kCancelled) << result.status();
+  // Cancelled calls are not retried: each partition was sent exactly once.
+  size_t sent = 0;
+  for (FakeShard* f : fakes_) {
+    EXPECT_EQ(f->cancel_pending_calls(), 1);
+    sent += f->seqs().size();
+  }
+  EXPECT_EQ(sent, 40 * sizeof(float) / 64 + (40 * sizeof(float) % 64 != 0));
+}
 
 TEST(RetryBackoffTest, CappedExponentialWithJitter) {
   RetryPolicy p;

@@ -58,6 +58,13 @@ class ShardClient {
     PushPull(std::move(request), deadline, std::move(done));
   }
 
+  // Fails every PushPull in flight with CANCELLED now, without waiting for its answer or its
+  // deadline (a pull parked at a BSP barrier may otherwise wait the whole deadline); their
+  // callbacks run before this returns, and no weights are written to their targets afterwards.
+  // Later calls work as usual. Used when the caller shuts down. The default does nothing: calls in
+  // flight then end with their answer or at their deadline.
+  virtual void CancelPending() {}
+
   // Blocking server-streaming Pull; returns every weight slice the shard sent, in order.
   virtual absl::StatusOr<std::vector<v1::Slice>> Pull(const v1::PullRequest& request,
                                                       absl::Time deadline) = 0;
