@@ -1,5 +1,6 @@
 // tessera-server: one parameter shard (DESIGN.md §1). Flags live here only.
 #include <malloc.h>
+#include <unistd.h>
 
 #include <csignal>
 #include <cstdio>
@@ -7,7 +8,9 @@
 #include <string>
 
 #include "CLI/CLI.hpp"
+#include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "common/membership.h"
 #include "common/process.h"
 #include "server/shard_server.h"
 #include "spdlog/spdlog.h"
@@ -19,7 +22,24 @@ struct Flags {
   std::string port_file;
   std::string log_level = "info";
   double shutdown_grace_seconds = 5.0;
+  std::string coordinator;
+  std::string advertise_address;
 };
+
+std::string Hostname() {
+  char name[256] = {};
+  if (::gethostname(name, sizeof(name) - 1) != 0 || name[0] == '\0') return "localhost";
+  return name;
+}
+
+// The address workers dial: --advertise_address, else the --listen host with the bound port (a
+// wildcard host becomes this machine's hostname).
+std::string AdvertisedAddress(const Flags& flags, int port) {
+  if (!flags.advertise_address.empty()) return flags.advertise_address;
+  std::string host = flags.server.listen.substr(0, flags.server.listen.rfind(':'));
+  if (host == "0.0.0.0" || host == "::" || host == "[::]" || host.empty()) host = Hostname();
+  return absl::StrCat(host, ":", port);
+}
 
 int Run(const Flags& flags) {
   absl::Status logging = tessera::InitLogging(flags.log_level);
@@ -45,7 +65,20 @@ int Run(const Flags& flags) {
       return 1;
     }
   }
+  std::unique_ptr<tessera::MemberAgent> agent;
+  if (!flags.coordinator.empty()) {
+    tessera::MemberAgent::Options options;
+    options.coordinator = flags.coordinator;
+    options.registration.set_role(tessera::v1::MEMBER_ROLE_SERVER);
+    options.registration.set_address(AdvertisedAddress(flags, (*server)->port()));
+    options.registration.set_shard_index(flags.server.shard_index);
+    options.registration.set_hostname(Hostname());
+    options.registration.set_pid(::getpid());
+    agent = std::make_unique<tessera::MemberAgent>(std::move(options));
+    agent->Start();
+  }
   const int signal = tessera::WaitForShutdownSignal();
+  if (agent != nullptr) agent->Stop(/*deregister=*/true);
   spdlog::info("tessera-server: signal {} received, shutting down (grace {} s)", signal,
                flags.shutdown_grace_seconds);
   (*server)->Stop(absl::Seconds(flags.shutdown_grace_seconds));
@@ -95,6 +128,14 @@ int main(int argc, char** argv) {
                  "threads that apply pushes and answer pulls; 0: one per hardware thread")
       ->capture_default_str()
       ->check(CLI::Range(0, 1024));
+  app.add_option("--coordinator", flags.coordinator,
+                 "host:port of tessera-coordinator to register with (heartbeats keep the lease); "
+                 "empty: a standalone shard")
+      ->capture_default_str();
+  app.add_option("--advertise_address", flags.advertise_address,
+                 "host:port workers dial, sent to the coordinator; empty: the --listen host with "
+                 "the bound port (0.0.0.0 or :: becomes the hostname)")
+      ->capture_default_str();
   app.add_option("--log_level", flags.log_level, "trace, debug, info, warn, error, critical or off")
       ->capture_default_str();
   app.add_option("--shutdown_grace_seconds", flags.shutdown_grace_seconds,

@@ -1,0 +1,1146 @@
+#include "server/coordinator/coordinator.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "common/status_macros.h"
+#include "spdlog/spdlog.h"
+#include "worker/trainer/job_spec.h"
+
+namespace tessera::coordinator {
+namespace {
+
+constexpr int64_t kProgressEventIntervalMs = 1000;
+constexpr int64_t kRecordWriteIntervalMs = 500;
+constexpr absl::Duration kTickInterval = absl::Milliseconds(500);
+constexpr char kWeightsDropped[] = "weights dropped from the shards";
+
+bool IsTerminal(v1::JobState state) {
+  return state == v1::JOB_STATE_SUCCEEDED || state == v1::JOB_STATE_FAILED ||
+         state == v1::JOB_STATE_CANCELLED;
+}
+
+bool IsLive(const v1::Member& member) {
+  return member.state() == v1::MEMBER_STATE_READY || member.state() == v1::MEMBER_STATE_BUSY;
+}
+
+// The number in "s-<n>" / "w-<n>"; 0 when the id has another form.
+int64_t IdNumber(const std::string& id) {
+  int64_t n = 0;
+  if (id.size() < 3 || !absl::SimpleAtoi(absl::string_view(id).substr(2), &n)) return 0;
+  return n;
+}
+
+std::string SecondsText(absl::Duration d) { return absl::StrCat(absl::ToDoubleSeconds(d), " s"); }
+
+}  // namespace
+
+// --- JobWatch ------------------------------------------------------------------------------------
+
+JobWatch::Poll JobWatch::Next(v1::WatchJobResponse* out, absl::Status* end) {
+  absl::MutexLock lock(&mu_);
+  if (replaying_) return Poll::kEmpty;
+  if (!queue_.empty()) {
+    *out = std::move(queue_.front());
+    queue_.pop_front();
+    if (replay_left_ > 0) --replay_left_;
+    return Poll::kMessage;
+  }
+  if (ended_) {
+    *end = end_status_;
+    return Poll::kEnded;
+  }
+  return Poll::kEmpty;
+}
+
+void JobWatch::SetWakeup(std::function<void()> wakeup) {
+  absl::MutexLock lock(&wakeup_mu_);
+  wakeup_ = std::move(wakeup);
+}
+
+void JobWatch::Cancel() {
+  absl::MutexLock lock(&mu_);
+  ended_ = true;
+  queue_.clear();
+  held_.clear();
+}
+
+bool JobWatch::Push(v1::WatchJobResponse message) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (ended_) return false;
+    std::deque<v1::WatchJobResponse>& target = replaying_ ? held_ : queue_;
+    target.push_back(std::move(message));
+    const size_t live = replaying_ ? held_.size() : queue_.size() - replay_left_;
+    if (live > max_queued_) {
+      ended_ = true;
+      queue_.clear();
+      held_.clear();
+      replay_left_ = 0;
+      end_status_ = absl::ResourceExhaustedError(
+          absl::StrCat("this watcher fell more than ", max_queued_, " events behind; watch again"));
+    }
+  }
+  Wake();
+  return true;
+}
+
+void JobWatch::End(const absl::Status& status) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (ended_) return;
+    ended_ = true;
+    end_status_ = status;
+  }
+  Wake();
+}
+
+void JobWatch::FinishReplay(std::vector<v1::WatchJobResponse> replay) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (!replaying_) return;
+    replaying_ = false;
+    std::deque<v1::WatchJobResponse> queue(std::make_move_iterator(replay.begin()),
+                                           std::make_move_iterator(replay.end()));
+    replay_left_ = queue.size();
+    for (v1::WatchJobResponse& message : held_) queue.push_back(std::move(message));
+    held_.clear();
+    queue_.swap(queue);
+    if (ended_ && !end_status_.ok()) {
+      // Overflowed or failed: the error goes out at once.
+      queue_.clear();
+      replay_left_ = 0;
+    }
+  }
+  Wake();
+}
+
+void JobWatch::Wake() {
+  absl::MutexLock lock(&wakeup_mu_);
+  if (wakeup_) wakeup_();
+}
+
+// --- Coordinator ---------------------------------------------------------------------------------
+
+Coordinator::Coordinator(const CoordinatorOptions& options, JobStore* store, ShardControl* shards)
+    : options_(options), store_(store), shards_(shards) {}
+
+absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(const CoordinatorOptions& options,
+                                                                 JobStore* store,
+                                                                 ShardControl* shards) {
+  if (options.num_shards < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("num_shards: must be >= 0, got ", options.num_shards));
+  }
+  if (options.lease <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("lease_seconds: must be > 0, got ", absl::ToDoubleSeconds(options.lease)));
+  }
+  if (options.heartbeat_interval <= absl::ZeroDuration() ||
+      options.heartbeat_interval >= options.lease) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("heartbeat_seconds: must be > 0 and below lease_seconds (",
+                     absl::ToDoubleSeconds(options.lease), "), got ",
+                     absl::ToDoubleSeconds(options.heartbeat_interval)));
+  }
+  if (options.retain_models < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("retain_models: must be >= 0, got ", options.retain_models));
+  }
+  if (options.max_watch_queue == 0) {
+    return absl::InvalidArgumentError("max_watch_queue: must be > 0");
+  }
+  if (store == nullptr || shards == nullptr) {
+    return absl::InvalidArgumentError("a store and a shard control are required");
+  }
+  std::unique_ptr<Coordinator> coordinator(new Coordinator(options, store, shards));
+  TESSERA_RETURN_IF_ERROR(coordinator->Load());
+  return coordinator;
+}
+
+Coordinator::~Coordinator() { Stop(); }
+
+int64_t Coordinator::NowMs() const {
+  if (options_.now_ms) return options_.now_ms();
+  return absl::ToUnixMillis(absl::Now());
+}
+
+absl::Status Coordinator::Load() {
+  TESSERA_ASSIGN_OR_RETURN(std::vector<v1::Member> members, store_->LoadMembers());
+  TESSERA_ASSIGN_OR_RETURN(std::vector<StoredJob> jobs, store_->LoadJobs());
+  // Whether each succeeded job still has weights on the shards: its last event says.
+  std::map<std::string, bool> weights;
+  for (const StoredJob& stored : jobs) {
+    if (stored.job.state() != v1::JOB_STATE_SUCCEEDED) continue;
+    TESSERA_ASSIGN_OR_RETURN(
+        std::vector<v1::JobEvent> last,
+        store_->ReadEvents(stored.job.id(), stored.last_seq - 1, stored.last_seq));
+    weights[stored.job.id()] =
+        last.empty() || !absl::StartsWith(last.back().message(), kWeightsDropped);
+  }
+  const int64_t now = NowMs();
+  absl::MutexLock lock(&mu_);
+  int lost = 0;
+  for (v1::Member& member : members) {
+    MemberEntry entry;
+    entry.n = IdNumber(member.id());
+    if (member.role() == v1::MEMBER_ROLE_SERVER) {
+      next_shard_n_ = std::max(next_shard_n_, entry.n + 1);
+    } else {
+      next_worker_n_ = std::max(next_worker_n_, entry.n + 1);
+    }
+    entry.member = std::move(member);
+    // Members are not trusted after a restart: they register again.
+    if (IsLive(entry.member)) {
+      entry.member.set_state(v1::MEMBER_STATE_LOST);
+      QueueMember(entry);
+      ++lost;
+    }
+    members_.emplace(entry.member.id(), std::move(entry));
+  }
+  int running = 0;
+  for (StoredJob& stored : jobs) {
+    JobEntry entry;
+    entry.n = stored.n;
+    entry.last_seq = stored.last_seq;
+    entry.job = std::move(stored.job);
+    entry.last_write_ms = now;
+    if (entry.job.state() == v1::JOB_STATE_RUNNING) {
+      entry.restart_deadline_ms = now + absl::ToInt64Milliseconds(options_.lease);
+      entry.rank_seen.assign(entry.job.workers_size(), false);
+      ++running;
+    }
+    if (entry.job.state() == v1::JOB_STATE_SUCCEEDED)
+      entry.weights_on_shards = weights[entry.job.id()];
+    job_n_[entry.job.id()] = entry.n;
+    jobs_.emplace(entry.n, std::move(entry));
+  }
+  if (!jobs_.empty() || !members_.empty()) {
+    spdlog::info(
+        "coordinator: loaded {} jobs ({} running, waiting {} for their workers) and {} "
+        "members ({} marked LOST until they register again)",
+        jobs_.size(), running, SecondsText(options_.lease), members_.size(), lost);
+  }
+  return absl::OkStatus();
+}
+
+void Coordinator::Start() {
+  absl::MutexLock lock(&mu_);
+  if (started_ || stopping_) return;
+  started_ = true;
+  thread_ = std::thread([this] { Run(); });
+}
+
+void Coordinator::Stop() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_ && !thread_.joinable()) return;
+    stopping_ = true;
+  }
+  if (thread_.joinable()) thread_.join();
+  (void)FlushWrites();
+  absl::MutexLock lock(&mu_);
+  const absl::Status down = absl::UnavailableError("the coordinator is shutting down");
+  for (auto& [n, entry] : jobs_) {
+    for (const std::shared_ptr<JobWatch>& watch : entry.watchers) watch->End(down);
+    entry.watchers.clear();
+  }
+  for (auto& [id, member] : members_) {
+    if (member.stream != nullptr) member.stream->Close(down);
+    member.stream.reset();
+  }
+}
+
+void Coordinator::Wake() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { wake_ = true; }
+
+void Coordinator::Run() {
+  while (true) {
+    {
+      absl::MutexLock lock(&mu_);
+      mu_.AwaitWithTimeout(absl::Condition(
+                               +[](Coordinator* c) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+                                 return c->wake_ || c->stopping_;
+                               },
+                               this),
+                           kTickInterval);
+      if (stopping_) return;
+      wake_ = false;
+    }
+    Tick();
+  }
+}
+
+absl::Status Coordinator::FlushWrites() {
+  absl::MutexLock write_lock(&write_mu_);
+  StoreWrite batch;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!store_error_.ok()) return store_error_;
+    if (pending_.jobs.empty() && pending_.events.empty() && pending_.members.empty()) {
+      return absl::OkStatus();
+    }
+    std::swap(batch, pending_);
+  }
+  // Unlocked: SQLite I/O. write_mu_ keeps batches in the order they were queued.
+  absl::Status status = store_->Write(batch);
+  if (!status.ok()) {
+    spdlog::error("coordinator: the database write failed; refusing further changes: {}",
+                  status.ToString());
+    absl::MutexLock lock(&mu_);
+    if (store_error_.ok()) {
+      store_error_ =
+          absl::Status(status.code(), absl::StrCat("coordinator database: ", status.message()));
+    }
+    return store_error_;
+  }
+  return absl::OkStatus();
+}
+
+Coordinator::JobEntry* Coordinator::FindJob(const std::string& job_id) {
+  auto it = job_n_.find(job_id);
+  if (it == job_n_.end()) return nullptr;
+  return &jobs_.at(it->second);
+}
+
+Coordinator::MemberEntry* Coordinator::FindMember(const std::string& member_id) {
+  auto it = members_.find(member_id);
+  return it == members_.end() ? nullptr : &it->second;
+}
+
+void Coordinator::QueueJob(JobEntry& entry) {
+  pending_.jobs.push_back({entry.n, entry.job});
+  entry.dirty = false;
+  entry.last_write_ms = NowMs();
+}
+
+void Coordinator::QueueMember(const MemberEntry& entry) {
+  pending_.members.push_back(entry.member);
+}
+
+void Coordinator::AddEvent(JobEntry& entry, const std::string& message) {
+  const v1::Job& job = entry.job;
+  v1::JobEvent event;
+  event.set_job_id(job.id());
+  event.set_seq(++entry.last_seq);
+  event.set_time_ms(NowMs());
+  event.set_state(job.state());
+  event.set_message(message);
+  event.set_step(job.step());
+  event.set_total_steps(job.total_steps());
+  event.set_epoch(job.epoch());
+  event.set_loss(job.loss());
+  event.set_train_accuracy(job.train_accuracy());
+  event.set_evaluated(job.evaluated());
+  event.set_test_loss(job.test_loss());
+  event.set_test_accuracy(job.test_accuracy());
+  event.set_samples_per_second(job.samples_per_second());
+  event.set_eta_seconds(job.eta_seconds());
+  pending_.events.push_back(event);
+  QueueJob(entry);
+  entry.last_progress_event_ms = event.time_ms();
+
+  v1::WatchJobResponse update;
+  *update.mutable_job() = job;
+  *update.mutable_event() = std::move(event);
+  std::vector<std::shared_ptr<JobWatch>> alive;
+  for (std::shared_ptr<JobWatch>& watch : entry.watchers) {
+    if (watch->Push(update)) alive.push_back(std::move(watch));
+  }
+  entry.watchers.swap(alive);
+  if (IsTerminal(job.state())) {
+    for (const std::shared_ptr<JobWatch>& watch : entry.watchers) watch->End(absl::OkStatus());
+    entry.watchers.clear();
+  }
+}
+
+std::string Coordinator::WorkerName(const v1::JobWorker& worker) const {
+  return absl::StrCat(worker.member_id(), " on ",
+                      worker.hostname().empty() ? "?" : worker.hostname());
+}
+
+void Coordinator::ReleaseWorker(MemberEntry& member, const std::string& job_id) {
+  if (member.member.job_id() != job_id) return;
+  member.member.clear_job_id();
+  member.member.clear_rank();
+  if (member.member.state() == v1::MEMBER_STATE_BUSY) {
+    member.member.set_state(v1::MEMBER_STATE_READY);
+  }
+  QueueMember(member);
+  Wake();
+}
+
+void Coordinator::EndJob(JobEntry& entry, v1::JobState state, const std::string& reason,
+                         const std::string& except_member) {
+  v1::Job& job = entry.job;
+  const bool was_running = job.state() == v1::JOB_STATE_RUNNING;
+  job.set_state(state);
+  job.set_reason(reason);
+  job.set_end_time_ms(NowMs());
+  entry.restart_deadline_ms = 0;
+  for (const v1::JobWorker& worker : job.workers()) {
+    MemberEntry* member = FindMember(worker.member_id());
+    if (member == nullptr || member->member.id() == except_member ||
+        member->member.job_id() != job.id()) {
+      continue;
+    }
+    if (member->stream != nullptr && member->member.state() == v1::MEMBER_STATE_BUSY) {
+      // It stays BUSY until it reports a terminal phase or its stream ends.
+      v1::TaskEvent cancel;
+      cancel.mutable_cancel()->set_job_id(job.id());
+      cancel.mutable_cancel()->set_reason(reason);
+      member->stream->Send(cancel);
+    } else {
+      ReleaseWorker(*member, job.id());
+    }
+  }
+  if (was_running) {
+    for (const std::string& address : job.shard_addresses()) drops_.push_back({address, job.id()});
+  }
+  const char* verb = state == v1::JOB_STATE_FAILED ? "failed" : "cancelled";
+  spdlog::info("coordinator: job {} {}: {}", job.id(), verb, reason);
+  AddEvent(entry, state == v1::JOB_STATE_CANCELLED && reason == "cancelled by the user"
+                      ? reason
+                      : absl::StrCat(verb, ": ", reason));
+  Wake();
+}
+
+void Coordinator::MemberGone(MemberEntry& member, v1::MemberState state, const std::string& why) {
+  member.member.set_state(state);
+  if (member.stream != nullptr) {
+    member.stream->Close(
+        absl::UnavailableError(absl::StrCat("member ", member.member.id(), " ", why)));
+    member.stream.reset();
+  }
+  spdlog::info(
+      "coordinator: {} {} ({}) {}",
+      member.member.role() == v1::MEMBER_ROLE_SERVER ? "shard" : "worker", member.member.id(),
+      member.member.address().empty() ? member.member.hostname() : member.member.address(), why);
+  if (member.member.role() == v1::MEMBER_ROLE_WORKER && !member.member.job_id().empty()) {
+    JobEntry* entry = FindJob(member.member.job_id());
+    if (entry != nullptr && entry->job.state() == v1::JOB_STATE_RUNNING) {
+      for (const v1::JobWorker& worker : entry->job.workers()) {
+        if (worker.member_id() != member.member.id()) continue;
+        EndJob(*entry, v1::JOB_STATE_FAILED,
+               absl::StrCat("worker rank ", worker.rank(), " (", WorkerName(worker), ") ", why),
+               member.member.id());
+        break;
+      }
+    }
+    member.member.clear_job_id();
+    member.member.clear_rank();
+  }
+  if (member.member.role() == v1::MEMBER_ROLE_SERVER) {
+    const int index = member.member.shard_index();
+    for (auto& [n, entry] : jobs_) {
+      if (entry.job.state() != v1::JOB_STATE_RUNNING || index >= entry.job.shard_addresses_size() ||
+          entry.job.shard_addresses(index) != member.member.address()) {
+        continue;
+      }
+      EndJob(entry, v1::JOB_STATE_FAILED,
+             absl::StrCat("shard ", index, " (", member.member.address(), ") ", why), "");
+    }
+  }
+  QueueMember(member);
+  Wake();
+}
+
+// --- JobService ----------------------------------------------------------------------------------
+
+absl::StatusOr<v1::Job> Coordinator::CreateJob(const v1::JobSpec& spec) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (!store_error_.ok()) return store_error_;
+  }
+  trainer::ValidateOptions validate;
+  validate.check_files = options_.check_files;
+  validate.distributed = true;
+  TESSERA_RETURN_IF_ERROR(trainer::ValidateJobSpec(spec, validate));
+  v1::Job created;
+  {
+    absl::MutexLock lock(&mu_);
+    JobEntry entry;
+    entry.n = jobs_.empty() ? 1 : jobs_.rbegin()->first + 1;
+    entry.job.set_id(absl::StrCat(spec.name(), "-", entry.n));
+    *entry.job.mutable_spec() = spec;
+    entry.job.set_state(v1::JOB_STATE_PENDING);
+    entry.job.set_reason("queued");
+    entry.job.set_create_time_ms(NowMs());
+    JobEntry& stored = jobs_.emplace(entry.n, std::move(entry)).first->second;
+    job_n_[stored.job.id()] = stored.n;
+    AddEvent(stored, "queued");
+    created = stored.job;
+    Wake();
+  }
+  TESSERA_RETURN_IF_ERROR(FlushWrites());
+  spdlog::info("coordinator: job {} queued ({} workers)", created.id(),
+               trainer::NumWorkers(created.spec()));
+  return created;
+}
+
+absl::StatusOr<v1::Job> Coordinator::GetJob(const std::string& job_id) {
+  if (job_id.empty()) return absl::InvalidArgumentError("job_id: must be set");
+  absl::MutexLock lock(&mu_);
+  const JobEntry* entry = FindJob(job_id);
+  if (entry == nullptr) return absl::NotFoundError(absl::StrCat("job_id: no job ", job_id));
+  return entry->job;
+}
+
+absl::StatusOr<std::vector<v1::Job>> Coordinator::ListJobs(const v1::ListJobsRequest& request) {
+  std::vector<bool> wanted(v1::JobState_ARRAYSIZE, request.states().empty());
+  for (int i = 0; i < request.states_size(); ++i) {
+    const int state = request.states(i);
+    if (!v1::JobState_IsValid(state) || state == v1::JOB_STATE_UNSPECIFIED) {
+      return absl::InvalidArgumentError(absl::StrCat("states[", i, "]: unknown job state ", state));
+    }
+    wanted[state] = true;
+  }
+  absl::MutexLock lock(&mu_);
+  std::vector<v1::Job> jobs;
+  for (const auto& [n, entry] : jobs_) {
+    if (wanted[entry.job.state()]) jobs.push_back(entry.job);
+  }
+  return jobs;
+}
+
+absl::StatusOr<v1::Job> Coordinator::CancelJob(const std::string& job_id) {
+  if (job_id.empty()) return absl::InvalidArgumentError("job_id: must be set");
+  v1::Job result;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!store_error_.ok()) return store_error_;
+    JobEntry* entry = FindJob(job_id);
+    if (entry == nullptr) return absl::NotFoundError(absl::StrCat("job_id: no job ", job_id));
+    switch (entry->job.state()) {
+      case v1::JOB_STATE_CANCELLED:
+        return entry->job;
+      case v1::JOB_STATE_SUCCEEDED:
+      case v1::JOB_STATE_FAILED:
+        return absl::FailedPreconditionError(
+            absl::StrCat("job ", job_id, " already ended ", v1::JobState_Name(entry->job.state()),
+                         "; only a PENDING or RUNNING job can be cancelled"));
+      default:
+        EndJob(*entry, v1::JOB_STATE_CANCELLED, "cancelled by the user", "");
+        break;
+    }
+    result = entry->job;
+  }
+  TESSERA_RETURN_IF_ERROR(FlushWrites());
+  return result;
+}
+
+absl::StatusOr<std::shared_ptr<JobWatch>> Coordinator::WatchJob(
+    const v1::WatchJobRequest& request) {
+  if (request.job_id().empty()) return absl::InvalidArgumentError("job_id: must be set");
+  if (request.after_seq() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("after_seq: must be >= 0, got ", request.after_seq()));
+  }
+  auto watch = std::make_shared<JobWatch>(options_.max_watch_queue);
+  v1::Job snapshot;
+  int64_t last_seq = 0;
+  bool terminal = false;
+  {
+    absl::MutexLock lock(&mu_);
+    JobEntry* entry = FindJob(request.job_id());
+    if (entry == nullptr) {
+      return absl::NotFoundError(absl::StrCat("job_id: no job ", request.job_id()));
+    }
+    snapshot = entry->job;
+    last_seq = entry->last_seq;
+    terminal = IsTerminal(entry->job.state());
+    // Live events (seq > last_seq) are held back by the watch until the replay is queued.
+    if (!terminal) entry->watchers.push_back(watch);
+  }
+  // Every event up to last_seq was queued before the lock was released; make them durable, then
+  // read them back. Unlocked: SQLite I/O.
+  absl::Status flushed = FlushWrites();
+  absl::StatusOr<std::vector<v1::JobEvent>> events =
+      flushed.ok() ? store_->ReadEvents(request.job_id(), request.after_seq(), last_seq)
+                   : absl::StatusOr<std::vector<v1::JobEvent>>(flushed);
+  if (!events.ok()) {
+    watch->End(events.status());
+    watch->FinishReplay({});
+    return watch;
+  }
+  std::vector<v1::WatchJobResponse> replay;
+  replay.reserve(events->size() + 1);
+  replay.emplace_back();
+  *replay.back().mutable_job() = snapshot;
+  for (v1::JobEvent& event : *events) {
+    replay.emplace_back();
+    // The record as it stands now: past records are not stored, only past events.
+    *replay.back().mutable_job() = snapshot;
+    *replay.back().mutable_event() = std::move(event);
+  }
+  watch->FinishReplay(std::move(replay));
+  if (terminal) watch->End(absl::OkStatus());
+  return watch;
+}
+
+// --- ClusterService ------------------------------------------------------------------------------
+
+absl::StatusOr<v1::RegisterResponse> Coordinator::Register(const v1::RegisterRequest& request) {
+  const v1::MemberRole role = request.role();
+  if (role != v1::MEMBER_ROLE_SERVER && role != v1::MEMBER_ROLE_WORKER) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "role: must be MEMBER_ROLE_SERVER or MEMBER_ROLE_WORKER, got ", static_cast<int>(role)));
+  }
+  if (role == v1::MEMBER_ROLE_SERVER) {
+    if (request.address().empty() || request.address().find(':') == std::string::npos) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("address: a shard needs host:port, got '", request.address(), "'"));
+    }
+    if (request.shard_index() < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("shard_index: must be >= 0, got ", request.shard_index()));
+    }
+    if (options_.num_shards > 0 && request.shard_index() >= options_.num_shards) {
+      return absl::InvalidArgumentError(absl::StrCat("shard_index: must be below --num_shards ",
+                                                     options_.num_shards, ", got ",
+                                                     request.shard_index()));
+    }
+  }
+  if (request.pid() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("pid: must be >= 0, got ", request.pid()));
+  }
+  v1::RegisterResponse response;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!store_error_.ok()) return store_error_;
+    if (role == v1::MEMBER_ROLE_SERVER) {
+      for (const auto& [id, other] : members_) {
+        if (other.member.role() == v1::MEMBER_ROLE_SERVER &&
+            other.member.state() == v1::MEMBER_STATE_READY &&
+            other.member.shard_index() == request.shard_index()) {
+          return absl::AlreadyExistsError(absl::StrCat("shard_index: shard ", request.shard_index(),
+                                                       " is already served by ", id, " at ",
+                                                       other.member.address()));
+        }
+      }
+    }
+    MemberEntry entry;
+    const bool server = role == v1::MEMBER_ROLE_SERVER;
+    entry.n = server ? next_shard_n_++ : next_worker_n_++;
+    v1::Member& member = entry.member;
+    member.set_id(absl::StrCat(server ? "s-" : "w-", entry.n));
+    member.set_role(role);
+    member.set_state(v1::MEMBER_STATE_READY);
+    member.set_address(request.address());
+    member.set_shard_index(server ? request.shard_index() : 0);
+    member.set_hostname(request.hostname());
+    member.set_pid(request.pid());
+    member.set_device(request.device());
+    member.set_registered_ms(NowMs());
+    member.set_last_seen_ms(member.registered_ms());
+    QueueMember(entry);
+    response.set_member_id(member.id());
+    spdlog::info("coordinator: {} registered: {}{} (pid {})", member.id(),
+                 server ? absl::StrCat("shard ", member.shard_index(), " at ", member.address())
+                        : absl::StrCat("worker on ", member.hostname()),
+                 member.device().empty() ? "" : absl::StrCat(", ", member.device()), member.pid());
+    members_.emplace(member.id(), std::move(entry));
+    Wake();
+  }
+  response.set_lease_ms(absl::ToInt64Milliseconds(options_.lease));
+  response.set_heartbeat_interval_ms(absl::ToInt64Milliseconds(options_.heartbeat_interval));
+  TESSERA_RETURN_IF_ERROR(FlushWrites());
+  return response;
+}
+
+absl::Status Coordinator::Heartbeat(const v1::HeartbeatRequest& request) {
+  if (request.member_id().empty()) return absl::InvalidArgumentError("member_id: must be set");
+  absl::MutexLock lock(&mu_);
+  MemberEntry* member = FindMember(request.member_id());
+  if (member == nullptr) {
+    return absl::NotFoundError(
+        absl::StrCat("member_id: unknown member ", request.member_id(), "; register again"));
+  }
+  if (!IsLive(member->member)) {
+    return absl::NotFoundError(absl::StrCat("member_id: ", request.member_id(), " is ",
+                                            v1::MemberState_Name(member->member.state()),
+                                            "; register again"));
+  }
+  member->member.set_last_seen_ms(NowMs());
+  return absl::OkStatus();
+}
+
+absl::Status Coordinator::Deregister(const v1::DeregisterRequest& request) {
+  if (request.member_id().empty()) return absl::InvalidArgumentError("member_id: must be set");
+  {
+    absl::MutexLock lock(&mu_);
+    MemberEntry* member = FindMember(request.member_id());
+    if (member == nullptr) {
+      return absl::NotFoundError(absl::StrCat("member_id: unknown member ", request.member_id()));
+    }
+    if (!IsLive(member->member)) return absl::OkStatus();
+    member->member.set_last_seen_ms(NowMs());
+    MemberGone(*member, v1::MEMBER_STATE_LEFT, "left the cluster");
+  }
+  return FlushWrites();
+}
+
+std::vector<v1::Member> Coordinator::ListMembers() {
+  absl::MutexLock lock(&mu_);
+  std::vector<const MemberEntry*> shards, workers;
+  for (const auto& [id, entry] : members_) {
+    (entry.member.role() == v1::MEMBER_ROLE_SERVER ? shards : workers).push_back(&entry);
+  }
+  std::sort(shards.begin(), shards.end(), [](const MemberEntry* a, const MemberEntry* b) {
+    return std::make_pair(a->member.shard_index(), a->n) <
+           std::make_pair(b->member.shard_index(), b->n);
+  });
+  std::sort(workers.begin(), workers.end(),
+            [](const MemberEntry* a, const MemberEntry* b) { return a->n < b->n; });
+  std::vector<v1::Member> members;
+  for (const MemberEntry* entry : shards) members.push_back(entry->member);
+  for (const MemberEntry* entry : workers) members.push_back(entry->member);
+  return members;
+}
+
+absl::Status Coordinator::OpenTaskStream(const std::string& member_id,
+                                         std::shared_ptr<TaskStream> stream) {
+  if (member_id.empty()) return absl::InvalidArgumentError("member_id: must be set");
+  absl::MutexLock lock(&mu_);
+  MemberEntry* member = FindMember(member_id);
+  if (member == nullptr || !IsLive(member->member)) {
+    return absl::NotFoundError(
+        absl::StrCat("member_id: no live member ", member_id, "; register again"));
+  }
+  if (member->member.role() != v1::MEMBER_ROLE_WORKER) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("member_id: ", member_id, " is a shard; only workers watch tasks"));
+  }
+  if (member->stream != nullptr) {
+    member->stream->Close(absl::AbortedError("replaced by a newer WatchTasks stream"));
+  }
+  member->stream = std::move(stream);
+  member->member.set_last_seen_ms(NowMs());
+  Wake();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::ProgressAck> Coordinator::ReportProgress(const v1::ProgressReport& report) {
+  if (report.job_id().empty()) return absl::InvalidArgumentError("job_id: must be set");
+  if (report.member_id().empty()) return absl::InvalidArgumentError("member_id: must be set");
+  if (report.phase() < v1::TASK_PHASE_TRAINING || report.phase() > v1::TASK_PHASE_FAILED) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("phase: unknown task phase ", static_cast<int>(report.phase())));
+  }
+  if (report.rank() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("rank: must be >= 0, got ", report.rank()));
+  }
+  v1::ProgressAck ack;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!store_error_.ok()) return store_error_;
+    JobEntry* entry = FindJob(report.job_id());
+    if (entry == nullptr) {
+      return absl::NotFoundError(absl::StrCat("job_id: no job ", report.job_id()));
+    }
+    v1::Job& job = entry->job;
+    MemberEntry* member = FindMember(report.member_id());
+    const int64_t now = NowMs();
+    if (member != nullptr && IsLive(member->member)) member->member.set_last_seen_ms(now);
+    const bool terminal_phase = report.phase() != v1::TASK_PHASE_TRAINING;
+    if (job.state() != v1::JOB_STATE_RUNNING) {
+      ack.set_cancel(true);
+      if (terminal_phase && member != nullptr) ReleaseWorker(*member, job.id());
+    } else if (report.rank() >= job.workers_size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "rank: job ", job.id(), " has ", job.workers_size(), " ranks, got ", report.rank()));
+    } else {
+      const int rank = report.rank();
+      v1::JobWorker& worker = *job.mutable_workers(rank);
+      bool accepted = true;
+      if (worker.member_id() != report.member_id()) {
+        if (entry->restart_deadline_ms > 0) {
+          // After a coordinator restart any member may report a rank: it is rebound to it.
+          worker.set_member_id(report.member_id());
+          if (member != nullptr) {
+            worker.set_hostname(member->member.hostname());
+            if (IsLive(member->member)) {
+              member->member.set_state(v1::MEMBER_STATE_BUSY);
+              member->member.set_job_id(job.id());
+              member->member.set_rank(rank);
+              QueueMember(*member);
+            }
+          }
+          spdlog::info("coordinator: job {} rank {} rebound to {}", job.id(), rank,
+                       report.member_id());
+        } else {
+          accepted = false;
+          ack.set_cancel(true);
+        }
+      } else if (entry->restart_deadline_ms > 0 && member != nullptr && IsLive(member->member) &&
+                 member->member.job_id() != job.id()) {
+        member->member.set_state(v1::MEMBER_STATE_BUSY);
+        member->member.set_job_id(job.id());
+        member->member.set_rank(rank);
+        QueueMember(*member);
+      }
+      if (accepted) {
+        if (rank < static_cast<int>(entry->rank_seen.size())) entry->rank_seen[rank] = true;
+        worker.set_step(report.step());
+        worker.set_samples_per_second(report.samples_per_second());
+        if (report.total_steps() > 0) job.set_total_steps(report.total_steps());
+        const int old_epoch = job.epoch();
+        if (rank == 0) {
+          job.set_loss(report.loss());
+          job.set_train_accuracy(report.train_accuracy());
+          job.set_epoch(report.epoch());
+          job.set_epochs(report.epochs());
+          // ProgressReport carries no ETA: rank 0's remaining steps at its current rate.
+          double eta = 0;
+          if (report.phase() == v1::TASK_PHASE_TRAINING && report.samples_per_second() > 0 &&
+              report.total_steps() > report.step()) {
+            eta = static_cast<double>(report.total_steps() - report.step()) *
+                  job.spec().batch_size() / report.samples_per_second();
+          }
+          job.set_eta_seconds(eta);
+          *job.mutable_step_times() = report.step_times();
+        }
+        if (report.evaluated()) {
+          job.set_evaluated(true);
+          job.set_test_loss(report.test_loss());
+          job.set_test_accuracy(report.test_accuracy());
+        }
+        int64_t min_step = worker.step();
+        double samples_per_second = 0;
+        for (const v1::JobWorker& w : job.workers()) {
+          min_step = std::min(min_step, w.step());
+          samples_per_second += w.samples_per_second();
+        }
+        job.set_step(min_step);
+        job.set_samples_per_second(samples_per_second);
+
+        switch (report.phase()) {
+          case v1::TASK_PHASE_FAILED:
+            EndJob(*entry, v1::JOB_STATE_FAILED,
+                   absl::StrCat("worker rank ", rank, " (", WorkerName(worker),
+                                "): ", report.error().empty() ? "unknown error" : report.error()),
+                   report.member_id());
+            if (member != nullptr) ReleaseWorker(*member, job.id());
+            break;
+          case v1::TASK_PHASE_SUCCEEDED:
+            if (rank != 0) {
+              return absl::InvalidArgumentError(absl::StrCat(
+                  "phase: TASK_PHASE_SUCCEEDED comes from rank 0 only, got rank ", rank));
+            }
+            worker.set_done(true);
+            job.set_state(v1::JOB_STATE_SUCCEEDED);
+            job.set_reason("");
+            job.set_end_time_ms(now);
+            job.set_evaluated(true);
+            job.set_test_loss(report.test_loss());
+            job.set_test_accuracy(report.test_accuracy());
+            entry->weights_on_shards = true;
+            entry->restart_deadline_ms = 0;
+            AddEvent(*entry, absl::StrFormat("succeeded: test accuracy %.4f, test loss %.4f",
+                                             job.test_accuracy(), job.test_loss()));
+            spdlog::info("coordinator: job {} succeeded (test accuracy {:.4f})", job.id(),
+                         job.test_accuracy());
+            if (member != nullptr) ReleaseWorker(*member, job.id());
+            ApplyRetention();
+            break;
+          case v1::TASK_PHASE_TRAINING_DONE:
+          case v1::TASK_PHASE_TRAINING:
+          default:
+            if (report.phase() == v1::TASK_PHASE_TRAINING_DONE && !worker.done()) {
+              worker.set_done(true);
+              if (rank != 0 && member != nullptr) ReleaseWorker(*member, job.id());
+            }
+            if (report.evaluated()) {
+              AddEvent(*entry, absl::StrFormat("epoch %d: test accuracy %.4f, test loss %.4f",
+                                               job.epochs(), job.test_accuracy(), job.test_loss()));
+            } else if (rank == 0 && job.epoch() != old_epoch) {
+              AddEvent(*entry, absl::StrFormat("epoch %d of %d", job.epoch(), job.spec().epochs()));
+            } else if (now - entry->last_progress_event_ms >= kProgressEventIntervalMs) {
+              AddEvent(*entry,
+                       absl::StrFormat("step %d of %d, loss %.4f, %.0f samples/s", job.step(),
+                                       job.total_steps(), job.loss(), job.samples_per_second()));
+            } else if (now - entry->last_write_ms >= kRecordWriteIntervalMs) {
+              QueueJob(*entry);
+            } else {
+              entry->dirty = true;
+            }
+            break;
+        }
+        if (job.state() == v1::JOB_STATE_RUNNING || job.state() == v1::JOB_STATE_SUCCEEDED) {
+          bool all_done = job.workers_size() > 0;
+          for (const v1::JobWorker& w : job.workers()) all_done = all_done && w.done();
+          ack.set_all_workers_done(all_done);
+        }
+      }
+    }
+  }
+  TESSERA_RETURN_IF_ERROR(FlushWrites());
+  return ack;
+}
+
+// --- Periodic work -------------------------------------------------------------------------------
+
+void Coordinator::ApplyRetention() {
+  std::vector<JobEntry*> kept;
+  for (auto& [n, entry] : jobs_) {
+    if (entry.weights_on_shards) kept.push_back(&entry);
+  }
+  const size_t retain = static_cast<size_t>(options_.retain_models);
+  for (size_t i = 0; i + retain < kept.size(); ++i) {
+    JobEntry& old = *kept[i];
+    old.weights_on_shards = false;
+    for (const std::string& address : old.job.shard_addresses()) {
+      drops_.push_back({address, old.job.id()});
+    }
+    AddEvent(old, absl::StrCat(kWeightsDropped, " (--retain_models ", options_.retain_models, ")"));
+    Wake();
+  }
+}
+
+void Coordinator::CheckLeases() {
+  const int64_t now = NowMs();
+  const int64_t lease_ms = absl::ToInt64Milliseconds(options_.lease);
+  for (auto& [id, member] : members_) {
+    if (!IsLive(member.member) || now - member.member.last_seen_ms() <= lease_ms) continue;
+    MemberGone(member, v1::MEMBER_STATE_LOST,
+               absl::StrCat("lost: no heartbeat for ", SecondsText(options_.lease)));
+  }
+  for (auto& [n, entry] : jobs_) {
+    if (entry.job.state() == v1::JOB_STATE_RUNNING && entry.restart_deadline_ms > 0 &&
+        now >= entry.restart_deadline_ms) {
+      entry.restart_deadline_ms = 0;
+      for (int rank = 0; rank < entry.job.workers_size(); ++rank) {
+        const bool seen = rank < static_cast<int>(entry.rank_seen.size()) && entry.rank_seen[rank];
+        if (!seen && !entry.job.workers(rank).done()) {
+          EndJob(entry, v1::JOB_STATE_FAILED,
+                 absl::StrCat("worker rank ", rank, " lost while the coordinator restarted"), "");
+          break;
+        }
+      }
+    }
+    if (entry.dirty && now - entry.last_write_ms >= kRecordWriteIntervalMs) QueueJob(entry);
+  }
+}
+
+void Coordinator::ReapStreams() {
+  for (auto& [id, member] : members_) {
+    if (member.stream == nullptr || !member.stream->closed()) continue;
+    member.stream.reset();
+    if (member.member.job_id().empty()) continue;
+    const JobEntry* entry = FindJob(member.member.job_id());
+    if (entry == nullptr || IsTerminal(entry->job.state())) {
+      ReleaseWorker(member, member.member.job_id());
+    }
+  }
+}
+
+void Coordinator::SetPendingReason(JobEntry& entry, const std::string& reason) {
+  if (entry.job.reason() == reason) return;
+  entry.job.set_reason(reason);
+  QueueJob(entry);
+}
+
+void Coordinator::RunShardDrops() {
+  std::vector<ShardDrop> drops;
+  {
+    absl::MutexLock lock(&mu_);
+    drops.swap(drops_);
+  }
+  // Unlocked: RPCs.
+  for (const ShardDrop& drop : drops) {
+    absl::Status status = shards_->DropJob(drop.address, drop.job_id);
+    if (!status.ok() && status.code() != absl::StatusCode::kNotFound) {
+      spdlog::warn("coordinator: dropping job {} on shard {} failed: {}", drop.job_id, drop.address,
+                   status.ToString());
+    }
+  }
+}
+
+bool Coordinator::Schedule() {
+  std::string job_id;
+  v1::JobConfig config;
+  std::vector<std::string> addresses;
+  std::vector<std::string> picked;
+  {
+    absl::MutexLock lock(&mu_);
+    JobEntry* entry = nullptr;
+    for (auto& [n, candidate] : jobs_) {
+      // After a restart, wait until the running jobs' workers are known again: they would look
+      // idle before they report.
+      if (candidate.restart_deadline_ms > 0) return false;
+    }
+    for (auto& [n, candidate] : jobs_) {
+      if (candidate.job.state() == v1::JOB_STATE_PENDING) {
+        entry = &candidate;
+        break;
+      }
+    }
+    if (entry == nullptr) return false;
+    for (auto& [n, other] : jobs_) {
+      if (n > entry->n && other.job.state() == v1::JOB_STATE_PENDING) {
+        SetPendingReason(other, absl::StrCat("queued behind ", entry->job.id()));
+      }
+    }
+    const int want_workers = trainer::NumWorkers(entry->job.spec());
+    std::map<int, const MemberEntry*> live_shards;
+    int registered_workers = 0;
+    std::vector<MemberEntry*> idle;
+    for (auto& [id, member] : members_) {
+      const v1::Member& m = member.member;
+      if (m.role() == v1::MEMBER_ROLE_SERVER) {
+        if (m.state() == v1::MEMBER_STATE_READY) live_shards[m.shard_index()] = &member;
+      } else if (IsLive(m)) {
+        ++registered_workers;
+        if (m.state() == v1::MEMBER_STATE_READY && member.stream != nullptr &&
+            !member.stream->closed()) {
+          idle.push_back(&member);
+        }
+      }
+    }
+    const int num_shards =
+        options_.num_shards > 0 ? options_.num_shards : static_cast<int>(live_shards.size());
+    int present = 0;
+    int missing = -1;
+    for (int i = 0; i < num_shards; ++i) {
+      if (live_shards.count(i) != 0) {
+        ++present;
+      } else if (missing < 0) {
+        missing = i;
+      }
+    }
+    if (num_shards == 0) {
+      SetPendingReason(*entry, "waiting for shards: none registered");
+      return false;
+    }
+    if (missing >= 0) {
+      SetPendingReason(
+          *entry,
+          options_.num_shards > 0
+              ? absl::StrCat("waiting for shards: ", present, " of ", num_shards, " registered")
+              : absl::StrCat("waiting for shards: indices must run 0..", num_shards - 1, ", shard ",
+                             missing, " is missing"));
+      return false;
+    }
+    if (static_cast<int>(idle.size()) < want_workers) {
+      SetPendingReason(*entry, absl::StrCat("waiting for ", want_workers, " idle workers, ",
+                                            registered_workers, " registered",
+                                            registered_workers > static_cast<int>(idle.size())
+                                                ? absl::StrCat(", ", idle.size(), " idle")
+                                                : std::string()));
+      return false;
+    }
+    std::sort(idle.begin(), idle.end(),
+              [](const MemberEntry* a, const MemberEntry* b) { return a->n < b->n; });
+    job_id = entry->job.id();
+    for (int rank = 0; rank < want_workers; ++rank) {
+      v1::Member& m = idle[rank]->member;
+      m.set_state(v1::MEMBER_STATE_BUSY);
+      m.set_job_id(job_id);
+      m.set_rank(rank);
+      QueueMember(*idle[rank]);
+      picked.push_back(m.id());
+    }
+    for (int i = 0; i < num_shards; ++i) addresses.push_back(live_shards[i]->member.address());
+    config = trainer::MakeJobConfig(entry->job.spec());
+    entry->starting = true;
+  }
+
+  // Unlocked: RPCs to the shards. The workers are marked BUSY, so nothing else takes them.
+  absl::Status shard_error;
+  for (size_t i = 0; i < addresses.size() && shard_error.ok(); ++i) {
+    absl::Status status = shards_->CreateJobState(addresses[i], job_id, config);
+    if (!status.ok()) {
+      shard_error = absl::Status(
+          status.code(), absl::StrCat("shard ", i, " (", addresses[i], "): ", status.message()));
+    }
+  }
+
+  {
+    absl::MutexLock lock(&mu_);
+    JobEntry* entry = FindJob(job_id);
+    entry->starting = false;
+    auto release_picked = [&] {
+      for (const std::string& id : picked) {
+        if (MemberEntry* member = FindMember(id)) ReleaseWorker(*member, job_id);
+      }
+    };
+    if (entry->job.state() != v1::JOB_STATE_PENDING) {
+      // Cancelled while the shards were called.
+      release_picked();
+      for (const std::string& address : addresses) drops_.push_back({address, job_id});
+      return true;  // the queue moved
+    } else if (!shard_error.ok()) {
+      release_picked();
+      for (const std::string& address : addresses) drops_.push_back({address, job_id});
+      EndJob(*entry, v1::JOB_STATE_FAILED, std::string(shard_error.message()), "");
+      return true;
+    } else {
+      bool all_there = true;
+      for (const std::string& id : picked) {
+        const MemberEntry* member = FindMember(id);
+        all_there = all_there && member != nullptr && member->stream != nullptr &&
+                    !member->stream->closed() && member->member.state() == v1::MEMBER_STATE_BUSY &&
+                    member->member.job_id() == job_id;
+      }
+      if (!all_there) {
+        // A worker went away meanwhile: the job stays queued and the next pass tries again.
+        release_picked();
+      } else {
+        v1::Job& job = entry->job;
+        const int64_t now = NowMs();
+        job.set_state(v1::JOB_STATE_RUNNING);
+        job.set_reason("");
+        job.set_start_time_ms(now);
+        job.clear_shard_addresses();
+        for (const std::string& address : addresses) job.add_shard_addresses(address);
+        job.clear_workers();
+        for (size_t rank = 0; rank < picked.size(); ++rank) {
+          MemberEntry& member = *FindMember(picked[rank]);
+          v1::JobWorker* worker = job.add_workers();
+          worker->set_rank(static_cast<int>(rank));
+          worker->set_member_id(member.member.id());
+          worker->set_hostname(member.member.hostname());
+        }
+        AddEvent(*entry, absl::StrCat("started on ", picked.size(), " workers and ",
+                                      addresses.size(), " shards"));
+        spdlog::info("coordinator: job {} started on {} workers and {} shards", job_id,
+                     picked.size(), addresses.size());
+        for (size_t rank = 0; rank < picked.size(); ++rank) {
+          MemberEntry& member = *FindMember(picked[rank]);
+          v1::TaskEvent event;
+          v1::Task* task = event.mutable_assign();
+          task->set_job_id(job_id);
+          task->set_rank(static_cast<int>(rank));
+          task->set_world_size(static_cast<int>(picked.size()));
+          for (const std::string& address : addresses) task->add_shard_addresses(address);
+          *task->mutable_spec() = job.spec();
+          task->set_incarnation(static_cast<uint64_t>(now) * 1024 + rank);
+          member.stream->Send(event);
+        }
+        return true;
+      }
+    }
+  }
+  return false;
+}
+
+void Coordinator::Tick() {
+  absl::MutexLock tick_lock(&tick_mu_);
+  RunShardDrops();
+  {
+    absl::MutexLock lock(&mu_);
+    ReapStreams();
+    CheckLeases();
+  }
+  // Start as many queued jobs as fit, oldest first; each pass starts at most one.
+  for (size_t passes = 0; passes < 1000 && Schedule(); ++passes) {
+  }
+  RunShardDrops();
+  (void)FlushWrites();
+}
+
+}  // namespace tessera::coordinator

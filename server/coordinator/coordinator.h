@@ -1,0 +1,243 @@
+// Coordinator: the control plane's domain logic (DESIGN.md §6, docs/coordinator.md), without any
+// transport. The gRPC adapter (grpc_coordinator_service.h) calls it; tests call it directly with a
+// fake clock and a fake ShardControl.
+//
+// State: jobs (PENDING -> RUNNING -> SUCCEEDED | FAILED | CANCELLED) and members (shards and
+// workers with leases), all in memory under one mutex and mirrored to the JobStore. A mutation
+// queues its rows under the mutex; the calling thread then writes them in one SQLite transaction
+// after releasing it (FlushWrites: writers take turns on a second mutex, so rows land in the order
+// they were queued). A call that changed state returns only once its rows are durable.
+//
+// Tick() does the periodic work: the DropJob calls queued by cancels and failures, one scheduling
+// pass (strict FIFO gang scheduling of the oldest PENDING job), lease expiry, the restart grace
+// for RUNNING jobs, and throttled progress writes. Start() runs it on a thread that wakes on every
+// change and at least every 500 ms; tests call it by hand.
+//
+// Life cycle: Create() -> kNew; Start() -> kRunning (the tick thread); Stop() -> kStopped. Every
+// other method works in every state (tests never Start()).
+// Thread-safety: every method may be called from any thread.
+#ifndef TESSERA_SERVER_COORDINATOR_COORDINATOR_H_
+#define TESSERA_SERVER_COORDINATOR_COORDINATOR_H_
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "server/coordinator/job_store.h"
+#include "tessera/v1/job.pb.h"
+#include "tessera/v1/parameter.pb.h"
+
+namespace tessera::coordinator {
+
+// The coordinator's calls to the shards (ParameterService). An interface so tests can fake it.
+// Implementations put a deadline on every call and are thread-safe.
+class ShardControl {
+ public:
+  virtual ~ShardControl() = default;
+  // CreateJobState(job_id, config, no partitions) on the shard at `address`. Blocks.
+  virtual absl::Status CreateJobState(const std::string& address, const std::string& job_id,
+                                      const v1::JobConfig& config) = 0;
+  // DropJob(job_id) on the shard at `address`. Blocks.
+  virtual absl::Status DropJob(const std::string& address, const std::string& job_id) = 0;
+};
+
+// A worker's WatchTasks stream as the coordinator sees it. Implementations never block: Send
+// queues. Thread-safe.
+class TaskStream {
+ public:
+  virtual ~TaskStream() = default;
+  virtual void Send(const v1::TaskEvent& event) = 0;
+  // Ends the stream with `status` once the queued events are written.
+  virtual void Close(const absl::Status& status) = 0;
+  // The stream has ended (the worker went away, or Close finished). The coordinator polls this
+  // on every tick, so a transport never calls back into the coordinator from its callbacks.
+  virtual bool closed() const = 0;
+};
+
+// One WatchJob subscriber: a bounded queue the coordinator fills and the transport drains. The
+// coordinator never blocks on it; a watcher more than `max_queued` messages behind is ended with
+// RESOURCE_EXHAUSTED. Thread-safe.
+class JobWatch {
+ public:
+  explicit JobWatch(size_t max_queued) : max_queued_(max_queued) {}
+
+  enum class Poll { kMessage, kEmpty, kEnded };
+  // The next message (kMessage), nothing yet (kEmpty), or the end of the stream (kEnded, with
+  // its status in `*end`). Never blocks.
+  Poll Next(v1::WatchJobResponse* out, absl::Status* end);
+  // `wakeup` runs (on the pushing thread, with no coordinator lock held by the watch) after every
+  // message or end pushed. Pass nullptr to detach; SetWakeup waits for a running wakeup to return.
+  void SetWakeup(std::function<void()> wakeup);
+  // The client went away: later pushes are dropped.
+  void Cancel();
+
+  // Coordinator side.
+  // Queues `message`; false when the watch has ended (the coordinator then forgets it).
+  bool Push(v1::WatchJobResponse message);
+  void End(const absl::Status& status);
+  // Ends the replay: `replay` goes first, then what Push() held back since the watch began.
+  void FinishReplay(std::vector<v1::WatchJobResponse> replay);
+
+ private:
+  void Wake();
+  const size_t max_queued_;
+  absl::Mutex mu_;
+  std::deque<v1::WatchJobResponse> queue_ ABSL_GUARDED_BY(mu_);
+  std::deque<v1::WatchJobResponse> held_ ABSL_GUARDED_BY(mu_);  // live messages during replay
+  bool replaying_ ABSL_GUARDED_BY(mu_) = true;
+  size_t replay_left_ ABSL_GUARDED_BY(mu_) = 0;  // replayed messages still queued (not limited)
+  bool ended_ ABSL_GUARDED_BY(mu_) = false;      // no more pushes
+  absl::Status end_status_ ABSL_GUARDED_BY(mu_);
+  absl::Mutex wakeup_mu_;
+  std::function<void()> wakeup_ ABSL_GUARDED_BY(wakeup_mu_);
+};
+
+struct CoordinatorOptions {
+  // Shards every job uses; 0: the registered live shards (contiguous indices 0..S-1, S >= 1).
+  int num_shards = 0;
+  absl::Duration lease = absl::Seconds(10);
+  absl::Duration heartbeat_interval = absl::Seconds(2);
+  // Succeeded jobs whose weights stay on the shards (older ones are dropped); >= 0.
+  int retain_models = 4;
+  // Unix milliseconds; null: the wall clock.
+  std::function<int64_t()> now_ms;
+  // A watcher further behind than this is dropped with RESOURCE_EXHAUSTED.
+  size_t max_watch_queue = 1000;
+  // Check dataset files when validating specs (tests of the state machine turn it off).
+  bool check_files = true;
+};
+
+class Coordinator {
+ public:
+  // Validates `options`, loads every job and member from `store` (members become LOST; RUNNING
+  // jobs get one lease period for their ranks to report). `store` and `shards` must outlive the
+  // coordinator. INVALID_ARGUMENT naming the option; the store's errors.
+  static absl::StatusOr<std::unique_ptr<Coordinator>> Create(const CoordinatorOptions& options,
+                                                             JobStore* store, ShardControl* shards);
+  ~Coordinator();  // Stop()
+
+  // Starts the tick thread. Stop() joins it and ends every watch and task stream with
+  // UNAVAILABLE. Idempotent.
+  void Start();
+  void Stop();
+
+  // --- JobService. Each returns the record; errors: INVALID_ARGUMENT naming the field,
+  // NOT_FOUND, FAILED_PRECONDITION (see job.proto), or the store's sticky error.
+  absl::StatusOr<v1::Job> CreateJob(const v1::JobSpec& spec);
+  absl::StatusOr<v1::Job> GetJob(const std::string& job_id);
+  absl::StatusOr<std::vector<v1::Job>> ListJobs(const v1::ListJobsRequest& request);
+  absl::StatusOr<v1::Job> CancelJob(const std::string& job_id);
+  // The watch starts with the current record, then the stored events after `after_seq`, then
+  // live ones; it ends OK after the terminal event. Blocks on one SQLite read.
+  absl::StatusOr<std::shared_ptr<JobWatch>> WatchJob(const v1::WatchJobRequest& request);
+
+  // --- ClusterService.
+  absl::StatusOr<v1::RegisterResponse> Register(const v1::RegisterRequest& request);
+  absl::Status Heartbeat(const v1::HeartbeatRequest& request);
+  absl::Status Deregister(const v1::DeregisterRequest& request);
+  std::vector<v1::Member> ListMembers();
+  // Makes `stream` the worker's task stream (an older one is closed with ABORTED). NOT_FOUND for
+  // an unknown, lost or departed member; INVALID_ARGUMENT for an empty id or a shard.
+  absl::Status OpenTaskStream(const std::string& member_id, std::shared_ptr<TaskStream> stream);
+  absl::StatusOr<v1::ProgressAck> ReportProgress(const v1::ProgressReport& report);
+
+  // One round of the periodic work (see the file comment). Blocks on shard calls and SQLite.
+  void Tick();
+
+ private:
+  struct MemberEntry {
+    int64_t n = 0;  // the number in "s-<n>"/"w-<n>"
+    v1::Member member;
+    std::shared_ptr<TaskStream> stream;
+  };
+  struct JobEntry {
+    int64_t n = 0;
+    v1::Job job;
+    int64_t last_seq = 0;
+    bool starting = false;           // the scheduler is creating its state on the shards
+    bool weights_on_shards = false;  // SUCCEEDED and not yet dropped by --retain_models
+    int64_t last_progress_event_ms = 0;
+    int64_t last_write_ms = 0;
+    bool dirty = false;  // the record changed since it was last queued for writing
+    // After a coordinator restart: RUNNING jobs' ranks must report by then (0: not restarting).
+    int64_t restart_deadline_ms = 0;
+    std::vector<bool> rank_seen;
+    std::vector<std::shared_ptr<JobWatch>> watchers;
+  };
+  struct ShardDrop {
+    std::string address;
+    std::string job_id;
+  };
+
+  Coordinator(const CoordinatorOptions& options, JobStore* store, ShardControl* shards);
+  absl::Status Load();
+  int64_t NowMs() const;
+  void Wake();
+  void Run();
+
+  // Writes the queued rows; returns the store's (sticky) error.
+  absl::Status FlushWrites() ABSL_LOCKS_EXCLUDED(mu_);
+  void RunShardDrops() ABSL_LOCKS_EXCLUDED(mu_);
+  // One scheduling pass over the oldest PENDING job; true when it started.
+  bool Schedule() ABSL_LOCKS_EXCLUDED(mu_);
+
+  JobEntry* FindJob(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  MemberEntry* FindMember(const std::string& member_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void QueueJob(JobEntry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void QueueMember(const MemberEntry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Appends an event built from the record (and `message`), queues both, tells the watchers.
+  void AddEvent(JobEntry& entry, const std::string& message) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ends a RUNNING or PENDING job: FAILED or CANCELLED with `reason`, cancels its workers' tasks
+  // (except `except_member`), queues DropJob on its shards.
+  void EndJob(JobEntry& entry, v1::JobState state, const std::string& reason,
+              const std::string& except_member) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A worker back to READY (when it is BUSY with `job_id`).
+  void ReleaseWorker(MemberEntry& member, const std::string& job_id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A member LOST or LEFT: fails the RUNNING jobs that depend on it.
+  void MemberGone(MemberEntry& member, v1::MemberState state, const std::string& why)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ApplyRetention() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void CheckLeases() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Forgets task streams that have ended; a worker still holding a task of an ended job goes
+  // back to READY.
+  void ReapStreams() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void SetPendingReason(JobEntry& entry, const std::string& reason)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::string WorkerName(const v1::JobWorker& worker) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const CoordinatorOptions options_;
+  JobStore* const store_;
+  ShardControl* const shards_;
+
+  absl::Mutex write_mu_ ABSL_ACQUIRED_BEFORE(mu_);  // one FlushWrites at a time
+  absl::Mutex tick_mu_ ABSL_ACQUIRED_BEFORE(mu_);   // one Tick at a time
+
+  mutable absl::Mutex mu_;
+  std::map<int64_t, JobEntry> jobs_ ABSL_GUARDED_BY(mu_);  // by n: oldest first
+  std::map<std::string, int64_t> job_n_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, MemberEntry> members_ ABSL_GUARDED_BY(mu_);
+  int64_t next_shard_n_ ABSL_GUARDED_BY(mu_) = 1;
+  int64_t next_worker_n_ ABSL_GUARDED_BY(mu_) = 1;
+  StoreWrite pending_ ABSL_GUARDED_BY(mu_);
+  std::vector<ShardDrop> drops_ ABSL_GUARDED_BY(mu_);
+  absl::Status store_error_ ABSL_GUARDED_BY(mu_);
+  bool wake_ ABSL_GUARDED_BY(mu_) = false;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool started_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;
+};
+
+}  // namespace tessera::coordinator
+
+#endif  // TESSERA_SERVER_COORDINATOR_COORDINATOR_H_

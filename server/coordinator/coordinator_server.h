@@ -1,0 +1,68 @@
+// CoordinatorServer: the tessera-coordinator process's pieces together: the JobStore in
+// <data_dir>/coordinator.db, the Coordinator, its gRPC services (JobService, ClusterService,
+// grpc.health.v1 and server reflection) and the shard control channels.
+//
+// Life cycle: Create() (opens the database and loads it) -> kNew; Start() binds and serves ->
+// kRunning; Stop() -> kStopped.
+#ifndef TESSERA_SERVER_COORDINATOR_COORDINATOR_SERVER_H_
+#define TESSERA_SERVER_COORDINATOR_COORDINATOR_SERVER_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "grpcpp/server.h"
+#include "server/coordinator/coordinator.h"
+#include "server/coordinator/grpc_coordinator_service.h"
+#include "server/coordinator/grpc_shard_control.h"
+#include "server/coordinator/job_store.h"
+
+namespace tessera::coordinator {
+
+struct CoordinatorServerOptions {
+  // host:port to bind; port 0 picks a free one (see port()).
+  std::string listen = "127.0.0.1:7070";
+  // Required. Holds coordinator.db; created when missing.
+  std::string data_dir;
+  CoordinatorOptions coordinator;
+  // Deadline of each CreateJobState / DropJob call to a shard.
+  absl::Duration shard_rpc_timeout = absl::Seconds(10);
+};
+
+class CoordinatorServer {
+ public:
+  // Validates `options`, creates data_dir, opens and loads the database. INVALID_ARGUMENT naming
+  // the flag; FAILED_PRECONDITION when data_dir cannot be created; the store's errors.
+  static absl::StatusOr<std::unique_ptr<CoordinatorServer>> Create(
+      const CoordinatorServerOptions& options);
+  ~CoordinatorServer();  // Stop(absl::ZeroDuration())
+
+  // Binds and serves, and starts the coordinator's tick thread. UNAVAILABLE when the address
+  // cannot be bound. REQUIRES: not started yet.
+  absl::Status Start();
+  // Ends every watch and task stream, lets running calls finish for `grace`, then cancels them
+  // and joins. Idempotent; blocks.
+  void Stop(absl::Duration grace);
+
+  int port() const { return port_; }
+  Coordinator* coordinator() { return coordinator_.get(); }
+
+ private:
+  explicit CoordinatorServer(const CoordinatorServerOptions& options) : options_(options) {}
+
+  const CoordinatorServerOptions options_;
+  std::unique_ptr<JobStore> store_;
+  std::unique_ptr<GrpcShardControl> shards_;
+  std::unique_ptr<Coordinator> coordinator_;
+  std::unique_ptr<GrpcJobService> job_service_;
+  std::unique_ptr<GrpcClusterService> cluster_service_;
+  std::unique_ptr<grpc::Server> server_;
+  int port_ = 0;
+  bool stopped_ = false;
+};
+
+}  // namespace tessera::coordinator
+
+#endif  // TESSERA_SERVER_COORDINATOR_COORDINATOR_SERVER_H_

@@ -1,0 +1,37 @@
+// GrpcShardControl: ShardControl over gRPC (tessera.v1.ParameterService on each shard), one
+// channel per shard address, reused.
+#ifndef TESSERA_SERVER_COORDINATOR_GRPC_SHARD_CONTROL_H_
+#define TESSERA_SERVER_COORDINATOR_GRPC_SHARD_CONTROL_H_
+
+#include <map>
+#include <memory>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "server/coordinator/coordinator.h"
+#include "tessera/v1/parameter.grpc.pb.h"
+
+namespace tessera::coordinator {
+
+// Thread-safe. Every call has a deadline of `timeout`; errors carry the shard's address.
+class GrpcShardControl : public ShardControl {
+ public:
+  explicit GrpcShardControl(absl::Duration timeout) : timeout_(timeout) {}
+
+  absl::Status CreateJobState(const std::string& address, const std::string& job_id,
+                              const v1::JobConfig& config) override;
+  absl::Status DropJob(const std::string& address, const std::string& job_id) override;
+
+ private:
+  v1::ParameterService::Stub* StubFor(const std::string& address);
+
+  const absl::Duration timeout_;
+  absl::Mutex mu_;
+  std::map<std::string, std::unique_ptr<v1::ParameterService::Stub>> stubs_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace tessera::coordinator
+
+#endif  // TESSERA_SERVER_COORDINATOR_GRPC_SHARD_CONTROL_H_

@@ -1,0 +1,241 @@
+#include "server/coordinator/job_store.h"
+
+#include <sqlite3.h>
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace tessera::coordinator {
+namespace {
+
+constexpr int kSchemaVersion = 1;
+constexpr int kBusyTimeoutMs = 5000;
+
+// Resets a prepared statement (and its bindings) when the scope ends.
+class StatementScope {
+ public:
+  explicit StatementScope(sqlite3_stmt* stmt) : stmt_(stmt) {}
+  ~StatementScope() {
+    sqlite3_reset(stmt_);
+    sqlite3_clear_bindings(stmt_);
+  }
+
+ private:
+  sqlite3_stmt* stmt_;
+};
+
+void BindText(sqlite3_stmt* stmt, int index, const std::string& text) {
+  sqlite3_bind_text(stmt, index, text.data(), static_cast<int>(text.size()), SQLITE_TRANSIENT);
+}
+
+void BindBlob(sqlite3_stmt* stmt, int index, const std::string& blob) {
+  sqlite3_bind_blob(stmt, index, blob.data(), static_cast<int>(blob.size()), SQLITE_TRANSIENT);
+}
+
+template <typename Message>
+absl::Status ParseColumn(sqlite3_stmt* stmt, int column, Message* out, absl::string_view what) {
+  const void* data = sqlite3_column_blob(stmt, column);
+  const int size = sqlite3_column_bytes(stmt, column);
+  if (!out->ParseFromArray(data, size)) {
+    return absl::DataLossError(absl::StrCat("coordinator database: a ", what,
+                                            " record does not parse (", size, " bytes)"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path) {
+  sqlite3* db = nullptr;
+  const int rc = sqlite3_open_v2(
+      path.c_str(), &db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX, nullptr);
+  if (rc != SQLITE_OK) {
+    std::string message = db != nullptr ? sqlite3_errmsg(db) : sqlite3_errstr(rc);
+    sqlite3_close(db);
+    return absl::InternalError(absl::StrCat("cannot open ", path, ": ", message));
+  }
+  std::unique_ptr<JobStore> store(new JobStore(db));
+  absl::MutexLock lock(&store->mu_);
+  absl::Status init = store->Init();
+  if (!init.ok()) return absl::Status(init.code(), absl::StrCat(path, ": ", init.message()));
+  return store;
+}
+
+JobStore::~JobStore() {
+  absl::MutexLock lock(&mu_);
+  for (sqlite3_stmt* stmt :
+       {put_job_, put_event_, put_member_, load_jobs_, load_members_, read_events_, last_seq_}) {
+    sqlite3_finalize(stmt);
+  }
+  sqlite3_close(db_);
+}
+
+absl::Status JobStore::Error(const char* what) {
+  return absl::InternalError(absl::StrCat("sqlite ", what, ": ", sqlite3_errmsg(db_)));
+}
+
+absl::Status JobStore::Exec(const char* sql) {
+  char* message = nullptr;
+  if (sqlite3_exec(db_, sql, nullptr, nullptr, &message) != SQLITE_OK) {
+    absl::Status status = absl::InternalError(
+        absl::StrCat("sqlite: ", message != nullptr ? message : "error", " in: ", sql));
+    sqlite3_free(message);
+    return status;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status JobStore::Prepare(const char* sql, sqlite3_stmt** stmt) {
+  if (sqlite3_prepare_v2(db_, sql, -1, stmt, nullptr) != SQLITE_OK) return Error(sql);
+  return absl::OkStatus();
+}
+
+absl::Status JobStore::Init() {
+  sqlite3_busy_timeout(db_, kBusyTimeoutMs);
+  TESSERA_RETURN_IF_ERROR(Exec("PRAGMA journal_mode=WAL"));
+  TESSERA_RETURN_IF_ERROR(Exec("PRAGMA synchronous=FULL"));
+  TESSERA_RETURN_IF_ERROR(
+      Exec("BEGIN IMMEDIATE;"
+           "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);"
+           "CREATE TABLE IF NOT EXISTS jobs (id TEXT PRIMARY KEY, n INTEGER UNIQUE NOT NULL, "
+           "  state INTEGER NOT NULL, record BLOB NOT NULL);"
+           "CREATE TABLE IF NOT EXISTS events (job_id TEXT NOT NULL, seq INTEGER NOT NULL, "
+           "  time_ms INTEGER NOT NULL, record BLOB NOT NULL, PRIMARY KEY (job_id, seq));"
+           "CREATE TABLE IF NOT EXISTS members (id TEXT PRIMARY KEY, record BLOB NOT NULL);"
+           "INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', '1');"
+           "COMMIT;"));
+  sqlite3_stmt* version = nullptr;
+  TESSERA_RETURN_IF_ERROR(Prepare("SELECT value FROM meta WHERE key = 'schema_version'", &version));
+  std::string found;
+  if (sqlite3_step(version) == SQLITE_ROW) {
+    found = reinterpret_cast<const char*>(sqlite3_column_text(version, 0));
+  }
+  sqlite3_finalize(version);
+  if (found != std::to_string(kSchemaVersion)) {
+    return absl::FailedPreconditionError(absl::StrCat("coordinator database has schema version '",
+                                                      found, "', this build reads ",
+                                                      kSchemaVersion));
+  }
+  TESSERA_RETURN_IF_ERROR(Prepare(
+      "INSERT OR REPLACE INTO jobs (id, n, state, record) VALUES (?1, ?2, ?3, ?4)", &put_job_));
+  TESSERA_RETURN_IF_ERROR(Prepare(
+      "INSERT INTO events (job_id, seq, time_ms, record) VALUES (?1, ?2, ?3, ?4)", &put_event_));
+  TESSERA_RETURN_IF_ERROR(
+      Prepare("INSERT OR REPLACE INTO members (id, record) VALUES (?1, ?2)", &put_member_));
+  TESSERA_RETURN_IF_ERROR(Prepare("SELECT n, record FROM jobs ORDER BY n", &load_jobs_));
+  TESSERA_RETURN_IF_ERROR(Prepare("SELECT record FROM members ORDER BY id", &load_members_));
+  TESSERA_RETURN_IF_ERROR(
+      Prepare("SELECT record FROM events WHERE job_id = ?1 AND seq > ?2 AND seq <= ?3 ORDER BY seq",
+              &read_events_));
+  TESSERA_RETURN_IF_ERROR(
+      Prepare("SELECT COALESCE(MAX(seq), 0) FROM events WHERE job_id = ?1", &last_seq_));
+  return absl::OkStatus();
+}
+
+absl::Status JobStore::Write(const StoreWrite& write) {
+  absl::MutexLock lock(&mu_);
+  TESSERA_RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE"));
+  absl::Status status = WriteLocked(write);
+  if (!status.ok()) {
+    (void)Exec("ROLLBACK");
+    return status;
+  }
+  status = Exec("COMMIT");
+  if (!status.ok()) (void)Exec("ROLLBACK");
+  return status;
+}
+
+absl::Status JobStore::WriteLocked(const StoreWrite& write) {
+  std::string blob;
+  for (const StoreWrite::JobRow& row : write.jobs) {
+    StatementScope scope(put_job_);
+    BindText(put_job_, 1, row.job.id());
+    sqlite3_bind_int64(put_job_, 2, row.n);
+    sqlite3_bind_int(put_job_, 3, static_cast<int>(row.job.state()));
+    row.job.SerializeToString(&blob);
+    BindBlob(put_job_, 4, blob);
+    if (sqlite3_step(put_job_) != SQLITE_DONE) return Error("writing a job");
+  }
+  for (const v1::JobEvent& event : write.events) {
+    StatementScope scope(put_event_);
+    BindText(put_event_, 1, event.job_id());
+    sqlite3_bind_int64(put_event_, 2, event.seq());
+    sqlite3_bind_int64(put_event_, 3, event.time_ms());
+    event.SerializeToString(&blob);
+    BindBlob(put_event_, 4, blob);
+    const int rc = sqlite3_step(put_event_);
+    if (rc == SQLITE_CONSTRAINT) {
+      return absl::AlreadyExistsError(
+          absl::StrCat("event ", event.seq(), " of job ", event.job_id(), " is already stored"));
+    }
+    if (rc != SQLITE_DONE) return Error("writing an event");
+  }
+  for (const v1::Member& member : write.members) {
+    StatementScope scope(put_member_);
+    BindText(put_member_, 1, member.id());
+    member.SerializeToString(&blob);
+    BindBlob(put_member_, 2, blob);
+    if (sqlite3_step(put_member_) != SQLITE_DONE) return Error("writing a member");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<StoredJob>> JobStore::LoadJobs() {
+  absl::MutexLock lock(&mu_);
+  std::vector<StoredJob> jobs;
+  {
+    StatementScope scope(load_jobs_);
+    int rc;
+    while ((rc = sqlite3_step(load_jobs_)) == SQLITE_ROW) {
+      StoredJob stored;
+      stored.n = sqlite3_column_int64(load_jobs_, 0);
+      TESSERA_RETURN_IF_ERROR(ParseColumn(load_jobs_, 1, &stored.job, "job"));
+      jobs.push_back(std::move(stored));
+    }
+    if (rc != SQLITE_DONE) return Error("reading jobs");
+  }
+  for (StoredJob& stored : jobs) {
+    StatementScope scope(last_seq_);
+    BindText(last_seq_, 1, stored.job.id());
+    if (sqlite3_step(last_seq_) != SQLITE_ROW) return Error("reading events");
+    stored.last_seq = sqlite3_column_int64(last_seq_, 0);
+  }
+  return jobs;
+}
+
+absl::StatusOr<std::vector<v1::Member>> JobStore::LoadMembers() {
+  absl::MutexLock lock(&mu_);
+  std::vector<v1::Member> members;
+  StatementScope scope(load_members_);
+  int rc;
+  while ((rc = sqlite3_step(load_members_)) == SQLITE_ROW) {
+    v1::Member member;
+    TESSERA_RETURN_IF_ERROR(ParseColumn(load_members_, 0, &member, "member"));
+    members.push_back(std::move(member));
+  }
+  if (rc != SQLITE_DONE) return Error("reading members");
+  return members;
+}
+
+absl::StatusOr<std::vector<v1::JobEvent>> JobStore::ReadEvents(const std::string& job_id,
+                                                               int64_t after_seq,
+                                                               int64_t up_to_seq) {
+  absl::MutexLock lock(&mu_);
+  std::vector<v1::JobEvent> events;
+  StatementScope scope(read_events_);
+  BindText(read_events_, 1, job_id);
+  sqlite3_bind_int64(read_events_, 2, after_seq);
+  sqlite3_bind_int64(read_events_, 3, up_to_seq);
+  int rc;
+  while ((rc = sqlite3_step(read_events_)) == SQLITE_ROW) {
+    v1::JobEvent event;
+    TESSERA_RETURN_IF_ERROR(ParseColumn(read_events_, 0, &event, "event"));
+    events.push_back(std::move(event));
+  }
+  if (rc != SQLITE_DONE) return Error("reading events");
+  return events;
+}
+
+}  // namespace tessera::coordinator
