@@ -1,5 +1,12 @@
 // tessera-worker: the training worker (DESIGN.md §1).
 //
+//   tessera-worker [--coordinator ADDR] [--device auto|cpu|cuda] [--threads N]
+//                  [--hostname NAME] [--log_level L]
+//
+// runs as a daemon: it registers with the coordinator, trains the tasks it is given and goes back
+// to waiting; SIGTERM or SIGINT cancels a running task, deregisters and exits 0. Exit status 1
+// when it cannot start (e.g. --device cuda without a GPU), 64 for a usage error.
+//
 //   tessera-worker --standalone --job FILE [--device auto|cpu|cuda] [--output text|json]
 //                  [--epochs N] [--threads N] [--target_accuracy X]
 //
@@ -9,6 +16,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <new>
 #include <string>
 
@@ -16,6 +24,9 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "common/process.h"
+#include "kernels/backend.h"
+#include "spdlog/spdlog.h"
+#include "worker/daemon/worker_daemon.h"
 #include "worker/trainer/job_spec.h"
 #include "worker/trainer/progress.h"
 #include "worker/trainer/standalone_trainer.h"
@@ -32,7 +43,16 @@ struct WorkerFlags {
   int epochs = -1;
   int threads = 0;
   double target_accuracy = 0;
+  // Daemon mode.
+  std::string coordinator;
+  std::string hostname;
+  std::string log_level = "info";
 };
+
+std::string DefaultCoordinator() {
+  const char* env = std::getenv("TESSERA_COORDINATOR");
+  return env != nullptr && *env != '\0' ? env : "127.0.0.1:7070";
+}
 
 std::string JsonEscape(const std::string& s) {
   std::string out;
@@ -100,33 +120,91 @@ int RunStandalone(const WorkerFlags& flags) {
   return 0;
 }
 
+// The daemon: registers, runs the tasks it is given, and on SIGTERM/SIGINT stops cleanly.
+int RunDaemon(const WorkerFlags& flags) {
+  tessera::BlockShutdownSignals();
+  if (absl::Status s = tessera::InitLogging(flags.log_level); !s.ok()) {
+    std::fprintf(stderr, "tessera-worker: --log_level: %s\n", std::string(s.message()).c_str());
+    return kExitUsage;
+  }
+  // Find the device once, so the worker registers with its name and a forced --device cuda on a
+  // host without a GPU fails now rather than in every task.
+  tessera::kernels::BackendOptions backend_options;
+  absl::StatusOr<tessera::kernels::DeviceChoice> choice =
+      tessera::kernels::ParseDeviceChoice(flags.device.empty() ? "auto" : flags.device);
+  if (!choice.ok()) return Fail(choice.status(), false);
+  backend_options.device = *choice;
+  backend_options.num_threads = flags.threads;
+  absl::StatusOr<std::unique_ptr<tessera::kernels::Backend>> backend =
+      tessera::kernels::CreateBackend(backend_options);
+  if (!backend.ok()) return Fail(backend.status(), false);
+
+  tessera::worker::WorkerDaemon::Options options;
+  options.coordinator = flags.coordinator.empty() ? DefaultCoordinator() : flags.coordinator;
+  options.device = flags.device;
+  options.device_name = (*backend)->Name();
+  options.hostname = flags.hostname;
+  options.num_threads = flags.threads;
+  backend->reset();
+  absl::StatusOr<std::unique_ptr<tessera::worker::WorkerDaemon>> daemon =
+      tessera::worker::WorkerDaemon::Create(options);
+  if (!daemon.ok()) return Fail(daemon.status(), false);
+  (*daemon)->Start();
+  const int signal = tessera::WaitForShutdownSignal();
+  spdlog::info("tessera-worker: signal {} received, stopping", signal);
+  (*daemon)->Stop();
+  spdlog::info("tessera-worker: stopped");
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   tessera::ExecWithPassiveOpenMpWait(argv);
   WorkerFlags flags;
-  CLI::App app{"tessera-worker: trains a job spec on this host's device"};
-  app.footer(
-      "Example:\n"
+  CLI::App app{
+      "tessera-worker: the training worker.\n"
+      "\n"
+      "Examples:\n"
+      "  tessera-worker --coordinator 127.0.0.1:7070\n"
+      "      run as a daemon: register, wait for tasks, train them (on a GPU where one exists)\n"
+      "  TESSERA_COORDINATOR=10.0.0.5:7070 tessera-worker --device cpu --threads 2\n"
       "  tessera-worker --standalone --job examples/fashion_mlp.textproto --output json\n"
-      "Exit status: 0 on success; 1 when the job fails (the reason on stderr, and with\n"
-      "--output json also on stdout as {\"error\":{\"code\":...,\"message\":...}}); 64 for a\n"
-      "usage error.");
+      "      train one job spec in this process, without a cluster\n"};
+  app.footer(
+      "Daemon: the coordinator address comes from --coordinator, else $TESSERA_COORDINATOR, else\n"
+      "127.0.0.1:7070. While it is unreachable the worker retries with backoff and logs why.\n"
+      "SIGTERM or SIGINT cancels a running task (reported FAILED \"worker stopped\"),\n"
+      "deregisters and exits 0; exit 1 when the daemon cannot start (e.g. --device cuda on a\n"
+      "host without a GPU).\n"
+      "Standalone exit status: 0 on success; 1 when the job fails (the reason on stderr, and with\n"
+      "--output json also on stdout as {\"error\":{\"code\":...,\"message\":...}}).\n"
+      "64 for a usage error in either mode.");
+  app.add_option("--coordinator", flags.coordinator,
+                 "Daemon: the coordinator's host:port (default $TESSERA_COORDINATOR, else "
+                 "127.0.0.1:7070)");
+  app.add_option("--hostname", flags.hostname,
+                 "Daemon: the host name to register with (default: this host's name)");
+  app.add_option("--log_level", flags.log_level,
+                 "Daemon: trace, debug, info, warn, error, critical or off")
+      ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "critical", "off"}));
   app.add_flag("--standalone", flags.standalone, "Train one job spec in this process");
   app.add_option("--job", flags.job,
-                 "Job spec file: textproto, or JSON when it starts with '{' (see examples/)");
-  app.add_option("--device", flags.device, "Device, overriding the spec: auto, cpu or cuda")
+                 "Standalone: job spec file, textproto or JSON when it starts with '{' (see "
+                 "examples/)");
+  app.add_option("--device", flags.device,
+                 "Device, overriding the job spec's: auto (CUDA where a GPU exists), cpu or cuda")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   app.add_option("--output", flags.output,
-                 "Result format: text, or json for one JSON line on stdout (progress on stderr)")
+                 "Standalone: text, or json for one JSON line on stdout (progress on stderr)")
       ->check(CLI::IsMember({"text", "json"}));
   app.add_option("--epochs", flags.epochs,
-                 "Epochs, overriding the spec (N > 0 also drops the spec's max_steps)")
+                 "Standalone: epochs, overriding the spec (N > 0 also drops the spec's max_steps)")
       ->check(CLI::Range(0, 1 << 20));
   app.add_option("--threads", flags.threads, "CPU threads (0: the OpenMP default)")
       ->check(CLI::Range(0, 4096));
   app.add_option("--target_accuracy", flags.target_accuracy,
-                 "Stop after the first evaluation with at least this test accuracy")
+                 "Standalone: stop after the first evaluation with at least this test accuracy")
       ->check(CLI::Range(0.0, 1.0));
   try {
     app.parse(argc, argv);
@@ -137,11 +215,19 @@ int main(int argc, char** argv) {
     return kExitUsage;
   }
   if (!flags.standalone) {
+    if (!flags.job.empty() || flags.output != "text" || flags.epochs >= 0 ||
+        flags.target_accuracy > 0) {
+      std::fprintf(stderr,
+                   "tessera-worker: --job, --output, --epochs and --target_accuracy need "
+                   "--standalone; a daemon gets its jobs from the coordinator\n");
+      return kExitUsage;
+    }
+    return RunDaemon(flags);
+  }
+  if (!flags.coordinator.empty()) {
     std::fprintf(stderr,
-                 "tessera-worker: usage: tessera-worker --standalone --job FILE [--device "
-                 "auto|cpu|cuda] [--output text|json] [--epochs N] [--threads N] "
-                 "[--target_accuracy X]\n"
-                 "This build runs jobs standalone only; --standalone is required.\n");
+                 "tessera-worker: --standalone runs without a coordinator; drop "
+                 "--coordinator\n");
     return kExitUsage;
   }
   if (flags.job.empty()) {

@@ -118,7 +118,7 @@ TEST_F(WorkerBinaryTest, UnparsableSpecGivesLineAndColumn) {
 TEST_F(WorkerBinaryTest, UsageErrorsExit64) {
   const RunResult no_mode = Run(absl::StrCat("--job ", Example("fashion_mlp.textproto")));
   EXPECT_EQ(no_mode.exit_code, 64);
-  EXPECT_THAT(no_mode.err, HasSubstr("--standalone is required"));
+  EXPECT_THAT(no_mode.err, HasSubstr("need --standalone"));
   const RunResult no_job = Run("--standalone");
   EXPECT_EQ(no_job.exit_code, 64);
   EXPECT_THAT(no_job.err, HasSubstr("--job FILE"));

@@ -1,0 +1,116 @@
+// WorkerDaemon: `tessera-worker --coordinator ADDR` (DESIGN.md §1, §6; issue #4).
+//
+// A MemberAgent (common/membership.h) registers the worker (role WORKER, hostname, pid, device)
+// and keeps its lease alive, retrying with backoff while the coordinator is unreachable. After
+// every registration the daemon (re)opens ClusterService.WatchTasks for the new member id and
+// keeps it open, reopening it with capped exponential backoff when it breaks (the reason is
+// logged). A Task.assign starts a DistributedTrainer on the task thread; one task at a time.
+// Progress is forwarded with ReportProgress from a sender thread that always sends the newest
+// report (slow answers drop the older ones); an ack with cancel stops the task, and so does a
+// CancelTask for its job. When the task ends the daemon reports the terminal phase (SUCCEEDED on
+// rank 0, TRAINING_DONE on the others, FAILED with the error) and waits for the next task.
+//
+// Life cycle: Create() (kNew) -> Start() (kRunning) -> Stop() (kStopped): Stop() cancels a
+// running task, which reports FAILED "worker stopped", then deregisters and joins every thread.
+// Thread-safety: every method may be called from any thread.
+#ifndef TESSERA_WORKER_DAEMON_WORKER_DAEMON_H_
+#define TESSERA_WORKER_DAEMON_WORKER_DAEMON_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/membership.h"
+#include "grpcpp/client_context.h"
+#include "tessera/v1/job.grpc.pb.h"
+#include "worker/trainer/distributed_trainer.h"
+
+namespace tessera::worker {
+
+class WorkerDaemon {
+ public:
+  struct Options {
+    std::string coordinator;  // host:port
+    // Overrides each task's spec.device when not empty: "auto", "cpu" or "cuda".
+    std::string device;
+    // What the worker registers as its device ("cpu", "cuda:0").
+    std::string device_name;
+    std::string hostname;
+    // CPU threads for the backend; 0 keeps the OpenMP default.
+    int num_threads = 0;
+    // Backoff between attempts to reopen the task stream.
+    absl::Duration initial_backoff = absl::Milliseconds(200);
+    absl::Duration max_backoff = absl::Seconds(5);
+    // Deadline of each unary call to the coordinator.
+    absl::Duration rpc_timeout = absl::Seconds(5);
+    // The task stream is reopened (without backoff) when this deadline passes.
+    absl::Duration watch_deadline = absl::Hours(1);
+    // Progress reports at most this often (and at every epoch end).
+    absl::Duration progress_interval = absl::Milliseconds(500);
+    // A terminal report is retried for this long before the daemon gives up on it.
+    absl::Duration terminal_report_timeout = absl::Seconds(60);
+  };
+
+  // INVALID_ARGUMENT naming the field for an empty coordinator, a device other than
+  // auto|cpu|cuda, or negative threads. Makes no RPC.
+  static absl::StatusOr<std::unique_ptr<WorkerDaemon>> Create(Options options);
+  // Stop().
+  ~WorkerDaemon();
+
+  WorkerDaemon(const WorkerDaemon&) = delete;
+  WorkerDaemon& operator=(const WorkerDaemon&) = delete;
+
+  // Starts registering and watching for tasks; returns at once. Call once.
+  void Start();
+  // Cancels a running task (reported FAILED "worker stopped"), deregisters, joins the threads.
+  // Blocks until the task has ended; idempotent.
+  void Stop();
+
+  // The current member id (empty until registered).
+  std::string member_id() const { return agent_->member_id(); }
+  // The job of the task in hand, empty when idle.
+  std::string current_job() const;
+
+ private:
+  class ProgressSender;
+
+  explicit WorkerDaemon(Options options);
+  void OnRegistered(const std::string& member_id);
+  void WatchLoop();
+  void HandleEvent(const v1::TaskEvent& event);
+  void RunTask(v1::Task task);
+  // One ReportProgress with member_id and job_id filled in.
+  absl::StatusOr<v1::ProgressAck> Report(const v1::Task& task, v1::ProgressReport report);
+  // Cancels the task in hand when it belongs to `job_id` (any job when empty).
+  void CancelTask(const std::string& job_id, const std::string& why);
+
+  const Options options_;
+  std::unique_ptr<MemberAgent> agent_;
+  std::unique_ptr<v1::ClusterService::Stub> stub_;
+  std::thread watch_thread_;
+
+  mutable absl::Mutex mu_;
+  bool started_ ABSL_GUARDED_BY(mu_) = false;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::string member_id_ ABSL_GUARDED_BY(mu_);
+  uint64_t registrations_ ABSL_GUARDED_BY(mu_) = 0;
+  // The open task stream's context, to cancel it on Stop() or a new registration.
+  grpc::ClientContext* watch_context_ ABSL_GUARDED_BY(mu_) = nullptr;
+  // The task in hand.
+  std::thread task_thread_ ABSL_GUARDED_BY(mu_);
+  bool task_running_ ABSL_GUARDED_BY(mu_) = false;
+  v1::Task task_ ABSL_GUARDED_BY(mu_);
+  bool cancel_requested_ ABSL_GUARDED_BY(mu_) = false;
+  std::string cancel_reason_ ABSL_GUARDED_BY(mu_);
+  trainer::DistributedTrainer* trainer_ ABSL_GUARDED_BY(mu_) = nullptr;  // owned by RunTask
+};
+
+}  // namespace tessera::worker
+
+#endif  // TESSERA_WORKER_DAEMON_WORKER_DAEMON_H_

@@ -1,0 +1,304 @@
+#include "worker/daemon/worker_daemon.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <deque>
+#include <fstream>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "gmock/gmock.h"
+#include "google/protobuf/text_format.h"
+#include "grpcpp/server.h"
+#include "grpcpp/server_builder.h"
+#include "gtest/gtest.h"
+#include "worker/client/local_shards.h"
+#include "worker/client/parameter_client.h"
+
+#ifndef TESSERA_SERVER_BINARY
+#error "TESSERA_SERVER_BINARY must name the tessera-server binary"
+#endif
+
+namespace tessera::worker {
+namespace {
+
+using ::testing::HasSubstr;
+
+// A coordinator's ClusterService, reduced to what one worker sees: it registers members, hands
+// out the events the test queues on the task stream, and records every report.
+class FakeCoordinator final : public v1::ClusterService::Service {
+ public:
+  grpc::Status Register(grpc::ServerContext*, const v1::RegisterRequest* request,
+                        v1::RegisterResponse* response) override {
+    absl::MutexLock lock(&mu_);
+    registration_ = *request;
+    response->set_member_id(absl::StrCat("w-", ++registrations_));
+    response->set_lease_ms(5000);
+    response->set_heartbeat_interval_ms(200);
+    return grpc::Status::OK;
+  }
+  grpc::Status Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest*,
+                         v1::HeartbeatResponse*) override {
+    return grpc::Status::OK;
+  }
+  grpc::Status Deregister(grpc::ServerContext*, const v1::DeregisterRequest* request,
+                          v1::DeregisterResponse*) override {
+    absl::MutexLock lock(&mu_);
+    deregistered_ = request->member_id();
+    return grpc::Status::OK;
+  }
+  grpc::Status WatchTasks(grpc::ServerContext* context, const v1::WatchTasksRequest* request,
+                          grpc::ServerWriter<v1::TaskEvent>* writer) override {
+    {
+      absl::MutexLock lock(&mu_);
+      watched_ = request->member_id();
+    }
+    // Bounded: the test's server shuts down (cancelling this call) within seconds.
+    for (int i = 0; i < 3000 && !context->IsCancelled(); ++i) {
+      std::optional<v1::TaskEvent> event;
+      {
+        absl::MutexLock lock(&mu_);
+        if (!events_.empty()) {
+          event = events_.front();
+          events_.pop_front();
+        }
+      }
+      if (event.has_value()) {
+        if (!writer->Write(*event)) break;
+      } else {
+        absl::SleepFor(absl::Milliseconds(10));
+      }
+    }
+    return grpc::Status::OK;
+  }
+  grpc::Status ReportProgress(grpc::ServerContext*, const v1::ProgressReport* report,
+                              v1::ProgressAck* ack) override {
+    absl::MutexLock lock(&mu_);
+    reports_.push_back(*report);
+    // One worker: its own TRAINING_DONE is everyone's.
+    ack->set_all_workers_done(report->phase() == v1::TASK_PHASE_TRAINING_DONE);
+    return grpc::Status::OK;
+  }
+
+  void Send(const v1::TaskEvent& event) {
+    absl::MutexLock lock(&mu_);
+    events_.push_back(event);
+  }
+  // Waits (bounded) until a report passes `pred`; returns it.
+  std::optional<v1::ProgressReport> WaitReport(
+      const std::function<bool(const v1::ProgressReport&)>& pred, absl::Duration timeout) {
+    const absl::Time deadline = absl::Now() + timeout;
+    while (absl::Now() < deadline) {
+      {
+        absl::MutexLock lock(&mu_);
+        for (const v1::ProgressReport& r : reports_) {
+          if (pred(r)) return r;
+        }
+      }
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    return std::nullopt;
+  }
+  std::string watched() {
+    absl::MutexLock lock(&mu_);
+    return watched_;
+  }
+  std::string deregistered() {
+    absl::MutexLock lock(&mu_);
+    return deregistered_;
+  }
+  v1::RegisterRequest registration() {
+    absl::MutexLock lock(&mu_);
+    return registration_;
+  }
+
+ private:
+  absl::Mutex mu_;
+  int registrations_ ABSL_GUARDED_BY(mu_) = 0;
+  v1::RegisterRequest registration_ ABSL_GUARDED_BY(mu_);
+  std::string watched_ ABSL_GUARDED_BY(mu_);
+  std::string deregistered_ ABSL_GUARDED_BY(mu_);
+  std::deque<v1::TaskEvent> events_ ABSL_GUARDED_BY(mu_);
+  std::vector<v1::ProgressReport> reports_ ABSL_GUARDED_BY(mu_);
+};
+
+class WorkerDaemonTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    client::LocalShards::Options o;
+    const char* override_path = std::getenv("TESSERA_SERVER_BINARY");
+    o.server_path = override_path != nullptr ? override_path : TESSERA_SERVER_BINARY;
+    auto shards = client::LocalShards::Start(o);
+    ASSERT_TRUE(shards.ok()) << shards.status();
+    shards_ = std::move(*shards);
+
+    grpc::ServerBuilder builder;
+    int port = 0;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    builder.RegisterService(&coordinator_);
+    server_ = builder.BuildAndStart();
+    ASSERT_NE(server_, nullptr);
+    coordinator_address_ = absl::StrCat("127.0.0.1:", port);
+
+    char tmpl[] = "/tmp/tessera_daemon_test.XXXXXX";
+    dir_ = mkdtemp(tmpl);
+    std::mt19937 rng(1);
+    std::normal_distribution<double> noise(0.0, 0.7);
+    for (const char* split : {"train", "test"}) {
+      std::ofstream out(dir_ + "/" + split + ".csv");
+      for (int i = 0; i < 300; ++i) {
+        const int k = i % 3;
+        out << k << "," << 3 * std::cos(2 * M_PI * k / 3) + noise(rng) << ","
+            << 3 * std::sin(2 * M_PI * k / 3) + noise(rng) << "\n";
+      }
+    }
+  }
+  void TearDown() override {
+    if (server_ != nullptr) server_->Shutdown(std::chrono::system_clock::now());
+    std::system(absl::StrCat("rm -rf '", dir_, "'").c_str());
+  }
+
+  v1::TaskEvent Assign(const std::string& job_id, int epochs) {
+    v1::TaskEvent event;
+    v1::Task* task = event.mutable_assign();
+    task->set_job_id(job_id);
+    task->set_rank(0);
+    task->set_world_size(1);
+    task->set_incarnation(1);
+    for (const std::string& a : shards_->addresses()) task->add_shard_addresses(a);
+    const std::string text = absl::StrCat(R"(
+      name: "blobs"
+      model { input_shape: [2] layers { dense { units: 8 } } layers { relu {} }
+              layers { dense { units: 3 } } loss: LOSS_SOFTMAX_CROSS_ENTROPY }
+      dataset { format: FORMAT_CSV train_path: ")",
+                                          dir_, R"(/train.csv" test_path: ")", dir_,
+                                          R"(/test.csv" num_classes: 3 }
+      optimizer { kind: OPTIMIZER_KIND_ADAM learning_rate: 0.01 }
+      batch_size: 16 seed: 3 device: "cpu" num_workers: 1 epochs: )",
+                                          epochs);
+    EXPECT_TRUE(google::protobuf::TextFormat::ParseFromString(text, task->mutable_spec()));
+    return event;
+  }
+
+  std::unique_ptr<WorkerDaemon> StartDaemon() {
+    WorkerDaemon::Options o;
+    o.coordinator = coordinator_address_;
+    o.device = "cpu";
+    o.device_name = "cpu";
+    o.hostname = "test-host";
+    o.num_threads = 1;
+    o.progress_interval = absl::Milliseconds(50);
+    auto d = WorkerDaemon::Create(o);
+    EXPECT_TRUE(d.ok()) << d.status();
+    if (!d.ok()) return nullptr;
+    (*d)->Start();
+    return std::move(*d);
+  }
+
+  static bool Phase(const v1::ProgressReport& r, v1::TaskPhase phase) { return r.phase() == phase; }
+
+  FakeCoordinator coordinator_;
+  std::unique_ptr<grpc::Server> server_;
+  std::string coordinator_address_;
+  std::unique_ptr<client::LocalShards> shards_;
+  std::string dir_;
+};
+
+TEST_F(WorkerDaemonTest, RegistersTrainsTheTaskAndReportsSuccess) {
+  std::unique_ptr<WorkerDaemon> daemon = StartDaemon();
+  ASSERT_NE(daemon, nullptr);
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (coordinator_.watched().empty() && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  ASSERT_EQ(coordinator_.watched(), "w-1");
+  EXPECT_EQ(coordinator_.registration().role(), v1::MEMBER_ROLE_WORKER);
+  EXPECT_EQ(coordinator_.registration().hostname(), "test-host");
+  EXPECT_EQ(coordinator_.registration().device(), "cpu");
+  EXPECT_EQ(coordinator_.registration().pid(), getpid());
+
+  coordinator_.Send(Assign("job-1", 3));
+  std::optional<v1::ProgressReport> done = coordinator_.WaitReport(
+      [](const v1::ProgressReport& r) {
+        return r.phase() == v1::TASK_PHASE_SUCCEEDED || r.phase() == v1::TASK_PHASE_FAILED;
+      },
+      absl::Seconds(20));
+  ASSERT_TRUE(done.has_value());
+  EXPECT_EQ(done->phase(), v1::TASK_PHASE_SUCCEEDED) << done->error();
+  EXPECT_EQ(done->member_id(), "w-1");
+  EXPECT_EQ(done->job_id(), "job-1");
+  EXPECT_EQ(done->step(), 3 * 19);  // ceil(300 / 16) steps per epoch
+  EXPECT_TRUE(done->evaluated());
+  EXPECT_GT(done->test_accuracy(), 0.9);
+  // An epoch-end progress report came before.
+  EXPECT_TRUE(coordinator_.WaitReport(
+      [](const v1::ProgressReport& r) {
+        return r.phase() == v1::TASK_PHASE_TRAINING && r.epochs() >= 1 && r.job_id() == "job-1";
+      },
+      absl::Seconds(1)));
+  // Idle again: a second task runs too.
+  const absl::Time idle = absl::Now() + absl::Seconds(10);
+  while (!daemon->current_job().empty() && absl::Now() < idle)
+    absl::SleepFor(absl::Milliseconds(5));
+  EXPECT_EQ(daemon->current_job(), "");
+  coordinator_.Send(Assign("job-2", 1));
+  EXPECT_TRUE(coordinator_.WaitReport(
+      [](const v1::ProgressReport& r) {
+        return r.phase() == v1::TASK_PHASE_SUCCEEDED && r.job_id() == "job-2";
+      },
+      absl::Seconds(20)));
+  daemon->Stop();
+  EXPECT_EQ(coordinator_.deregistered(), "w-1");
+}
+
+TEST_F(WorkerDaemonTest, CancelTaskStopsTheTaskAndStopReportsWorkerStopped) {
+  std::unique_ptr<WorkerDaemon> daemon = StartDaemon();
+  ASSERT_NE(daemon, nullptr);
+  coordinator_.Send(Assign("long-1", 100000));
+  ASSERT_TRUE(coordinator_.WaitReport(
+      [](const v1::ProgressReport& r) {
+        return r.phase() == v1::TASK_PHASE_TRAINING && r.step() > 0;
+      },
+      absl::Seconds(20)));
+  v1::TaskEvent cancel;
+  cancel.mutable_cancel()->set_job_id("long-1");
+  cancel.mutable_cancel()->set_reason("test");
+  coordinator_.Send(cancel);
+  std::optional<v1::ProgressReport> failed = coordinator_.WaitReport(
+      [](const v1::ProgressReport& r) { return r.phase() == v1::TASK_PHASE_FAILED; },
+      absl::Seconds(5));
+  ASSERT_TRUE(failed.has_value());
+  EXPECT_EQ(failed->error(), "cancelled");
+  EXPECT_EQ(failed->job_id(), "long-1");
+
+  const absl::Time idle = absl::Now() + absl::Seconds(10);
+  while (!daemon->current_job().empty() && absl::Now() < idle)
+    absl::SleepFor(absl::Milliseconds(5));
+  coordinator_.Send(Assign("long-2", 100000));
+  ASSERT_TRUE(coordinator_.WaitReport(
+      [](const v1::ProgressReport& r) {
+        return r.phase() == v1::TASK_PHASE_TRAINING && r.step() > 0 && r.job_id() == "long-2";
+      },
+      absl::Seconds(20)));
+  const auto t0 = std::chrono::steady_clock::now();
+  daemon->Stop();
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 5.0);
+  std::optional<v1::ProgressReport> stopped = coordinator_.WaitReport(
+      [](const v1::ProgressReport& r) {
+        return r.phase() == v1::TASK_PHASE_FAILED && r.job_id() == "long-2";
+      },
+      absl::Seconds(1));
+  ASSERT_TRUE(stopped.has_value());
+  EXPECT_EQ(stopped->error(), "worker stopped");
+  EXPECT_EQ(coordinator_.deregistered(), "w-1");
+}
+
+}  // namespace
+}  // namespace tessera::worker

@@ -1,0 +1,503 @@
+#include "worker/trainer/distributed_trainer.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <limits>
+#include <optional>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "kernels/schedule.h"
+#include "worker/data/batch_prefetcher.h"
+#include "worker/trainer/job_spec.h"
+
+namespace tessera::trainer {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+engine::BatchView View(const data::Batch& b) {
+  engine::BatchView v;
+  v.size = b.size;
+  v.features = b.features;
+  v.sparse_offsets = b.sparse_offsets;
+  v.sparse_ids = b.sparse_ids;
+  v.sparse_values = b.sparse_values;
+  v.labels = b.labels;
+  v.targets = b.targets;
+  return v;
+}
+
+absl::StatusOr<std::shared_ptr<const data::Dataset>> ReadSplit(const v1::DatasetSpec& d, bool train,
+                                                               int rank, int world) {
+  const data::ReadOptions options = MakeReadOptions(d, rank, world);
+  switch (d.format()) {
+    case v1::DatasetSpec::FORMAT_IDX:
+      return train ? data::ReadIdxDataset(d.train_images(), d.train_labels(), options)
+                   : data::ReadIdxDataset(d.test_images(), d.test_labels(), options);
+    case v1::DatasetSpec::FORMAT_LIBSVM:
+      return data::ReadLibsvmDataset(train ? d.train_path() : d.test_path(), options);
+    default:
+      return data::ReadCsvDataset(train ? d.train_path() : d.test_path(), options);
+  }
+}
+
+bool HasTestSplit(const v1::DatasetSpec& d) {
+  return d.format() == v1::DatasetSpec::FORMAT_IDX ? !d.test_images().empty()
+                                                   : !d.test_path().empty();
+}
+
+int64_t EvalBatchSize(const v1::JobSpec& spec) {
+  return spec.eval().batch_size() > 0 ? spec.eval().batch_size() : 1000;
+}
+
+absl::Status Prefixed(absl::string_view prefix, const absl::Status& s) {
+  if (s.ok()) return s;
+  return absl::Status(s.code(), absl::StrCat(prefix, s.message()));
+}
+
+void SetStepTimes(double compute, double exchange, double install, double data, int64_t steps,
+                  v1::StepTimes* out) {
+  if (steps <= 0) return;
+  const double n = static_cast<double>(steps);
+  out->set_compute(compute / n);
+  out->set_exchange(exchange / n);
+  out->set_install(install / n);
+  out->set_data(data / n);
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<DistributedTrainer>> DistributedTrainer::Create(
+    DistributedOptions options) {
+  std::unique_ptr<DistributedTrainer> t(new DistributedTrainer(std::move(options)));
+  TESSERA_RETURN_IF_ERROR(t->Init());
+  return t;
+}
+
+DistributedTrainer::~DistributedTrainer() = default;
+
+void DistributedTrainer::Cancel() { cancelled_.store(true, std::memory_order_release); }
+
+absl::Status DistributedTrainer::CheckCancelled() const {
+  if (cancelled()) return absl::CancelledError("cancelled");
+  return absl::OkStatus();
+}
+
+absl::Status DistributedTrainer::Init() {
+  const v1::Task& task = options_.task;
+  v1::JobSpec& spec = *options_.task.mutable_spec();
+  if (!options_.device.empty()) spec.set_device(options_.device);
+  if (task.job_id().empty()) return absl::InvalidArgumentError("task.job_id: must not be empty");
+  if (options_.num_threads < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("threads: must be >= 0, got ", options_.num_threads));
+  }
+  for (int i = 0; i < spec.model().layers_size(); ++i) {
+    const v1::Layer& layer = spec.model().layers(i);
+    if (layer.has_embedding_bag()) {
+      return absl::UnimplementedError(absl::StrCat(
+          "model.layers[", i, "] (", layer.name(),
+          "): embedding_bag is not supported in distributed training yet (sparse pushes are not "
+          "wired to the engine); train it with tessera-worker --standalone"));
+    }
+  }
+  ValidateOptions validate;
+  validate.distributed = true;
+  TESSERA_RETURN_IF_ERROR(ValidateJobSpec(spec, validate));
+  world_ = task.world_size();
+  rank_ = task.rank();
+  if (world_ != NumWorkers(spec)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "task.world_size: ", world_, " does not match spec.num_workers ", NumWorkers(spec)));
+  }
+  if (rank_ < 0 || rank_ >= world_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("task.rank: must be in [0, ", world_, "), got ", rank_));
+  }
+  if (task.shard_addresses().empty()) {
+    return absl::InvalidArgumentError("task.shard_addresses: the task names no shard");
+  }
+  for (int i = 0; i < task.shard_addresses_size(); ++i) {
+    if (task.shard_addresses(i).empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("task.shard_addresses[", i, "]: must not be empty"));
+    }
+  }
+  // Data first: it is the most likely to fail, and it fails before any device work.
+  {
+    auto train = ReadSplit(spec.dataset(), /*train=*/true, rank_, world_);
+    if (!train.ok()) return Prefixed("data: ", train.status());
+    train_ = *std::move(train);
+  }
+  if (rank_ == 0 && HasTestSplit(spec.dataset())) {
+    // Every example of the test split: evaluation is rank 0's alone.
+    auto test = ReadSplit(spec.dataset(), /*train=*/false, 0, 1);
+    if (!test.ok()) return Prefixed("data: ", test.status());
+    test_ = *std::move(test);
+  }
+
+  kernels::BackendOptions backend_options;
+  TESSERA_ASSIGN_OR_RETURN(
+      backend_options.device,
+      kernels::ParseDeviceChoice(spec.device().empty() ? "auto" : spec.device()));
+  backend_options.num_threads = options_.num_threads;
+  backend_options.memory_limit_bytes = options_.memory_limit_bytes;
+  TESSERA_ASSIGN_OR_RETURN(backend_, kernels::CreateBackend(backend_options));
+  // The spec's seed on every rank: identical starting weights everywhere.
+  TESSERA_ASSIGN_OR_RETURN(model_,
+                           engine::Model::Create(spec.model(), backend_.get(), spec.seed()));
+  // Dropout masks must differ between ranks, or every rank drops the same units.
+  if (rank_ > 0) {
+    model_->set_dropout_seed(model_->dropout_seed() +
+                             0x9E3779B97F4A7C15ULL * static_cast<uint64_t>(rank_));
+  }
+  for (const auto& split : {train_, test_}) {
+    if (split == nullptr) continue;
+    if (split->feature_dim() != model_->input_dim()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "model.input_shape: ", kernels::ShapeString(model_->input_shape()), " takes ",
+          model_->input_dim(), " features but the ", split == train_ ? "training" : "test",
+          " data has ", split->feature_dim(), " features per example"));
+    }
+  }
+  int64_t largest_batch = std::min<int64_t>(spec.batch_size(), train_->size());
+  if (test_ != nullptr) {
+    largest_batch =
+        std::max<int64_t>(largest_batch, std::min<int64_t>(EvalBatchSize(spec), test_->size()));
+  }
+  TESSERA_RETURN_IF_ERROR(model_->CheckMemory(std::max<int64_t>(largest_batch, 1), 0));
+
+  const std::vector<engine::Parameter>& params = model_->parameters();
+  for (int i = 0; i < static_cast<int>(params.size()); ++i) {
+    if (!params[i].trainable) continue;  // BatchNorm moving statistics: local to this rank
+    trainable_.push_back(i);
+    const size_t n = static_cast<size_t>(kernels::NumElements(params[i].shape));
+    grads_.emplace_back(n);
+    weights_.emplace_back(n);
+  }
+
+  // Every rank runs the same number of steps (see the header).
+  const int64_t n_train = train_->total_examples();
+  const int64_t batch = spec.batch_size();
+  steps_per_epoch_ = (n_train / world_ + batch - 1) / batch;
+  if (steps_per_epoch_ == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("num_workers: ", world_, " workers share ", n_train,
+                     " training examples, fewer than one per worker"));
+  }
+  epochs_ = spec.epochs();
+  total_steps_ = static_cast<int64_t>(epochs_) * steps_per_epoch_;
+  if (spec.max_steps() > 0 && (epochs_ == 0 || spec.max_steps() < total_steps_)) {
+    total_steps_ = spec.max_steps();
+    const int64_t needed = (total_steps_ + steps_per_epoch_ - 1) / steps_per_epoch_;
+    if (needed > std::numeric_limits<int>::max()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "max_steps: ", total_steps_, " steps of ", steps_per_epoch_, " per epoch take ", needed,
+          " epochs, more than ", std::numeric_limits<int>::max()));
+    }
+    epochs_ = static_cast<int>(needed);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DistributedTrainer::Connect() {
+  const v1::JobSpec& spec = options_.task.spec();
+  client::ParameterClient::Options o;
+  o.shard_addresses.assign(options_.task.shard_addresses().begin(),
+                           options_.task.shard_addresses().end());
+  o.job_id = options_.task.job_id();
+  o.worker_id = static_cast<uint32_t>(rank_);
+  o.incarnation = options_.task.incarnation();
+  o.partition_bytes = PartitionBytes(spec);
+  o.push_encoding = WireEncoding(spec);
+  o.pull_encoding = WireEncoding(spec);
+  o.call_timeout = options_.call_timeout;
+  TESSERA_ASSIGN_OR_RETURN(client_, client::ParameterClient::Create(o));
+
+  const std::vector<engine::Parameter>& params = model_->parameters();
+  std::vector<std::vector<float>> initial(trainable_.size());
+  std::vector<client::DenseTensorSpec> tensors;
+  for (size_t k = 0; k < trainable_.size(); ++k) {
+    const engine::Parameter& p = params[trainable_[k]];
+    TESSERA_RETURN_IF_ERROR(model_->CopyValueToHost(p.name, &initial[k]));
+    client::DenseTensorSpec t;
+    t.name = p.name;
+    t.shape.assign(p.shape.begin(), p.shape.end());
+    t.initial_values = initial[k];
+    tensors.push_back(std::move(t));
+  }
+  // Additive and idempotent on the shards: whichever rank comes first declares, and the others'
+  // initial values (identical anyway) change nothing.
+  TESSERA_RETURN_IF_ERROR(
+      Prefixed("shards: ", client_->DeclareJob(MakeJobConfig(spec), tensors, {})));
+  TESSERA_RETURN_IF_ERROR(CheckCancelled());
+  return PullAll();
+}
+
+absl::Status DistributedTrainer::PullAll() {
+  const std::vector<engine::Parameter>& params = model_->parameters();
+  for (size_t k = 0; k < trainable_.size(); ++k) {
+    TESSERA_RETURN_IF_ERROR(CheckCancelled());
+    TESSERA_RETURN_IF_ERROR(Prefixed(
+        "shards: ", client_->Pull(params[trainable_[k]].name, -1, absl::MakeSpan(weights_[k]))));
+  }
+  return InstallWeights();
+}
+
+absl::Status DistributedTrainer::InstallWeights() {
+  const std::vector<engine::Parameter>& params = model_->parameters();
+  for (size_t k = 0; k < trainable_.size(); ++k) {
+    TESSERA_RETURN_IF_ERROR(model_->CopyValueFromHost(params[trainable_[k]].name, weights_[k]));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DistributedTrainer::WaitExchange() {
+  absl::MutexLock lock(&exchange_mu_);
+  while (!exchange_mu_.AwaitWithTimeout(absl::Condition(this, &DistributedTrainer::ExchangeDone),
+                                        absl::Milliseconds(20))) {
+    // The calls still in flight write only into weights_, which outlives them (see the header).
+    if (cancelled()) return absl::CancelledError("cancelled");
+  }
+  if (cancelled()) return absl::CancelledError("cancelled");
+  return Prefixed("shards: ", exchange_error_);
+}
+
+bool DistributedTrainer::ExchangeDone() const {
+  // The first error ends the wait: under BSP a partition that failed may leave the others parked.
+  return pending_ == 0 || !exchange_error_.ok();
+}
+
+absl::StatusOr<engine::StepResult> DistributedTrainer::Step(const data::Batch& batch,
+                                                            int64_t step) {
+  const v1::JobSpec& spec = options_.task.spec();
+  const bool clip = spec.clipping().max_global_norm() > 0;
+  const std::vector<engine::Parameter>& params = model_->parameters();
+  {
+    absl::MutexLock lock(&exchange_mu_);
+    pending_ = 0;
+    exchange_error_ = absl::OkStatus();
+  }
+  absl::Status copy_error;
+  const auto push = [&](size_t k) {
+    {
+      absl::MutexLock lock(&exchange_mu_);
+      ++pending_;
+    }
+    client_->PushPullAsync(params[trainable_[k]].name, step, grads_[k], absl::MakeSpan(weights_[k]),
+                           [this](absl::StatusOr<client::PushPullResult> r) {
+                             absl::MutexLock lock(&exchange_mu_);
+                             if (!r.ok() && exchange_error_.ok()) exchange_error_ = r.status();
+                             --pending_;
+                           });
+  };
+  // Trainable parameters come first in parameters(), so index p is trainable slot p.
+  const auto on_grad_ready = [&](int p) {
+    if (!copy_error.ok() || p < 0 || static_cast<size_t>(p) >= trainable_.size()) return;
+    copy_error = model_->CopyGradToHost(params[p].name, &grads_[p]);
+    if (copy_error.ok() && !clip) push(static_cast<size_t>(p));
+  };
+  absl::StatusOr<engine::StepResult> r = model_->TrainStep(View(batch), on_grad_ready);
+  if (!r.ok() || !copy_error.ok()) {
+    // Pushes already under way still complete on their own; wait for them so that nothing
+    // writes into the buffers of a later step.
+    WaitExchange().IgnoreError();
+    return r.ok() ? copy_error : r.status();
+  }
+  if (clip) {
+    double sum = 0;
+    for (const std::vector<float>& g : grads_) {
+      sum += kernels::SumOfSquares(g.data(), static_cast<int64_t>(g.size()));
+    }
+    const float scale = kernels::ClipScale(sum, spec.clipping().max_global_norm());
+    for (size_t k = 0; k < grads_.size(); ++k) {
+      if (scale != 1.0f) {
+        for (float& v : grads_[k]) v *= scale;
+      }
+      push(k);
+    }
+  }
+  return r;
+}
+
+absl::StatusOr<engine::StepResult> DistributedTrainer::Evaluate() {
+  data::BatchPrefetcher::Options o;
+  o.batch_size = EvalBatchSize(options_.task.spec());
+  o.shuffle = false;
+  TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<data::BatchPrefetcher> batches,
+                           data::BatchPrefetcher::Create(test_, o));
+  engine::StepResult total;
+  double loss_sum = 0;
+  while (std::optional<data::Batch> b = batches->Next()) {
+    TESSERA_RETURN_IF_ERROR(CheckCancelled());
+    TESSERA_ASSIGN_OR_RETURN(engine::StepResult r, model_->Evaluate(View(*b)));
+    loss_sum += r.loss * static_cast<double>(r.examples);
+    total.correct += r.correct;
+    total.examples += r.examples;
+    batches->Recycle(std::move(*b));
+  }
+  total.loss = total.examples > 0 ? loss_sum / static_cast<double>(total.examples) : 0;
+  return total;
+}
+
+absl::Status DistributedTrainer::WaitAllWorkersDone(const v1::ProgressReport& done) {
+  if (!options_.report) return absl::OkStatus();
+  const absl::Time start = absl::Now();
+  absl::Status last_error;
+  for (;;) {
+    TESSERA_RETURN_IF_ERROR(CheckCancelled());
+    absl::StatusOr<v1::ProgressAck> ack = options_.report(done);
+    if (ack.ok()) {
+      if (ack->cancel()) {
+        Cancel();
+        return CheckCancelled();
+      }
+      if (ack->all_workers_done()) return absl::OkStatus();
+    } else {
+      last_error = ack.status();
+    }
+    if (options_.done_wait_timeout > absl::ZeroDuration() &&
+        absl::Now() - start > options_.done_wait_timeout) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "coordinator: the other workers did not all report TRAINING_DONE within ",
+          absl::FormatDuration(options_.done_wait_timeout),
+          last_error.ok() ? "" : absl::StrCat("; last error: ", last_error.message())));
+    }
+    // Sleep in short slices so that a cancel is seen at once.
+    const absl::Time wake = absl::Now() + options_.done_poll_interval;
+    while (absl::Now() < wake && !cancelled()) absl::SleepFor(absl::Milliseconds(10));
+  }
+}
+
+absl::StatusOr<v1::ProgressReport> DistributedTrainer::Run() {
+  if (ran_) return absl::FailedPreconditionError("DistributedTrainer::Run() was already called");
+  ran_ = true;
+  const v1::JobSpec& spec = options_.task.spec();
+  TESSERA_RETURN_IF_ERROR(CheckCancelled());
+  TESSERA_RETURN_IF_ERROR(Connect());
+
+  const int eval_every = spec.eval().every_epochs() > 0 ? spec.eval().every_epochs() : 1;
+  const Clock::time_point run_start = Clock::now();
+  double t_compute = 0, t_exchange = 0, t_install = 0, t_data = 0;
+  int64_t samples = 0;
+  // Since the last progress report.
+  double interval_loss = 0;
+  int64_t interval_correct = 0, interval_seen = 0;
+  Clock::time_point last_report = run_start;
+  const auto progress_interval = absl::ToChronoNanoseconds(options_.progress_interval);
+
+  const auto make_report = [&](int64_t step, int epoch, int epochs_done) {
+    v1::ProgressReport p;
+    p.set_rank(rank_);
+    p.set_phase(v1::TASK_PHASE_TRAINING);
+    p.set_step(step);
+    p.set_total_steps(total_steps_);
+    p.set_epoch(epoch);
+    p.set_epochs(epochs_done);
+    if (interval_seen > 0) {
+      p.set_loss(interval_loss / static_cast<double>(interval_seen));
+      p.set_train_accuracy(static_cast<double>(interval_correct) /
+                           static_cast<double>(interval_seen));
+    }
+    const double elapsed = Seconds(Clock::now() - run_start);
+    if (elapsed > 0) p.set_samples_per_second(static_cast<double>(samples) / elapsed);
+    SetStepTimes(t_compute, t_exchange, t_install, t_data, step, p.mutable_step_times());
+    interval_loss = 0;
+    interval_correct = 0;
+    interval_seen = 0;
+    last_report = Clock::now();
+    return p;
+  };
+
+  int64_t step = 0;
+  int epochs_done = 0;
+  for (int epoch = 0; epoch < epochs_ && step < total_steps_; ++epoch) {
+    // Cap each epoch at steps_per_epoch batches; wrap around the shard if it ever runs short.
+    std::unique_ptr<data::BatchPrefetcher> batches;
+    int pass = 0;
+    int64_t step_in_epoch = 0;
+    while (step_in_epoch < steps_per_epoch_ && step < total_steps_) {
+      TESSERA_RETURN_IF_ERROR(CheckCancelled());
+      const Clock::time_point t0 = Clock::now();
+      std::optional<data::Batch> b;
+      if (batches != nullptr) b = batches->Next();
+      if (!b.has_value()) {
+        data::BatchPrefetcher::Options o;
+        o.batch_size = spec.batch_size();
+        o.seed = spec.seed() + static_cast<uint64_t>(pass++);
+        o.epoch = epoch;
+        batches.reset();
+        TESSERA_ASSIGN_OR_RETURN(batches, data::BatchPrefetcher::Create(train_, o));
+        b = batches->Next();
+        if (!b.has_value()) {
+          return absl::FailedPreconditionError(
+              absl::StrCat("data: rank ", rank_, " has no training examples"));
+        }
+      }
+      const Clock::time_point t1 = Clock::now();
+      absl::StatusOr<engine::StepResult> r = Step(*b, step);
+      const Clock::time_point t2 = Clock::now();
+      TESSERA_RETURN_IF_ERROR(r.status());
+      if (!std::isfinite(r->loss)) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "training diverged: the loss is ", r->loss, " at step ", step + 1, " on rank ", rank_,
+            "; lower optimizer.learning_rate or set clipping.max_global_norm"));
+      }
+      TESSERA_RETURN_IF_ERROR(WaitExchange());
+      const Clock::time_point t3 = Clock::now();
+      TESSERA_RETURN_IF_ERROR(InstallWeights());
+      const Clock::time_point t4 = Clock::now();
+      t_data += Seconds(t1 - t0);
+      t_compute += Seconds(t2 - t1);
+      t_exchange += Seconds(t3 - t2);
+      t_install += Seconds(t4 - t3);
+      batches->Recycle(std::move(*b));
+      ++step;
+      ++step_in_epoch;
+      steps_done_.store(step, std::memory_order_release);
+      samples += r->examples;
+      interval_loss += r->loss * static_cast<double>(r->examples);
+      interval_correct += r->correct;
+      interval_seen += r->examples;
+      if (options_.on_progress && Clock::now() - last_report >= progress_interval) {
+        options_.on_progress(make_report(step, epoch + 1, epochs_done));
+      }
+    }
+    batches.reset();
+    epochs_done = epoch + 1;
+    const bool last = epochs_done == epochs_ || step >= total_steps_;
+    v1::ProgressReport p = make_report(step, epochs_done, epochs_done);
+    // The last epoch's evaluation is the final one below, of the weights every rank ended with.
+    if (test_ != nullptr && !last && epochs_done % eval_every == 0) {
+      TESSERA_ASSIGN_OR_RETURN(engine::StepResult e, Evaluate());
+      p.set_evaluated(true);
+      p.set_test_loss(e.loss);
+      p.set_test_accuracy(e.examples > 0 ? static_cast<double>(e.correct) / e.examples : 0);
+    }
+    if (options_.on_progress) options_.on_progress(p);
+  }
+
+  v1::ProgressReport done = make_report(step, std::max(epochs_done, 1), epochs_done);
+  done.set_phase(v1::TASK_PHASE_TRAINING_DONE);
+  if (rank_ != 0) return done;
+
+  TESSERA_RETURN_IF_ERROR(WaitAllWorkersDone(done));
+  // Ungated: the weights after every rank's last push, exactly what an export pulls.
+  TESSERA_RETURN_IF_ERROR(PullAll());
+  v1::ProgressReport final_report = done;
+  final_report.set_phase(v1::TASK_PHASE_SUCCEEDED);
+  if (test_ != nullptr) {
+    TESSERA_ASSIGN_OR_RETURN(engine::StepResult e, Evaluate());
+    final_report.set_evaluated(true);
+    final_report.set_test_loss(e.loss);
+    final_report.set_test_accuracy(e.examples > 0 ? static_cast<double>(e.correct) / e.examples
+                                                  : 0);
+  }
+  return final_report;
+}
+
+}  // namespace tessera::trainer

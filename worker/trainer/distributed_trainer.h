@@ -1,0 +1,162 @@
+// Distributed training: one task, that is one rank of one job, against the job's parameter
+// shards (DESIGN.md §4-§6, issue #4).
+//
+// Every rank builds the model from the spec's seed, so all ranks start from identical weights;
+// DeclareJob (additive and idempotent on the shards) then Pull(step -1) make every rank start
+// from the shards' state. Each step pushes every trainable parameter's gradient as soon as
+// backward produces it (PushPullAsync), waits for every fresh weight the shards' consistency
+// gate releases, and installs them; the shards average and apply the job's optimizer and
+// schedule, the worker never applies an optimizer itself. With spec.clipping.max_global_norm > 0
+// the pushes wait until backward is done, so the whole gradient can be clipped by its global norm.
+//
+// Every rank runs exactly total_steps steps: steps_per_epoch = ceil(floor(N / world) / batch)
+// with N the training split's example count, so no rank ever holds up a BSP step by running
+// fewer. Rank 0 alone loads the test split, evaluates at the epoch ends spec.eval asks for, and
+// at the end waits until every rank reported TRAINING_DONE, pulls the final weights ungated (the
+// exact weights `tessera export` reads) and evaluates the whole test split with them.
+//
+// Non-trainable state (BatchNorm moving statistics) stays local to each rank: it is never pushed,
+// and rank 0's copy is what its evaluations use. Exporting such models is a known gap.
+// EmbeddingBag (sparse) models are refused with UNIMPLEMENTED: the engine's sparse gradients are
+// not wired to ParameterClient's sparse pushes yet.
+//
+// Life cycle: Create() validates the task, loads the data, builds the backend and the model
+// (kNew -> kReady); Run() trains (kReady -> kDone) and may be called once. Cancel() may be called
+// from any thread at any time; everything else is for the one thread that calls Run().
+#ifndef TESSERA_WORKER_TRAINER_DISTRIBUTED_TRAINER_H_
+#define TESSERA_WORKER_TRAINER_DISTRIBUTED_TRAINER_H_
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "kernels/backend.h"
+#include "tessera/v1/job.pb.h"
+#include "worker/client/parameter_client.h"
+#include "worker/data/dataset.h"
+#include "worker/engine/model.h"
+
+namespace tessera::trainer {
+
+struct DistributedOptions {
+  // The task as the coordinator sent it: job_id, rank, world_size, shard_addresses, spec,
+  // incarnation.
+  v1::Task task;
+  // Overrides task.spec.device when not empty: "auto", "cpu" or "cuda".
+  std::string device;
+  // CPU threads for the backend; 0 keeps the OpenMP default.
+  int num_threads = 0;
+  // CPU backend memory bound (0: the host's physical memory); see TrainerOptions.
+  int64_t memory_limit_bytes = 0;
+  // Deadline of each data-plane call (ParameterClient::Options::call_timeout).
+  absl::Duration call_timeout = absl::Seconds(30);
+  // Progress reports come at most this often, and at every epoch end.
+  absl::Duration progress_interval = absl::Milliseconds(500);
+  // Rank 0: how often it re-reports TRAINING_DONE while waiting for all_workers_done, and how
+  // long it waits at most (zero: until cancelled).
+  absl::Duration done_poll_interval = absl::Milliseconds(200);
+  absl::Duration done_wait_timeout = absl::ZeroDuration();
+
+  // Progress (phase TRAINING), on the training thread: at most every progress_interval and at
+  // every epoch end; evaluated reports (rank 0) carry test_loss and test_accuracy. member_id and
+  // job_id are left for the caller. Should not block for long. May be empty.
+  std::function<void(const v1::ProgressReport&)> on_progress;
+  // Rank 0 only: sends a TRAINING_DONE report to the coordinator and returns its answer (blocks).
+  // Called every done_poll_interval until the answer has all_workers_done (or cancel). An error
+  // answer is logged and retried. Empty: rank 0 does not wait (single-process tests, world 1).
+  std::function<absl::StatusOr<v1::ProgressAck>(const v1::ProgressReport&)> report;
+};
+
+class DistributedTrainer {
+ public:
+  // INVALID_ARGUMENT naming the field for a bad task or spec (ValidateJobSpec with
+  // distributed = true; rank outside [0, world_size), world_size != spec.num_workers, no shard
+  // addresses); UNIMPLEMENTED naming the layer for EmbeddingBag models; the readers' errors
+  // prefixed "data: "; FAILED_PRECONDITION when CUDA is forced and absent. No RPC is made.
+  static absl::StatusOr<std::unique_ptr<DistributedTrainer>> Create(DistributedOptions options);
+  // Blocks until every data-plane call in flight has ended (at most the call deadline, sooner
+  // once the coordinator drops the job on the shards).
+  ~DistributedTrainer();
+
+  DistributedTrainer(const DistributedTrainer&) = delete;
+  DistributedTrainer& operator=(const DistributedTrainer&) = delete;
+
+  // Trains the task. Returns the terminal report to send: phase SUCCEEDED with test_loss and
+  // test_accuracy of the final weights on rank 0, TRAINING_DONE on other ranks (member_id and
+  // job_id left for the caller). Errors: CANCELLED "cancelled" after Cancel() (within one step);
+  // a shard's error with its address ("shards: PushPull tensor 'dense_1/kernel' partition 0 step
+  // 3 on shard 1 ...: 127.0.0.1:4100: ..."); FAILED_PRECONDITION for a non-finite loss.
+  absl::StatusOr<v1::ProgressReport> Run();
+
+  // Asks Run() to stop: it returns CANCELLED within one step (waits for weights are interrupted
+  // too). Thread-safe; idempotent.
+  void Cancel();
+  bool cancelled() const { return cancelled_.load(std::memory_order_acquire); }
+
+  int rank() const { return rank_; }
+  int world_size() const { return world_; }
+  int64_t steps_per_epoch() const { return steps_per_epoch_; }
+  int64_t total_steps() const { return total_steps_; }
+  // Steps Run() has completed (pushed and installed).
+  int64_t steps_done() const { return steps_done_.load(std::memory_order_acquire); }
+  const engine::Model& model() const { return *model_; }
+  const kernels::Backend& backend() const { return *backend_; }
+  const data::Dataset& train_data() const { return *train_; }
+
+ private:
+  explicit DistributedTrainer(DistributedOptions options) : options_(std::move(options)) {}
+  absl::Status Init();
+  absl::Status Connect();
+  // One training step: TrainStep with pipelined pushes, wait for every weight, install.
+  absl::StatusOr<engine::StepResult> Step(const data::Batch& batch, int64_t step);
+  // Waits until every PushPull of the step has answered; CANCELLED on Cancel().
+  absl::Status WaitExchange();
+  bool ExchangeDone() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(exchange_mu_);
+  // Rank 0: reports TRAINING_DONE until all_workers_done.
+  absl::Status WaitAllWorkersDone(const v1::ProgressReport& done);
+  absl::Status PullAll();
+  absl::Status InstallWeights();
+  absl::StatusOr<engine::StepResult> Evaluate();
+  // CANCELLED "cancelled" when Cancel() was called, otherwise OK.
+  absl::Status CheckCancelled() const;
+
+  DistributedOptions options_;
+  int rank_ = 0;
+  int world_ = 1;
+  std::unique_ptr<kernels::Backend> backend_;
+  std::unique_ptr<engine::Model> model_;
+  std::shared_ptr<const data::Dataset> train_;
+  std::shared_ptr<const data::Dataset> test_;  // rank 0 only
+  std::vector<int> trainable_;                 // indices into model_->parameters()
+  int64_t steps_per_epoch_ = 0;
+  int64_t total_steps_ = 0;
+  int epochs_ = 0;
+  bool ran_ = false;
+  std::atomic<bool> cancelled_{false};
+  std::atomic<int64_t> steps_done_{0};
+
+  // Host buffers per trainable parameter: the gradient being pushed and the weights coming back.
+  // Declared before client_, so they outlive every call the client still has in flight.
+  std::vector<std::vector<float>> grads_;
+  std::vector<std::vector<float>> weights_;
+
+  // The step's exchange: PushPulls that have not answered yet, and the first error.
+  absl::Mutex exchange_mu_;
+  int pending_ ABSL_GUARDED_BY(exchange_mu_) = 0;
+  absl::Status exchange_error_ ABSL_GUARDED_BY(exchange_mu_);
+
+  // Last member: destroyed first, which waits for its calls in flight.
+  std::unique_ptr<client::ParameterClient> client_;
+};
+
+}  // namespace tessera::trainer
+
+#endif  // TESSERA_WORKER_TRAINER_DISTRIBUTED_TRAINER_H_
