@@ -1,6 +1,7 @@
 #include "server/coordinator/coordinator.h"
 
 #include <algorithm>
+#include <cmath>
 #include <utility>
 
 #include "absl/strings/match.h"
@@ -152,6 +153,9 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(const Coordinat
     return absl::InvalidArgumentError(
         absl::StrCat("retain_models: must be >= 0, got ", options.retain_models));
   }
+  if (options.max_departed_members == 0) {
+    return absl::InvalidArgumentError("max_departed_members: must be > 0");
+  }
   if (options.max_watch_queue == 0) {
     return absl::InvalidArgumentError("max_watch_queue: must be > 0");
   }
@@ -281,7 +285,8 @@ absl::Status Coordinator::FlushWrites() {
   {
     absl::MutexLock lock(&mu_);
     if (!store_error_.ok()) return store_error_;
-    if (pending_.jobs.empty() && pending_.events.empty() && pending_.members.empty()) {
+    if (pending_.jobs.empty() && pending_.events.empty() && pending_.members.empty() &&
+        pending_.removed_members.empty()) {
       return absl::OkStatus();
     }
     std::swap(batch, pending_);
@@ -546,6 +551,7 @@ absl::StatusOr<std::shared_ptr<JobWatch>> Coordinator::WatchJob(
   bool terminal = false;
   {
     absl::MutexLock lock(&mu_);
+    if (stopping_) return absl::UnavailableError("the coordinator is shutting down");
     JobEntry* entry = FindJob(request.job_id());
     if (entry == nullptr) {
       return absl::NotFoundError(absl::StrCat("job_id: no job ", request.job_id()));
@@ -706,6 +712,8 @@ absl::Status Coordinator::OpenTaskStream(const std::string& member_id,
                                          std::shared_ptr<TaskStream> stream) {
   if (member_id.empty()) return absl::InvalidArgumentError("member_id: must be set");
   absl::MutexLock lock(&mu_);
+  // Stop() has ended every stream; a new one would stay open until the server's grace runs out.
+  if (stopping_) return absl::UnavailableError("the coordinator is shutting down");
   MemberEntry* member = FindMember(member_id);
   if (member == nullptr || !IsLive(member->member)) {
     return absl::NotFoundError(
@@ -734,6 +742,21 @@ absl::StatusOr<v1::ProgressAck> Coordinator::ReportProgress(const v1::ProgressRe
   if (report.rank() < 0) {
     return absl::InvalidArgumentError(absl::StrCat("rank: must be >= 0, got ", report.rank()));
   }
+  if (report.step() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("step: must be >= 0, got ", report.step()));
+  }
+  if (report.total_steps() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("total_steps: must be >= 0, got ", report.total_steps()));
+  }
+  if (!std::isfinite(report.samples_per_second()) || report.samples_per_second() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "samples_per_second: must be finite and >= 0, got ", report.samples_per_second()));
+  }
+  if (report.phase() == v1::TASK_PHASE_SUCCEEDED && report.rank() != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "phase: TASK_PHASE_SUCCEEDED comes from rank 0 only, got rank ", report.rank()));
+  }
   v1::ProgressAck ack;
   {
     absl::MutexLock lock(&mu_);
@@ -758,18 +781,21 @@ absl::StatusOr<v1::ProgressAck> Coordinator::ReportProgress(const v1::ProgressRe
       v1::JobWorker& worker = *job.mutable_workers(rank);
       bool accepted = true;
       if (worker.member_id() != report.member_id()) {
-        if (entry->restart_deadline_ms > 0) {
-          // After a coordinator restart any member may report a rank: it is rebound to it.
-          worker.set_member_id(report.member_id());
-          if (member != nullptr) {
-            worker.set_hostname(member->member.hostname());
-            if (IsLive(member->member)) {
-              member->member.set_state(v1::MEMBER_STATE_BUSY);
-              member->member.set_job_id(job.id());
-              member->member.set_rank(rank);
-              QueueMember(*member);
-            }
+        // After a coordinator restart an idle live worker may report a rank: it is rebound to it.
+        // Anyone else (a shard, an unknown or departed member, a worker with another task)
+        // would wedge the member or the rank.
+        if (entry->restart_deadline_ms > 0 && member != nullptr &&
+            member->member.role() == v1::MEMBER_ROLE_WORKER && IsLive(member->member) &&
+            member->member.job_id().empty()) {
+          if (MemberEntry* previous = FindMember(worker.member_id())) {
+            ReleaseWorker(*previous, job.id());
           }
+          worker.set_member_id(report.member_id());
+          worker.set_hostname(member->member.hostname());
+          member->member.set_state(v1::MEMBER_STATE_BUSY);
+          member->member.set_job_id(job.id());
+          member->member.set_rank(rank);
+          QueueMember(*member);
           spdlog::info("coordinator: job {} rank {} rebound to {}", job.id(), rank,
                        report.member_id());
         } else {
@@ -827,10 +853,6 @@ absl::StatusOr<v1::ProgressAck> Coordinator::ReportProgress(const v1::ProgressRe
             if (member != nullptr) ReleaseWorker(*member, job.id());
             break;
           case v1::TASK_PHASE_SUCCEEDED:
-            if (rank != 0) {
-              return absl::InvalidArgumentError(absl::StrCat(
-                  "phase: TASK_PHASE_SUCCEEDED comes from rank 0 only, got rank ", rank));
-            }
             worker.set_done(true);
             job.set_state(v1::JOB_STATE_SUCCEEDED);
             job.set_reason("");
@@ -926,6 +948,24 @@ void Coordinator::CheckLeases() {
   }
 }
 
+void Coordinator::ForgetDepartedMembers() {
+  for (const v1::MemberRole role : {v1::MEMBER_ROLE_SERVER, v1::MEMBER_ROLE_WORKER}) {
+    std::vector<std::pair<int64_t, std::string>> departed;  // (n, id)
+    for (const auto& [id, member] : members_) {
+      if (member.member.role() == role && !IsLive(member.member)) {
+        departed.emplace_back(member.n, id);
+      }
+    }
+    if (departed.size() <= options_.max_departed_members) continue;
+    std::sort(departed.begin(), departed.end());
+    departed.resize(departed.size() - options_.max_departed_members);
+    for (const auto& [n, id] : departed) {
+      members_.erase(id);
+      pending_.removed_members.push_back(id);
+    }
+  }
+}
+
 void Coordinator::ReapStreams() {
   for (auto& [id, member] : members_) {
     if (member.stream == nullptr || !member.stream->closed()) continue;
@@ -965,6 +1005,7 @@ bool Coordinator::Schedule() {
   v1::JobConfig config;
   std::vector<std::string> addresses;
   std::vector<std::string> picked;
+  std::vector<std::pair<std::shared_ptr<TaskStream>, v1::TaskEvent>> assigns;
   {
     absl::MutexLock lock(&mu_);
     JobEntry* entry = nullptr;
@@ -1119,13 +1160,23 @@ bool Coordinator::Schedule() {
           for (const std::string& address : addresses) task->add_shard_addresses(address);
           *task->mutable_spec() = job.spec();
           task->set_incarnation(static_cast<uint64_t>(now) * 1024 + rank);
-          member.stream->Send(event);
+          assigns.emplace_back(member.stream, std::move(event));
         }
-        return true;
       }
     }
   }
-  return false;
+  if (assigns.empty()) return false;
+  // The workers hear of the task only once RUNNING (and their BUSY records) is durable: a
+  // coordinator killed before that restarts with the job PENDING, and nobody trains it. A cancel
+  // that lands in between may reach a worker before its assign; its next report then gets
+  // ack.cancel.
+  absl::Status flushed = FlushWrites();
+  if (!flushed.ok()) {
+    spdlog::error("coordinator: job {} not started: {}", job_id, flushed.ToString());
+    return false;
+  }
+  for (auto& [stream, event] : assigns) stream->Send(event);
+  return true;
 }
 
 void Coordinator::Tick() {
@@ -1135,6 +1186,7 @@ void Coordinator::Tick() {
     absl::MutexLock lock(&mu_);
     ReapStreams();
     CheckLeases();
+    ForgetDepartedMembers();
   }
   // Start as many queued jobs as fit, oldest first; each pass starts at most one.
   for (size_t passes = 0; passes < 1000 && Schedule(); ++passes) {

@@ -115,6 +115,9 @@ struct CoordinatorOptions {
   size_t max_watch_queue = 1000;
   // Check dataset files when validating specs (tests of the state machine turn it off).
   bool check_files = true;
+  // LOST and LEFT members kept (per role) for ListMembers; older ones are forgotten, so daemons
+  // that come and go forever do not grow the member list and the database without bound.
+  size_t max_departed_members = 256;
 };
 
 class Coordinator {
@@ -209,6 +212,9 @@ class Coordinator {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ApplyRetention() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CheckLeases() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Forgets the oldest departed members beyond options_.max_departed_members per role. The newest
+  // member of each role stays, so ids are not handed out again after a restart.
+  void ForgetDepartedMembers() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Forgets task streams that have ended; a worker still holding a task of an ended job goes
   // back to READY.
   void ReapStreams() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

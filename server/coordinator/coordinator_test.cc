@@ -2,6 +2,8 @@
 
 #include <stdlib.h>
 
+#include <cmath>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -676,6 +678,154 @@ TEST_F(CoordinatorTest, ASlowWatcherIsDropped) {
   EXPECT_EQ(end.code(), absl::StatusCode::kResourceExhausted);
   // The job carries on.
   EXPECT_EQ(Job("mlp-1").state(), v1::JOB_STATE_RUNNING);
+}
+
+// The assign must not reach a worker before the RUNNING record is durable: a coordinator killed
+// in between would restart with the job PENDING while its workers train it.
+class DurabilityProbeStream : public FakeStream {
+ public:
+  explicit DurabilityProbeStream(JobStore* store) : store_(store) {}
+  void Send(const v1::TaskEvent& event) override {
+    if (event.has_assign()) {
+      auto jobs = store_->LoadJobs();
+      ASSERT_TRUE(jobs.ok()) << jobs.status();
+      for (const StoredJob& stored : *jobs) {
+        if (stored.job.id() == event.assign().job_id()) stored_state = stored.job.state();
+      }
+    }
+    FakeStream::Send(event);
+  }
+  v1::JobState stored_state = v1::JOB_STATE_UNSPECIFIED;
+
+ private:
+  JobStore* const store_;
+};
+
+TEST_F(CoordinatorTest, TheAssignGoesOutOnlyOnceTheStartIsDurable) {
+  RegisterShard(0);
+  const std::string w1 = RegisterWorker("host-a", /*open_stream=*/false);
+  auto probe = std::make_shared<DurabilityProbeStream>(store_.get());
+  ASSERT_TRUE(coordinator_->OpenTaskStream(w1, probe).ok());
+  ASSERT_TRUE(coordinator_->CreateJob(MlpSpec("mlp", 1, "/data")).ok());
+  coordinator_->Tick();
+  ASSERT_EQ(probe->events.size(), 1u);
+  EXPECT_EQ(probe->stored_state, v1::JOB_STATE_RUNNING);
+}
+
+TEST_F(CoordinatorTest, ProgressReportsWithImpossibleNumbersAreRefused) {
+  RegisterShard(0);
+  const std::string w1 = RegisterWorker("host-a");
+  const std::string w2 = RegisterWorker("host-b");
+  const std::string id = StartTwoWorkerJob();
+  struct Case {
+    std::function<void(v1::ProgressReport*)> mutate;
+    std::string field;
+  };
+  const std::vector<Case> cases = {
+      {[](v1::ProgressReport* r) { r->set_step(-1); }, "step:"},
+      {[](v1::ProgressReport* r) { r->set_total_steps(-5); }, "total_steps:"},
+      {[](v1::ProgressReport* r) { r->set_samples_per_second(std::nan("")); },
+       "samples_per_second:"},
+      {[](v1::ProgressReport* r) { r->set_samples_per_second(-1); }, "samples_per_second:"},
+      {[](v1::ProgressReport* r) { r->set_samples_per_second(INFINITY); }, "samples_per_second:"},
+      // Only rank 0 reports success; the refused report changes nothing.
+      {[](v1::ProgressReport* r) {
+         r->set_rank(1);
+         r->set_phase(v1::TASK_PHASE_SUCCEEDED);
+       },
+       "phase:"},
+  };
+  for (const Case& c : cases) {
+    v1::ProgressReport report;
+    report.set_member_id(w1);
+    report.set_job_id(id);
+    report.set_rank(0);
+    report.set_phase(v1::TASK_PHASE_TRAINING);
+    report.set_step(77);
+    report.set_total_steps(100);
+    report.set_samples_per_second(640);
+    c.mutate(&report);
+    if (report.rank() == 1) report.set_member_id(w2);
+    auto ack = coordinator_->ReportProgress(report);
+    EXPECT_EQ(ack.status().code(), absl::StatusCode::kInvalidArgument) << c.field;
+    EXPECT_TRUE(absl::StartsWith(ack.status().message(), c.field)) << ack.status();
+    const v1::Job job = Job(id);
+    EXPECT_EQ(job.workers(0).step(), 0) << c.field;
+    EXPECT_EQ(job.workers(1).step(), 0) << c.field;
+  }
+  // A diverged loss is a fact to show, not a bad request.
+  v1::ProgressReport report;
+  report.set_member_id(w1);
+  report.set_job_id(id);
+  report.set_phase(v1::TASK_PHASE_TRAINING);
+  report.set_step(3);
+  report.set_loss(std::nan(""));
+  ASSERT_TRUE(coordinator_->ReportProgress(report).ok());
+  EXPECT_TRUE(std::isnan(Job(id).loss()));
+}
+
+TEST_F(CoordinatorTest, StreamsOpenedAfterStopEndAtOnce) {
+  RegisterShard(0);
+  const std::string w1 = RegisterWorker("host-a", /*open_stream=*/false);
+  ASSERT_TRUE(coordinator_->CreateJob(MlpSpec("mlp", 1, "/data")).ok());
+  coordinator_->Stop();
+  // Otherwise they stay open until the server's shutdown grace runs out.
+  EXPECT_EQ(coordinator_->OpenTaskStream(w1, std::make_shared<FakeStream>()).code(),
+            absl::StatusCode::kUnavailable);
+  v1::WatchJobRequest request;
+  request.set_job_id("mlp-1");
+  auto watch = coordinator_->WatchJob(request);
+  EXPECT_EQ(watch.status().code(), absl::StatusCode::kUnavailable) << watch.status();
+}
+
+TEST_F(CoordinatorTest, RestartRebindsRanksOnlyToIdleWorkers) {
+  const std::string s1 = RegisterShard(0);
+  RegisterWorker("host-a");
+  RegisterWorker("host-b");
+  const std::string id = StartTwoWorkerJob();
+  Restart();
+  const std::string s2 = RegisterShard(0);
+  const std::string w3 = RegisterWorker("host-a");
+  const std::string w4 = RegisterWorker("host-b");
+  // A shard, a stranger and a departed member cannot take a rank.
+  EXPECT_TRUE(Report(s2, id, 0, v1::TASK_PHASE_TRAINING, 5).cancel());
+  EXPECT_EQ(Member(s2).state(), v1::MEMBER_STATE_READY);
+  EXPECT_TRUE(Report("w-99", id, 0, v1::TASK_PHASE_TRAINING, 5).cancel());
+  EXPECT_TRUE(Report("w-2", id, 0, v1::TASK_PHASE_TRAINING, 5).cancel());
+  EXPECT_EQ(Job(id).workers(0).member_id(), "w-1");
+  // A worker that holds rank 0 cannot take rank 1 as well.
+  EXPECT_FALSE(Report(w3, id, 0, v1::TASK_PHASE_TRAINING, 5).cancel());
+  EXPECT_TRUE(Report(w3, id, 1, v1::TASK_PHASE_TRAINING, 5).cancel());
+  EXPECT_EQ(Job(id).workers(1).member_id(), "w-2");
+  EXPECT_EQ(Member(w3).rank(), 0);
+  // A rank that moves to another worker frees the one that had it.
+  EXPECT_FALSE(Report(w4, id, 0, v1::TASK_PHASE_TRAINING, 6).cancel());
+  EXPECT_EQ(Job(id).workers(0).member_id(), w4);
+  EXPECT_EQ(Member(w3).state(), v1::MEMBER_STATE_READY);
+  EXPECT_EQ(Member(w3).job_id(), "");
+}
+
+TEST_F(CoordinatorTest, DepartedMembersDoNotPileUp) {
+  options_.max_departed_members = 2;
+  Restart();
+  const std::string s1 = RegisterShard(0);
+  const std::string live = RegisterWorker("host-live");
+  for (int i = 0; i < 5; ++i) {
+    v1::DeregisterRequest leave;
+    leave.set_member_id(RegisterWorker(absl::StrCat("host-", i)));
+    ASSERT_TRUE(coordinator_->Deregister(leave).ok());
+  }
+  coordinator_->Tick();
+  auto ids = [this] {
+    std::vector<std::string> ids;
+    for (const v1::Member& member : coordinator_->ListMembers()) ids.push_back(member.id());
+    return ids;
+  };
+  EXPECT_EQ(ids(), (std::vector<std::string>{s1, live, "w-5", "w-6"}));
+  // The database forgot them too, and ids are not handed out again.
+  Restart();
+  EXPECT_EQ(ids(), (std::vector<std::string>{s1, live, "w-5", "w-6"}));
+  EXPECT_EQ(RegisterWorker("host-new"), "w-7");
 }
 
 }  // namespace

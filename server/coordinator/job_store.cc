@@ -66,7 +66,8 @@ absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path
 JobStore::~JobStore() {
   absl::MutexLock lock(&mu_);
   for (sqlite3_stmt* stmt :
-       {put_job_, put_event_, put_member_, load_jobs_, load_members_, read_events_, last_seq_}) {
+       {put_job_, put_event_, put_member_, delete_member_, load_jobs_, load_members_, read_events_,
+        last_seq_}) {
     sqlite3_finalize(stmt);
   }
   sqlite3_close(db_);
@@ -124,6 +125,7 @@ absl::Status JobStore::Init() {
       "INSERT INTO events (job_id, seq, time_ms, record) VALUES (?1, ?2, ?3, ?4)", &put_event_));
   TESSERA_RETURN_IF_ERROR(
       Prepare("INSERT OR REPLACE INTO members (id, record) VALUES (?1, ?2)", &put_member_));
+  TESSERA_RETURN_IF_ERROR(Prepare("DELETE FROM members WHERE id = ?1", &delete_member_));
   TESSERA_RETURN_IF_ERROR(Prepare("SELECT n, record FROM jobs ORDER BY n", &load_jobs_));
   TESSERA_RETURN_IF_ERROR(Prepare("SELECT record FROM members ORDER BY id", &load_members_));
   TESSERA_RETURN_IF_ERROR(
@@ -178,6 +180,11 @@ absl::Status JobStore::WriteLocked(const StoreWrite& write) {
     member.SerializeToString(&blob);
     BindBlob(put_member_, 2, blob);
     if (sqlite3_step(put_member_) != SQLITE_DONE) return Error("writing a member");
+  }
+  for (const std::string& id : write.removed_members) {
+    StatementScope scope(delete_member_);
+    BindText(delete_member_, 1, id);
+    if (sqlite3_step(delete_member_) != SQLITE_DONE) return Error("removing a member");
   }
   return absl::OkStatus();
 }

@@ -36,6 +36,7 @@ struct StoreWrite {
   std::vector<JobRow> jobs;          // inserted or replaced
   std::vector<v1::JobEvent> events;  // inserted; (job_id, seq) must be new
   std::vector<v1::Member> members;   // inserted or replaced
+  std::vector<std::string> removed_members;  // deleted by id, after the inserts
 };
 
 // A job as loaded from the database.
@@ -81,6 +82,7 @@ class JobStore {
   sqlite3_stmt* put_job_ ABSL_GUARDED_BY(mu_) = nullptr;
   sqlite3_stmt* put_event_ ABSL_GUARDED_BY(mu_) = nullptr;
   sqlite3_stmt* put_member_ ABSL_GUARDED_BY(mu_) = nullptr;
+  sqlite3_stmt* delete_member_ ABSL_GUARDED_BY(mu_) = nullptr;
   sqlite3_stmt* load_jobs_ ABSL_GUARDED_BY(mu_) = nullptr;
   sqlite3_stmt* load_members_ ABSL_GUARDED_BY(mu_) = nullptr;
   sqlite3_stmt* read_events_ ABSL_GUARDED_BY(mu_) = nullptr;
