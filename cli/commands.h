@@ -1,0 +1,68 @@
+// The `tessera` subcommands (cli/main.cc parses the flags into these structs and calls them).
+//
+// Exit status, for every command:
+//   0   success (and, for submit --watch, watch and local: the job SUCCEEDED)
+//   1   the job FAILED or was CANCELLED, or the coordinator refused the request (unknown job, a
+//       state that does not allow it), or an export failed
+//   64  usage: bad flags, or a spec refused (locally or by the coordinator, INVALID_ARGUMENT)
+//   69  unavailable: the coordinator (or, for local, a daemon) could not be reached or started;
+//       the message says which address
+//   130, 143  `tessera local` stopped by SIGINT or SIGTERM (the job is cancelled first)
+// Errors go to stderr as "tessera: ..."; with --output json, stdout also gets
+// {"error":{"code":"...","message":"..."}}.
+#ifndef TESSERA_CLI_COMMANDS_H_
+#define TESSERA_CLI_COMMANDS_H_
+
+#include <string>
+
+#include "absl/status/status.h"
+
+namespace tessera::cli {
+
+constexpr int kExitOk = 0;
+constexpr int kExitJobFailed = 1;
+constexpr int kExitUsage = 64;        // sysexits.h EX_USAGE
+constexpr int kExitUnavailable = 69;  // sysexits.h EX_UNAVAILABLE
+
+struct GlobalOptions {
+  std::string coordinator = "127.0.0.1:7070";
+  bool json = false;
+};
+
+struct SubmitOptions {
+  std::string spec_file;
+  bool watch = false;
+};
+
+struct ExportOptionsFlags {
+  std::string job_id;
+  std::string out;
+};
+
+struct LocalOptions {
+  std::string spec_file;
+  int shards = 2;
+  int workers = 0;  // 0: the spec's num_workers, or 2 when it has none
+  std::string out;  // empty: no export
+  int threads = 0;  // per worker; 0: cores / workers
+  bool keep_dir = false;
+};
+
+// The exit status for a failed request: 69 for UNAVAILABLE and DEADLINE_EXCEEDED, 64 for
+// INVALID_ARGUMENT, 1 otherwise.
+int ExitCodeFor(const absl::Status& status);
+
+int RunSubmit(const GlobalOptions& global, const SubmitOptions& options);
+int RunList(const GlobalOptions& global);
+int RunGet(const GlobalOptions& global, const std::string& job_id);
+int RunWatch(const GlobalOptions& global, const std::string& job_id);
+int RunCancel(const GlobalOptions& global, const std::string& job_id);
+int RunCluster(const GlobalOptions& global);
+int RunExport(const GlobalOptions& global, const ExportOptionsFlags& options);
+// REQUIRES: SIGINT and SIGTERM blocked in every thread (BlockShutdownSignals() first thing in
+// main), so that this command's own signal thread receives them.
+int RunLocal(const GlobalOptions& global, const LocalOptions& options);
+
+}  // namespace tessera::cli
+
+#endif  // TESSERA_CLI_COMMANDS_H_

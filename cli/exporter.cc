@@ -1,0 +1,116 @@
+#include "cli/exporter.h"
+
+#include <algorithm>
+#include <map>
+#include <memory>
+#include <numeric>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/types/span.h"
+#include "common/status_macros.h"
+#include "kernels/backend.h"
+#include "worker/client/parameter_client.h"
+#include "worker/engine/model.h"
+#include "worker/trainer/job_spec.h"
+
+namespace tessera::cli {
+namespace {
+
+// A shard that lost the job answers NOT_FOUND (the job was dropped, or the shard restarted
+// without it); say so in words rather than as a missing partition.
+absl::Status Explain(const absl::Status& status, const v1::Job& job, const std::string& tensor) {
+  if (status.code() == absl::StatusCode::kNotFound) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "a shard no longer holds job '", job.id(), "' (state ", v1::JobState_Name(job.state()),
+        "), so its weights cannot be exported: ", "pulling ", tensor, ": ", status.message()));
+  }
+  return absl::Status(status.code(), absl::StrCat("pulling ", tensor, ": ", status.message()));
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<NamedTensor>> PullJobWeights(const v1::Job& job,
+                                                        const ExportOptions& options) {
+  if (job.shard_addresses().empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job '", job.id(), "' has no weights to export: it never started (state ",
+                     v1::JobState_Name(job.state()), ")"));
+  }
+  kernels::BackendOptions backend_options;
+  backend_options.device = kernels::DeviceChoice::kCpu;
+  backend_options.num_threads = 1;
+  TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<kernels::Backend> backend,
+                           kernels::CreateCpuBackend(backend_options));
+  absl::StatusOr<std::unique_ptr<engine::Model>> model =
+      engine::Model::Create(job.spec().model(), backend.get(), job.spec().seed());
+  if (!model.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("job '", job.id(), "': model: ", model.status().message()));
+  }
+
+  client::ParameterClient::Options client_options;
+  client_options.shard_addresses.assign(job.shard_addresses().begin(), job.shard_addresses().end());
+  client_options.job_id = job.id();
+  client_options.worker_id = 0;
+  client_options.partition_bytes = trainer::PartitionBytes(job.spec());
+  // Export reads the exact fp32 weights whatever the job's wire encoding.
+  client_options.push_encoding = v1::ENCODING_FP32;
+  client_options.pull_encoding = v1::ENCODING_FP32;
+  client_options.call_timeout = options.call_timeout;
+  TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<client::ParameterClient> client,
+                           client::ParameterClient::Create(client_options));
+
+  std::vector<client::DenseTensorSpec> dense;
+  for (const engine::Parameter& p : (*model)->parameters()) {
+    if (!p.trainable) continue;
+    if (p.sparse) {
+      // Distributed training refuses EmbeddingBag models (worker/trainer/distributed_trainer.h).
+      return absl::UnimplementedError(
+          absl::StrCat("job '", job.id(), "': exporting the embedding table '", p.name,
+                       "' is not supported (distributed jobs have no sparse tables yet)"));
+    }
+    dense.push_back({p.name, std::vector<int64_t>(p.shape.begin(), p.shape.end()), {}});
+  }
+  TESSERA_RETURN_IF_ERROR(client->AttachJob(dense, {}));
+
+  std::vector<NamedTensor> out;
+  for (const engine::Parameter& p : (*model)->parameters()) {
+    if (!p.trainable) continue;
+    NamedTensor t;
+    t.name = p.name;
+    t.shape.assign(p.shape.begin(), p.shape.end());
+    const int64_t elements =
+        std::accumulate(t.shape.begin(), t.shape.end(), int64_t{1}, std::multiplies<int64_t>());
+    t.values.resize(static_cast<size_t>(elements));
+    absl::Status pulled = client->Pull(p.name, /*step=*/-1, absl::MakeSpan(t.values));
+    if (!pulled.ok()) return Explain(pulled, job, p.name);
+    out.push_back(std::move(t));
+  }
+  return out;
+}
+
+absl::StatusOr<int64_t> ExportJob(const v1::Job& job, const std::string& out_path,
+                                  const ExportOptions& options) {
+  TESSERA_ASSIGN_OR_RETURN(std::vector<NamedTensor> tensors, PullJobWeights(job, options));
+  int64_t values = 0;
+  std::vector<std::string> names;
+  for (const NamedTensor& t : tensors) {
+    values += static_cast<int64_t>(t.values.size());
+    names.push_back(t.name);
+  }
+  std::map<std::string, std::string> metadata = {
+      {"format", "tessera"},
+      {"job_id", job.id()},
+      {"job_name", job.spec().name()},
+      {"state", v1::JobState_Name(job.state())},
+      {"step", absl::StrCat(job.step())},
+      {"shards", absl::StrCat(job.shard_addresses_size())},
+  };
+  if (job.evaluated()) metadata["test_accuracy"] = absl::StrCat(job.test_accuracy());
+  TESSERA_RETURN_IF_ERROR(WriteSafetensorsFile(out_path, tensors, metadata));
+  return values;
+}
+
+}  // namespace tessera::cli

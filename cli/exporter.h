@@ -1,0 +1,43 @@
+// Export of a job's final weights to one safetensors file (DESIGN.md §7, `tessera export`).
+//
+// The job's spec says what the model is: it is built on the CPU backend (nothing is trained) to
+// learn its trainable parameters' names and shapes, in the order Model::parameters() gives them.
+// Each of them is then pulled whole (ungated, fp32) from the job's shards through a
+// ParameterClient, so the file holds the same single-device model however many shards and
+// workers trained it. Non-trainable state (BatchNorm moving statistics) never reaches the shards
+// and is not exported; neither are embedding tables (distributed jobs refuse them for now).
+#ifndef TESSERA_CLI_EXPORTER_H_
+#define TESSERA_CLI_EXPORTER_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "cli/safetensors.h"
+#include "tessera/v1/job.pb.h"
+
+namespace tessera::cli {
+
+struct ExportOptions {
+  // Deadline of each pull call (the client retries UNAVAILABLE under its default policy).
+  absl::Duration call_timeout = absl::Seconds(30);
+};
+
+// Pulls every trainable parameter of `job` from job.shard_addresses(). Blocks on the RPCs.
+// FAILED_PRECONDITION when the job never started (no shard addresses) or a shard no longer holds
+// it ("shard 1 (127.0.0.1:4001) no longer holds job 'x-1' ..."); INVALID_ARGUMENT for a spec
+// whose model does not build; UNIMPLEMENTED for a model with an embedding table; a shard's
+// transport error names its address.
+absl::StatusOr<std::vector<NamedTensor>> PullJobWeights(const v1::Job& job,
+                                                        const ExportOptions& options = {});
+
+// PullJobWeights, then WriteSafetensorsFile(out_path, ..., {job_id, format: "tessera", ...}).
+// Returns the tensors' total value count.
+absl::StatusOr<int64_t> ExportJob(const v1::Job& job, const std::string& out_path,
+                                  const ExportOptions& options = {});
+
+}  // namespace tessera::cli
+
+#endif  // TESSERA_CLI_EXPORTER_H_

@@ -1,0 +1,170 @@
+#include "cli/job_format.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include "absl/strings/str_split.h"
+#include "google/protobuf/util/json_util.h"
+#include "gtest/gtest.h"
+
+namespace tessera::cli {
+namespace {
+
+v1::Job FinishedJob() {
+  v1::Job job;
+  job.set_id("fashion-mlp-3");
+  job.mutable_spec()->set_name("fashion-mlp");
+  job.mutable_spec()->set_num_workers(2);
+  job.set_state(v1::JOB_STATE_SUCCEEDED);
+  job.set_step(938);
+  job.set_total_steps(938);
+  job.set_epochs(2);
+  job.set_epoch(2);
+  job.set_evaluated(true);
+  job.set_test_accuracy(0.8625);
+  job.set_test_loss(0.3875);
+  job.set_samples_per_second(5120);
+  job.set_start_time_ms(1000);
+  job.set_end_time_ms(24000);
+  return job;
+}
+
+TEST(JobFormatTest, RecordJsonRoundTripsAndHasThePlainKeys) {
+  const v1::Job job = FinishedJob();
+  const std::string json = JobRecordJson(job);
+  EXPECT_EQ(json.find('\n'), std::string::npos);
+  EXPECT_NE(json.find("\"state\":\"JOB_STATE_SUCCEEDED\""), std::string::npos) << json;
+  EXPECT_NE(json.find("\"test_accuracy\":0.8625"), std::string::npos) << json;
+  EXPECT_NE(json.find("\"test_loss\":0.3875"), std::string::npos) << json;
+  EXPECT_NE(json.find("\"epochs\":2"), std::string::npos) << json;
+  EXPECT_NE(json.find("\"samples_per_second\":5120"), std::string::npos) << json;
+  EXPECT_NE(json.find("\"steps\":938,"), std::string::npos) << json;
+  EXPECT_NE(json.find("\"state_name\":\"SUCCEEDED\"}"), std::string::npos) << json;
+
+  v1::Job parsed;
+  google::protobuf::util::JsonParseOptions options;
+  options.ignore_unknown_fields = true;
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(json, &parsed, options).ok());
+  EXPECT_EQ(parsed.SerializeAsString(), job.SerializeAsString());
+}
+
+TEST(JobFormatTest, ListJsonHoldsEveryJob) {
+  v1::Job a = FinishedJob();
+  v1::Job b = FinishedJob();
+  b.set_id("fashion-mlp-4");
+  b.set_state(v1::JOB_STATE_PENDING);
+  v1::ListJobsResponse parsed;
+  google::protobuf::util::JsonParseOptions options;
+  options.ignore_unknown_fields = true;
+  ASSERT_TRUE(
+      google::protobuf::util::JsonStringToMessage(JobListJson({a, b}), &parsed, options).ok());
+  ASSERT_EQ(parsed.jobs_size(), 2);
+  EXPECT_EQ(parsed.jobs(1).id(), "fashion-mlp-4");
+  EXPECT_EQ(parsed.jobs(1).state(), v1::JOB_STATE_PENDING);
+  EXPECT_EQ(JobListJson({}), "{\"jobs\":[]}");
+  EXPECT_EQ(MemberListJson({}), "{\"members\":[]}");
+}
+
+TEST(JobFormatTest, TextForPeople) {
+  const absl::Time now = absl::FromUnixMillis(100000);
+  EXPECT_EQ(StateName(v1::JOB_STATE_CANCELLED), "CANCELLED");
+  EXPECT_EQ(MemberStateName(v1::MEMBER_STATE_LOST), "LOST");
+  EXPECT_EQ(Ago(0, now), "never");
+  EXPECT_EQ(Ago(97000, now), "3s ago");
+  EXPECT_EQ(Ago(815000, absl::FromUnixMillis(1000000)), "3m ago");
+  EXPECT_EQ(JobResultLine(FinishedJob()),
+            "job fashion-mlp-3 SUCCEEDED: 938 steps, 2 epochs, test accuracy 0.8625, test loss "
+            "0.3875, 5120 samples/s, 0:23");
+  v1::Job pending;
+  pending.set_id("p-1");
+  pending.set_state(v1::JOB_STATE_PENDING);
+  pending.set_reason("waiting for 2 idle workers, 1 registered");
+  pending.set_create_time_ms(95000);
+  const std::string details = JobDetails(pending, now);
+  EXPECT_NE(details.find("state:      PENDING\n"), std::string::npos) << details;
+  EXPECT_NE(details.find("reason:     waiting for 2 idle workers, 1 registered\n"),
+            std::string::npos)
+      << details;
+  const std::string table = JobTable({pending, FinishedJob()}, now);
+  const std::vector<std::string> lines = absl::StrSplit(table, '\n', absl::SkipEmpty());
+  ASSERT_EQ(lines.size(), 3u) << table;
+  EXPECT_EQ(lines[1].rfind("p-1", 0), 0u);
+  EXPECT_NE(lines[1].find("PENDING"), std::string::npos);
+  EXPECT_NE(lines[2].find("938/938 100%"), std::string::npos) << lines[2];
+  EXPECT_NE(lines[2].find("0.8625"), std::string::npos) << lines[2];
+
+  v1::Member shard;
+  shard.set_id("s-1");
+  shard.set_role(v1::MEMBER_ROLE_SERVER);
+  shard.set_state(v1::MEMBER_STATE_READY);
+  shard.set_address("127.0.0.1:4001");
+  shard.set_shard_index(1);
+  shard.set_last_seen_ms(99000);
+  const std::string members = MemberTable({shard}, now);
+  EXPECT_NE(members.find("s-1     server  READY  127.0.0.1:4001 #1"), std::string::npos) << members;
+  EXPECT_NE(members.find("1s ago"), std::string::npos) << members;
+}
+
+// Plain lines (not a terminal): the first record, every state change and evaluation, and one
+// progress line at the start and at each tenth of the run.
+TEST(JobFormatTest, ProgressPrinterWritesLinesAtEveryTenth) {
+  char* buffer = nullptr;
+  size_t size = 0;
+  std::FILE* out = open_memstream(&buffer, &size);
+  ASSERT_NE(out, nullptr);
+  {
+    JobProgressPrinter printer(out, /*terminal=*/false);
+    v1::WatchJobResponse first;
+    first.mutable_job()->set_id("j-1");
+    first.mutable_job()->set_state(v1::JOB_STATE_PENDING);
+    first.mutable_job()->set_reason("waiting for 2 idle workers, 0 registered");
+    printer.Update(first);
+    v1::WatchJobResponse started;
+    started.mutable_job()->set_state(v1::JOB_STATE_RUNNING);
+    started.mutable_event()->set_state(v1::JOB_STATE_RUNNING);
+    started.mutable_event()->set_message("started on 2 workers");
+    printer.Update(started);
+    for (int step = 1; step <= 200; ++step) {
+      v1::WatchJobResponse u;
+      u.mutable_job()->set_state(v1::JOB_STATE_RUNNING);
+      u.mutable_job()->set_step(step);
+      u.mutable_job()->set_total_steps(200);
+      u.mutable_event()->set_state(v1::JOB_STATE_RUNNING);
+      u.mutable_event()->set_step(step);
+      if (step >= 100) {
+        // An evaluation at step 100, carried by every later event.
+        u.mutable_event()->set_evaluated(true);
+        u.mutable_event()->set_epoch(1);
+        u.mutable_event()->set_test_accuracy(0.8125);
+        u.mutable_event()->set_test_loss(0.5);
+        if (step == 100) u.mutable_event()->set_message("epoch 1: test accuracy 0.8125");
+      }
+      printer.Update(u);
+    }
+    v1::WatchJobResponse done;
+    done.mutable_job()->set_state(v1::JOB_STATE_SUCCEEDED);
+    done.mutable_event()->set_state(v1::JOB_STATE_SUCCEEDED);
+    done.mutable_event()->set_evaluated(true);
+    done.mutable_event()->set_message("succeeded: test accuracy 0.8600");
+    printer.Update(done);
+    printer.Finish();
+  }
+  std::fclose(out);
+  const std::string text(buffer, size);
+  std::free(buffer);
+  const std::vector<std::string> lines = absl::StrSplit(text, '\n', absl::SkipEmpty());
+  ASSERT_EQ(lines.size(), 2u + 11u + 1u + 1u) << text;
+  EXPECT_EQ(lines[0], "job j-1: PENDING (waiting for 2 idle workers, 0 registered)");
+  EXPECT_EQ(lines[1], "RUNNING: started on 2 workers");
+  EXPECT_EQ(lines[2].rfind("step 1/200 (0%)", 0), 0u) << lines[2];
+  EXPECT_EQ(lines[3].rfind("step 20/200 (10%)", 0), 0u) << lines[3];
+  EXPECT_EQ(lines[7], "RUNNING: epoch 1: test accuracy 0.8125");
+  EXPECT_EQ(lines[8].rfind("step 100/200 (50%)", 0), 0u) << lines[8];
+  EXPECT_EQ(lines[13].rfind("step 200/200 (100%)", 0), 0u) << lines[13];
+  EXPECT_EQ(lines[14], "SUCCEEDED: succeeded: test accuracy 0.8600");
+  EXPECT_EQ(text.find('\r'), std::string::npos);
+}
+
+}  // namespace
+}  // namespace tessera::cli

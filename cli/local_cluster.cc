@@ -1,0 +1,410 @@
+#include "cli/local_cluster.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "cli/coordinator_client.h"
+#include "worker/client/local_shards.h"
+
+extern char** environ;
+
+namespace tessera::cli {
+namespace {
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::string DescribeExit(int status) {
+  if (WIFEXITED(status)) return absl::StrCat("exited with status ", WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) {
+    return absl::StrCat("was killed by signal ", WTERMSIG(status), " (",
+                        strsignal(WTERMSIG(status)), ")");
+  }
+  return absl::StrCat("ended with wait status ", status);
+}
+
+absl::Status Exited(const LocalCluster::Child& child) {
+  return absl::InternalError(absl::StrCat(child.name, " ", DescribeExit(child.wait_status),
+                                          "; the end of ", child.log_path, ":\n",
+                                          LocalCluster::LogTail(child)));
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> SelfBinaryDir() {
+  std::error_code ec;
+  const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (ec) {
+    return absl::InternalError(absl::StrCat("readlink /proc/self/exe: ", ec.message()));
+  }
+  return self.parent_path().string();
+}
+
+std::string LocalCluster::LogTail(const Child& child, size_t max_bytes) {
+  std::string log = ReadFile(child.log_path);
+  if (log.size() > max_bytes) log = "..." + log.substr(log.size() - max_bytes);
+  return log;
+}
+
+absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const Options& options) {
+  if (options.num_shards < 1 || options.num_shards > 64) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("shards: must be in [1, 64], got ", options.num_shards));
+  }
+  if (options.num_workers < 1 || options.num_workers > 64) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("workers: must be in [1, 64], got ", options.num_workers));
+  }
+  if (options.worker_threads < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("threads: must be >= 0, got ", options.worker_threads));
+  }
+  for (const char* binary : {"tessera-coordinator", "tessera-server", "tessera-worker"}) {
+    const std::string path = absl::StrCat(options.bin_dir, "/", binary);
+    if (access(path.c_str(), X_OK) != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          binary, " not found next to tessera: ", path,
+          " is not an executable file (build it: ", "cmake --build build --target ", binary, ")"));
+    }
+  }
+
+  std::unique_ptr<LocalCluster> cluster(new LocalCluster(options));
+  const char* tmpdir = std::getenv("TMPDIR");
+  std::string tmpl = absl::StrCat((tmpdir != nullptr && *tmpdir != '\0') ? tmpdir : "/tmp",
+                                  "/tessera-local-XXXXXX");
+  if (mkdtemp(tmpl.data()) == nullptr) {
+    return absl::InternalError(absl::StrCat("mkdtemp ", tmpl, ": ", std::strerror(errno)));
+  }
+  cluster->work_dir_ = tmpl;
+  cluster->owns_work_dir_ = true;
+  const std::string& dir = cluster->work_dir_;
+  const std::string bin = options.bin_dir;
+
+  // Coordinator.
+  Child coordinator;
+  coordinator.name = "coordinator";
+  coordinator.log_path = absl::StrCat(dir, "/coordinator.log");
+  coordinator.port_file = absl::StrCat(dir, "/coordinator.port");
+  coordinator.argv = {bin + "/tessera-coordinator",
+                      "--listen",
+                      "127.0.0.1:0",
+                      "--port_file",
+                      coordinator.port_file,
+                      "--data_dir",
+                      absl::StrCat(dir, "/coordinator"),
+                      "--num_shards",
+                      absl::StrCat(options.num_shards),
+                      "--log_level",
+                      options.log_level};
+  coordinator.argv.insert(coordinator.argv.end(), options.coordinator_args.begin(),
+                          options.coordinator_args.end());
+  cluster->children_.push_back(std::move(coordinator));
+  {
+    Child& c = cluster->children_.back();
+    absl::Status spawned = cluster->Spawn(&c);
+    if (!spawned.ok()) return spawned;
+    absl::StatusOr<std::string> address = cluster->WaitServing(&c);
+    if (!address.ok()) return address.status();
+    cluster->coordinator_address_ = *address;
+    // Restarts reuse the port, so shards and workers find the coordinator again.
+    c.argv[2] = *address;
+  }
+
+  // Shards: start them all, then wait for each.
+  for (int i = 0; i < options.num_shards; ++i) {
+    Child shard;
+    shard.name = absl::StrCat("shard-", i);
+    shard.log_path = absl::StrCat(dir, "/", shard.name, ".log");
+    shard.port_file = absl::StrCat(dir, "/", shard.name, ".port");
+    shard.argv = {bin + "/tessera-server",
+                  "--listen",
+                  "127.0.0.1:0",
+                  "--port_file",
+                  shard.port_file,
+                  "--shard_index",
+                  absl::StrCat(i),
+                  "--coordinator",
+                  cluster->coordinator_address_,
+                  "--data_dir",
+                  absl::StrCat(dir, "/", shard.name),
+                  "--log_level",
+                  options.log_level};
+    shard.argv.insert(shard.argv.end(), options.server_args.begin(), options.server_args.end());
+    cluster->children_.push_back(std::move(shard));
+    absl::Status spawned = cluster->Spawn(&cluster->children_.back());
+    if (!spawned.ok()) return spawned;
+  }
+  for (Child& c : cluster->children_) {
+    if (!absl::StartsWith(c.name, "shard-")) continue;
+    absl::StatusOr<std::string> address = cluster->WaitServing(&c);
+    if (!address.ok()) return address.status();
+    cluster->shard_addresses_.push_back(*address);
+  }
+
+  // Workers.
+  int threads = options.worker_threads;
+  if (threads == 0) {
+    const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+    threads = std::max(1, static_cast<int>(cores) / options.num_workers);
+  }
+  for (int i = 0; i < options.num_workers; ++i) {
+    Child worker;
+    worker.name = absl::StrCat("worker-", i);
+    worker.log_path = absl::StrCat(dir, "/", worker.name, ".log");
+    worker.argv = {bin + "/tessera-worker",
+                   "--coordinator",
+                   cluster->coordinator_address_,
+                   "--threads",
+                   absl::StrCat(threads),
+                   "--log_level",
+                   options.log_level};
+    worker.argv.insert(worker.argv.end(), options.worker_args.begin(), options.worker_args.end());
+    cluster->children_.push_back(std::move(worker));
+    absl::Status spawned = cluster->Spawn(&cluster->children_.back());
+    if (!spawned.ok()) return spawned;
+  }
+  absl::Status ready = cluster->WaitMembersReady();
+  if (!ready.ok()) return ready;
+  return cluster;
+}
+
+absl::Status LocalCluster::Spawn(Child* child) {
+  // Everything the child needs is built before fork: between fork and exec only
+  // async-signal-safe calls are allowed in a multi-threaded parent.
+  std::vector<char*> argv;
+  for (std::string& a : child->argv) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  const std::string& log = child->log_path;
+  if (!child->port_file.empty()) unlink(child->port_file.c_str());
+  const pid_t parent = getpid();
+
+  const pid_t pid = fork();
+  if (pid < 0) {
+    return absl::InternalError(absl::StrCat("fork for ", child->name, ": ", std::strerror(errno)));
+  }
+  if (pid == 0) {
+    // The child: die with the parent, leave the terminal's process group, log to the file.
+    prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (getppid() != parent) _exit(127);
+    setpgid(0, 0);
+    const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (fd >= 0) {
+      dup2(fd, STDOUT_FILENO);
+      dup2(fd, STDERR_FILENO);
+    }
+    const int null_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (null_fd >= 0) dup2(null_fd, STDIN_FILENO);
+    struct sigaction dfl;
+    std::memset(&dfl, 0, sizeof(dfl));
+    dfl.sa_handler = SIG_DFL;
+    for (int sig : {SIGINT, SIGTERM, SIGPIPE, SIGHUP, SIGCHLD}) sigaction(sig, &dfl, nullptr);
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, nullptr);
+    execve(argv[0], argv.data(), environ);
+    _exit(127);
+  }
+  child->pid = pid;
+  child->wait_status = 0;
+  return absl::OkStatus();
+}
+
+bool LocalCluster::Reap(Child* child) {
+  if (child->pid <= 0) return true;
+  int status = 0;
+  const pid_t r = waitpid(child->pid, &status, WNOHANG);
+  if (r == child->pid || (r < 0 && errno == ECHILD)) {
+    child->pid = -1;
+    child->wait_status = status;
+    return true;
+  }
+  return false;
+}
+
+absl::StatusOr<std::string> LocalCluster::WaitServing(Child* child) {
+  const absl::Time deadline = absl::Now() + options_.start_timeout;
+  int port = 0;
+  for (;;) {
+    if (Reap(child)) return Exited(*child);
+    if (options_.interrupted && options_.interrupted()) {
+      return absl::CancelledError("interrupted while starting the cluster");
+    }
+    if (port == 0) {
+      int parsed = 0;
+      if (absl::SimpleAtoi(absl::StripAsciiWhitespace(ReadFile(child->port_file)), &parsed) &&
+          parsed > 0 && parsed < 65536) {
+        port = parsed;
+      }
+    }
+    if (port != 0) {
+      const std::string address = absl::StrCat("127.0.0.1:", port);
+      if (client::IsServing(address, absl::Milliseconds(500))) return address;
+    }
+    if (absl::Now() > deadline) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          child->name, " is not serving after ", absl::FormatDuration(options_.start_timeout),
+          port == 0 ? " (no port in " + child->port_file + ")" : "", "; the end of ",
+          child->log_path, ":\n", LogTail(*child)));
+    }
+    absl::SleepFor(absl::Milliseconds(25));
+  }
+}
+
+absl::Status LocalCluster::WaitMembersReady() {
+  CoordinatorClient::Options client_options;
+  client_options.address = coordinator_address_;
+  client_options.rpc_timeout = absl::Seconds(5);
+  absl::StatusOr<std::unique_ptr<CoordinatorClient>> client =
+      CoordinatorClient::Create(client_options);
+  if (!client.ok()) return client.status();
+  const absl::Time deadline = absl::Now() + options_.start_timeout;
+  std::string last = "no answer yet";
+  for (;;) {
+    absl::Status alive = CheckChildren();
+    if (!alive.ok()) return alive;
+    if (options_.interrupted && options_.interrupted()) {
+      return absl::CancelledError("interrupted while starting the cluster");
+    }
+    absl::StatusOr<std::vector<v1::Member>> members = (*client)->ListMembers();
+    if (members.ok()) {
+      int shards = 0, workers = 0;
+      for (const v1::Member& m : *members) {
+        if (m.state() != v1::MEMBER_STATE_READY) continue;
+        if (m.role() == v1::MEMBER_ROLE_SERVER) ++shards;
+        if (m.role() == v1::MEMBER_ROLE_WORKER) ++workers;
+      }
+      if (shards >= options_.num_shards && workers >= options_.num_workers) {
+        return absl::OkStatus();
+      }
+      last = absl::StrCat(shards, " of ", options_.num_shards, " shards and ", workers, " of ",
+                          options_.num_workers, " workers READY");
+    } else {
+      last = std::string(members.status().message());
+    }
+    if (absl::Now() > deadline) {
+      std::string tails;
+      for (const Child& c : children_) {
+        if (absl::StartsWith(c.name, "worker-")) {
+          absl::StrAppend(&tails, "\n--- ", c.log_path, ":\n", LogTail(c, 800));
+        }
+      }
+      return absl::DeadlineExceededError(absl::StrCat("the cluster is not ready after ",
+                                                      absl::FormatDuration(options_.start_timeout),
+                                                      ": ", last, tails));
+    }
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+}
+
+std::vector<pid_t> LocalCluster::live_pids() const {
+  std::vector<pid_t> pids;
+  for (const Child& c : children_) {
+    if (c.pid > 0) pids.push_back(c.pid);
+  }
+  return pids;
+}
+
+absl::Status LocalCluster::CheckChildren() {
+  for (Child& c : children_) {
+    if (c.pid > 0 && Reap(&c)) return Exited(c);
+  }
+  return absl::OkStatus();
+}
+
+void LocalCluster::StopGroup(const std::string& prefix, absl::Duration grace) {
+  std::vector<Child*> group;
+  for (Child& c : children_) {
+    if (absl::StartsWith(c.name, prefix) && c.pid > 0) group.push_back(&c);
+  }
+  for (Child* c : group) kill(c->pid, SIGTERM);
+  const absl::Time deadline = absl::Now() + grace;
+  for (Child* c : group) {
+    while (!Reap(c)) {
+      if (absl::Now() > deadline) {
+        kill(c->pid, SIGKILL);
+        int status = 0;
+        waitpid(c->pid, &status, 0);
+        c->pid = -1;
+        c->wait_status = status;
+        break;
+      }
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+  }
+}
+
+absl::Status LocalCluster::Stop(absl::Duration grace) {
+  // Reap what already exited first, so that its status is reported.
+  std::vector<std::string> exited_before;
+  for (Child& c : children_) {
+    if (c.pid > 0 && Reap(&c)) exited_before.push_back(c.name);
+  }
+  StopGroup("worker-", grace);
+  StopGroup("shard-", grace);
+  StopGroup("coordinator", grace);
+  for (const Child& c : children_) {
+    if (WIFEXITED(c.wait_status) && WEXITSTATUS(c.wait_status) == 0) continue;
+    const bool before =
+        std::find(exited_before.begin(), exited_before.end(), c.name) != exited_before.end();
+    return absl::InternalError(absl::StrCat(c.name, " ", DescribeExit(c.wait_status),
+                                            before ? " before shutdown" : " after SIGTERM",
+                                            "; the end of ", c.log_path, ":\n", LogTail(c)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LocalCluster::KillCoordinator() {
+  Child& c = children_.front();
+  if (c.pid <= 0) return absl::FailedPreconditionError("the coordinator is not running");
+  kill(c.pid, SIGKILL);
+  int status = 0;
+  waitpid(c.pid, &status, 0);
+  c.pid = -1;
+  c.wait_status = status;
+  return absl::OkStatus();
+}
+
+absl::Status LocalCluster::RestartCoordinator() {
+  Child& c = children_.front();
+  if (c.pid > 0) return absl::FailedPreconditionError("the coordinator is still running");
+  absl::Status spawned = Spawn(&c);
+  if (!spawned.ok()) return spawned;
+  absl::StatusOr<std::string> address = WaitServing(&c);
+  if (!address.ok()) return address.status();
+  if (*address != coordinator_address_) {
+    return absl::InternalError(absl::StrCat("the coordinator came back on ", *address,
+                                            " instead of ", coordinator_address_));
+  }
+  return absl::OkStatus();
+}
+
+LocalCluster::~LocalCluster() {
+  Stop(absl::Seconds(10)).IgnoreError();
+  if (owns_work_dir_ && !options_.keep_work_dir) {
+    std::error_code ec;
+    std::filesystem::remove_all(work_dir_, ec);
+  }
+}
+
+}  // namespace tessera::cli

@@ -1,0 +1,131 @@
+// LocalCluster: a whole Tessera cluster on loopback as child processes (`tessera local`, and the
+// end-to-end tests): one tessera-coordinator, N tessera-server shards and M tessera-worker
+// daemons, on ports picked at run time.
+//
+// Life cycle: Start() creates the work directory (mkdtemp under $TMPDIR, or /tmp), starts the
+// coordinator (--data_dir in the work directory) and waits for its port file and gRPC health,
+// then the shards (--coordinator ADDR, waiting for each the same way), then the workers, and
+// returns once the coordinator lists every shard and every worker READY. Stop() sends SIGTERM to
+// the workers, then the shards, then the coordinator, each group with a grace period before
+// SIGKILL, and reaps them. The destructor does the same for whatever still runs and removes the
+// work directory, so no child outlives the object. Each child also gets PR_SET_PDEATHSIG
+// (SIGTERM) and its own process group, so a Ctrl-C on the terminal reaches only the parent, which
+// shuts the cluster down in order, and a parent killed outright still takes its children along.
+//
+// Every child's stdout and stderr go to <work_dir>/<name>.log (coordinator, shard-<i>,
+// worker-<i>).
+//
+// Thread-safety: not thread-safe; one thread drives a LocalCluster. Fork-safe: children exec
+// right after fork, calling only async-signal-safe functions in between.
+#ifndef TESSERA_CLI_LOCAL_CLUSTER_H_
+#define TESSERA_CLI_LOCAL_CLUSTER_H_
+
+#include <sys/types.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace tessera::cli {
+
+class LocalCluster {
+ public:
+  struct Options {
+    // Folder with tessera-coordinator, tessera-server and tessera-worker.
+    std::string bin_dir;
+    int num_shards = 2;
+    int num_workers = 2;
+    // --threads of each worker; 0 means max(1, online cores / num_workers).
+    int worker_threads = 0;
+    // --log_level of every daemon.
+    std::string log_level = "info";
+    // Keep the work directory (logs, the coordinator's database) after the cluster is gone.
+    bool keep_work_dir = false;
+    // How long each stage of Start() may take (a daemon's port and health, the members READY).
+    absl::Duration start_timeout = absl::Seconds(60);
+    // Polled while Start() waits; when it returns true Start() gives up with CANCELLED.
+    std::function<bool()> interrupted;
+    // Extra flags for each kind of daemon.
+    std::vector<std::string> coordinator_args;
+    std::vector<std::string> server_args;
+    std::vector<std::string> worker_args;
+  };
+
+  // One child process.
+  struct Child {
+    std::string name;  // "coordinator", "shard-0", "worker-1"
+    std::vector<std::string> argv;
+    std::string log_path;
+    std::string port_file;  // empty for workers
+    pid_t pid = -1;         // -1 once reaped
+    int wait_status = 0;    // valid once reaped
+  };
+
+  // Starts the cluster as described above. INVALID_ARGUMENT for counts < 1 or a missing binary
+  // (naming it); DEADLINE_EXCEEDED or INTERNAL (with the failing child's log tail) when a daemon
+  // exits or does not come up in time; CANCELLED when `interrupted` said so. On error every child
+  // started so far has been stopped and reaped.
+  static absl::StatusOr<std::unique_ptr<LocalCluster>> Start(const Options& options);
+
+  // Stop(absl::Seconds(10)), then removes the work directory unless keep_work_dir.
+  ~LocalCluster();
+
+  LocalCluster(const LocalCluster&) = delete;
+  LocalCluster& operator=(const LocalCluster&) = delete;
+
+  // "127.0.0.1:<port>".
+  const std::string& coordinator_address() const { return coordinator_address_; }
+  const std::vector<std::string>& shard_addresses() const { return shard_addresses_; }
+  const std::string& work_dir() const { return work_dir_; }
+  const std::vector<Child>& children() const { return children_; }
+  // Pids of the children not yet reaped.
+  std::vector<pid_t> live_pids() const;
+
+  // OK while every child runs; otherwise INTERNAL naming the first one that exited, how, and the
+  // tail of its log. Reaps what has exited. Does not block.
+  absl::Status CheckChildren();
+
+  // SIGTERM to the workers, then the shards, then the coordinator; each group gets `grace` to exit
+  // before SIGKILL. Reaps all. OK only when every child exited with status 0; otherwise INTERNAL
+  // naming the first that did not and the tail of its log. Idempotent.
+  absl::Status Stop(absl::Duration grace);
+
+  // SIGKILL to the coordinator, then reaps it (for recovery tests).
+  absl::Status KillCoordinator();
+  // Starts the coordinator again with its first arguments: the same --data_dir and the same port,
+  // so the shards and workers find it again. Waits for its port and health.
+  absl::Status RestartCoordinator();
+
+  // The last `max_bytes` of a child's log.
+  static std::string LogTail(const Child& child, size_t max_bytes = 3000);
+
+ private:
+  explicit LocalCluster(Options options) : options_(std::move(options)) {}
+
+  absl::Status Spawn(Child* child);
+  // Waits for the child's port file and gRPC health; returns "127.0.0.1:<port>".
+  absl::StatusOr<std::string> WaitServing(Child* child);
+  absl::Status WaitMembersReady();
+  // Reaps `child` if it has exited; true when it is gone.
+  bool Reap(Child* child);
+  void StopGroup(const std::string& prefix, absl::Duration grace);
+
+  Options options_;
+  std::string work_dir_;
+  bool owns_work_dir_ = false;
+  std::string coordinator_address_;
+  std::vector<std::string> shard_addresses_;
+  std::vector<Child> children_;  // coordinator first, then shards, then workers
+};
+
+// The folder holding the running executable (from /proc/self/exe).
+absl::StatusOr<std::string> SelfBinaryDir();
+
+}  // namespace tessera::cli
+
+#endif  // TESSERA_CLI_LOCAL_CLUSTER_H_

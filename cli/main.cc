@@ -1,0 +1,127 @@
+// tessera: the command-line client of a Tessera cluster (DESIGN.md §1, §6), and `tessera local`,
+// which runs a whole cluster on this machine for one job. See cli/commands.h for the exit status.
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include "CLI/CLI.hpp"
+#include "cli/commands.h"
+#include "common/process.h"
+
+namespace {
+
+constexpr char kDescription[] =
+    "tessera: submit, follow and export training jobs on a Tessera cluster.\n"
+    "\n"
+    "Examples:\n"
+    "  tessera local --job examples/fashion_mlp_2epochs.textproto --shards 2 --workers 2\n"
+    "  tessera local --job examples/fashion_mlp_2epochs.textproto --out model.safetensors\n"
+    "  tessera submit examples/fashion_mlp.textproto --watch\n"
+    "  tessera list\n"
+    "  tessera get fashion-mlp-1 --output json\n"
+    "  tessera watch fashion-mlp-1\n"
+    "  tessera cancel fashion-mlp-1\n"
+    "  tessera cluster\n"
+    "  tessera export fashion-mlp-1 --out model.safetensors\n"
+    "  TESSERA_COORDINATOR=10.0.0.5:7070 tessera list\n";
+
+constexpr char kFooter[] =
+    "Exit status: 0 success (the job SUCCEEDED for submit --watch, watch and local); 1 the job\n"
+    "failed or was cancelled, or the request was refused; 64 usage (bad flags, a refused spec);\n"
+    "69 the coordinator is unreachable (the message names the address); 130/143 `tessera local`\n"
+    "interrupted by SIGINT/SIGTERM after cancelling the job.";
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  tessera::cli::GlobalOptions global;
+  std::string output = "text";
+  if (const char* env = std::getenv("TESSERA_COORDINATOR"); env != nullptr && *env != '\0') {
+    global.coordinator = env;
+  }
+
+  CLI::App app{kDescription, "tessera"};
+  app.footer(kFooter);
+  app.require_subcommand(1);
+  app.fallthrough();
+  app.add_option("--coordinator", global.coordinator,
+                 "Coordinator address host:port (default 127.0.0.1:7070, or TESSERA_COORDINATOR)");
+  app.add_option("--output", output, "text, or json for one JSON line on stdout")
+      ->check(CLI::IsMember({"text", "json"}));
+
+  tessera::cli::SubmitOptions submit;
+  CLI::App* submit_cmd = app.add_subcommand(
+      "submit", "Validate a job spec, submit it and print the job id (--watch: follow it)");
+  submit_cmd->add_option("FILE", submit.spec_file, "Job spec: textproto, or JSON")->required();
+  submit_cmd->add_flag("--watch", submit.watch, "Follow the job; exit 0 only if it succeeds");
+
+  CLI::App* list_cmd = app.add_subcommand("list", "List every job with its state");
+
+  std::string job_id;
+  CLI::App* get_cmd = app.add_subcommand("get", "Show one job (why it waits, progress, result)");
+  get_cmd->add_option("ID", job_id, "Job id")->required();
+  CLI::App* watch_cmd =
+      app.add_subcommand("watch", "Follow a job to its end; exit 0 only if it succeeds");
+  watch_cmd->add_option("ID", job_id, "Job id")->required();
+  CLI::App* cancel_cmd = app.add_subcommand("cancel", "Cancel a pending or running job");
+  cancel_cmd->add_option("ID", job_id, "Job id")->required();
+  CLI::App* cluster_cmd =
+      app.add_subcommand("cluster", "List the shards and workers with their state and last seen");
+
+  tessera::cli::ExportOptionsFlags export_flags;
+  CLI::App* export_cmd =
+      app.add_subcommand("export", "Write a job's final weights to a safetensors file");
+  export_cmd->add_option("ID", export_flags.job_id, "Job id")->required();
+  export_cmd->add_option("--out", export_flags.out, "Output file (model.safetensors)")->required();
+
+  tessera::cli::LocalOptions local;
+  CLI::App* local_cmd = app.add_subcommand(
+      "local",
+      "Start a coordinator, shards and workers on this machine, run one job, shut them down");
+  local_cmd->add_option("--job", local.spec_file, "Job spec: textproto, or JSON")->required();
+  local_cmd->add_option("--shards", local.shards, "Parameter shards (default 2)")
+      ->check(CLI::Range(1, 64));
+  local_cmd
+      ->add_option("--workers", local.workers,
+                   "Workers; sets the spec's num_workers (default: the spec's, else 2)")
+      ->check(CLI::Range(1, 64));
+  local_cmd->add_option("--out", local.out, "Export the model to this safetensors file");
+  local_cmd
+      ->add_option("--threads", local.threads,
+                   "CPU threads per worker (default: cores / workers, at least 1)")
+      ->check(CLI::Range(0, 4096));
+  local_cmd->add_flag("--keep_dir", local.keep_dir,
+                      "Keep the temporary directory (logs, the coordinator's database)");
+
+  for (CLI::App* sub :
+       {submit_cmd, list_cmd, get_cmd, watch_cmd, cancel_cmd, cluster_cmd, export_cmd, local_cmd}) {
+    sub->fallthrough();
+  }
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::fprintf(stderr, "tessera: %s\nRun `tessera --help` for usage and examples.\n", e.what());
+    return tessera::cli::kExitUsage;
+  }
+  global.json = output == "json";
+
+  if (*local_cmd) {
+    // Before any thread exists: SIGINT and SIGTERM go to the command's signal thread only.
+    tessera::BlockShutdownSignals();
+    return tessera::cli::RunLocal(global, local);
+  }
+  if (*submit_cmd) return tessera::cli::RunSubmit(global, submit);
+  if (*list_cmd) return tessera::cli::RunList(global);
+  if (*get_cmd) return tessera::cli::RunGet(global, job_id);
+  if (*watch_cmd) return tessera::cli::RunWatch(global, job_id);
+  if (*cancel_cmd) return tessera::cli::RunCancel(global, job_id);
+  if (*cluster_cmd) return tessera::cli::RunCluster(global);
+  if (*export_cmd) return tessera::cli::RunExport(global, export_flags);
+  std::fprintf(stderr, "tessera: no command given; run `tessera --help`\n");
+  return tessera::cli::kExitUsage;
+}

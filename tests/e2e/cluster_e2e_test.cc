@@ -1,0 +1,687 @@
+// End to end with the real binaries: tessera-coordinator, tessera-server shards and
+// tessera-worker daemons as child processes on ports picked at run time, driven through the
+// `tessera` CLI (and the coordinator's gRPC API where a test needs to look closer).
+//
+//  - `tessera local` trains the Fashion-MNIST MLP for 2 epochs in BSP, SSP(2) and ASP, each to
+//    SUCCEEDED with test accuracy >= 0.84, and exports it; an independent numpy reader
+//    (score_safetensors.py) reproduces the reported accuracy within 0.001.
+//  - A cancelled job ends CANCELLED and its workers go back to READY; `tessera local` cancelled
+//    by `tessera cancel` or by SIGINT leaves no process behind.
+//  - Bad specs are refused with INVALID_ARGUMENT naming the field, and the coordinator serves on.
+//  - After the coordinator is SIGKILLed and restarted on the same data_dir, `tessera list` shows
+//    every job with its last state.
+//
+// Every wait is bounded in time. Skips (with a message) only when Fashion-MNIST is missing.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <ostream>
+#include <memory>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "cli/coordinator_client.h"
+#include "cli/local_cluster.h"
+#include "google/protobuf/text_format.h"
+#include "google/protobuf/util/json_util.h"
+#include "gtest/gtest.h"
+#include "worker/trainer/job_spec.h"
+
+#ifndef TESSERA_BIN_DIR
+#error "TESSERA_BIN_DIR must name the folder of tessera and the daemons"
+#endif
+#ifndef TESSERA_SOURCE_DIR
+#error "TESSERA_SOURCE_DIR must name the source tree"
+#endif
+#ifndef TESSERA_PYTHON
+#define TESSERA_PYTHON "python3"
+#endif
+
+extern char** environ;
+
+namespace tessera {
+namespace {
+
+using cli::CoordinatorClient;
+using cli::LocalCluster;
+
+constexpr char kDatasetDir[] = "/usr/share/datasets/fashion-mnist";
+
+std::string Tessera() { return absl::StrCat(TESSERA_BIN_DIR, "/tessera"); }
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+bool HaveDataset() {
+  for (const char* f : {"train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz",
+                        "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"}) {
+    if (access(absl::StrCat(kDatasetDir, "/", f).c_str(), R_OK) != 0) return false;
+  }
+  return true;
+}
+
+#define SKIP_WITHOUT_DATASET()                                                             \
+  if (!HaveDataset()) {                                                                    \
+    GTEST_SKIP()                                                                           \
+        << "Fashion-MNIST is not installed in " << kDatasetDir                             \
+        << " (Debian package dataset-fashion-mnist; scripts/install-deps.sh installs it)"; \
+  }
+
+// A process started by the test, with stdout and stderr in files.
+struct Process {
+  pid_t pid = -1;
+  std::string out_path;
+  std::string err_path;
+};
+
+// A scratch directory, removed at the end.
+class ScratchDir {
+ public:
+  ScratchDir() {
+    char tmpl[] = "/tmp/tessera-e2e-XXXXXX";
+    if (mkdtemp(tmpl) != nullptr) path_ = tmpl;
+  }
+  ~ScratchDir() {
+    std::error_code ec;
+    if (!path_.empty()) std::filesystem::remove_all(path_, ec);
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+Process Spawn(const std::vector<std::string>& args, const std::string& dir,
+              const std::string& tag) {
+  Process p;
+  p.out_path = absl::StrCat(dir, "/", tag, ".out");
+  p.err_path = absl::StrCat(dir, "/", tag, ".err");
+  std::vector<std::string> copy = args;
+  std::vector<char*> argv;
+  for (std::string& a : copy) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  const pid_t pid = fork();
+  if (pid == 0) {
+    // Only async-signal-safe calls between fork and exec (the test process has gRPC threads).
+    const int out = open(p.out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    const int err = open(p.err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (out < 0 || err < 0) _exit(126);
+    dup2(out, STDOUT_FILENO);
+    dup2(err, STDERR_FILENO);
+    execve(argv[0], argv.data(), environ);
+    _exit(127);
+  }
+  p.pid = pid;
+  return p;
+}
+
+// Waits up to `timeout` for `p`; returns its exit status (128 + signal when killed by one), or
+// -1 after killing it on timeout.
+int Wait(Process* p, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  int status = 0;
+  for (;;) {
+    const pid_t r = waitpid(p->pid, &status, WNOHANG);
+    if (r == p->pid) break;
+    if (absl::Now() > deadline) {
+      kill(p->pid, SIGKILL);
+      waitpid(p->pid, &status, 0);
+      p->pid = -1;
+      return -1;
+    }
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  p->pid = -1;
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  return -2;
+}
+
+struct Result {
+  int code = 0;
+  std::string out;
+  std::string err;
+};
+
+Result RunCommand(const std::vector<std::string>& args, const std::string& dir,
+                  const std::string& tag, absl::Duration timeout = absl::Seconds(30)) {
+  Process p = Spawn(args, dir, tag);
+  Result r;
+  r.code = Wait(&p, timeout);
+  r.out = ReadFile(p.out_path);
+  r.err = ReadFile(p.err_path);
+  return r;
+}
+
+std::string LastLine(const std::string& text) {
+  std::vector<std::string> lines = absl::StrSplit(text, '\n', absl::SkipWhitespace());
+  return lines.empty() ? "" : lines.back();
+}
+
+bool ParseJob(const std::string& json, v1::Job* job) {
+  google::protobuf::util::JsonParseOptions options;
+  options.ignore_unknown_fields = true;
+  return google::protobuf::util::JsonStringToMessage(json, job, options).ok();
+}
+
+v1::JobSpec ExampleSpec() {
+  absl::StatusOr<v1::JobSpec> spec = trainer::ReadJobSpecFile(
+      absl::StrCat(TESSERA_SOURCE_DIR, "/examples/fashion_mlp_2epochs.textproto"));
+  EXPECT_TRUE(spec.ok()) << spec.status();
+  return spec.ok() ? *spec : v1::JobSpec();
+}
+
+std::string WriteSpec(const v1::JobSpec& spec, const std::string& path) {
+  std::string text;
+  google::protobuf::TextFormat::PrintToString(spec, &text);
+  std::ofstream(path) << text;
+  return path;
+}
+
+// A job that runs long enough to be cancelled mid-way.
+v1::JobSpec LongSpec(int workers) {
+  v1::JobSpec spec = ExampleSpec();
+  spec.set_name("long");
+  spec.set_epochs(50);
+  spec.set_num_workers(workers);
+  return spec;
+}
+
+// The children of `parent`, from /proc/<pid>/stat.
+std::vector<pid_t> ChildrenOf(pid_t parent) {
+  std::vector<pid_t> children;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+    int pid = 0;
+    if (!absl::SimpleAtoi(entry.path().filename().string(), &pid)) continue;
+    const std::string stat = ReadFile(absl::StrCat("/proc/", pid, "/stat"));
+    const size_t paren = stat.rfind(')');
+    if (paren == std::string::npos) continue;
+    std::vector<std::string> fields = absl::StrSplit(stat.substr(paren + 2), ' ');
+    int ppid = 0;
+    if (fields.size() > 1 && absl::SimpleAtoi(fields[1], &ppid) && ppid == parent) {
+      children.push_back(pid);
+    }
+  }
+  return children;
+}
+
+bool Exists(pid_t pid) { return std::filesystem::exists(absl::StrCat("/proc/", pid)); }
+
+// Waits until every pid is gone (they were reparented, so someone else reaps them).
+std::vector<pid_t> StillThere(const std::vector<pid_t>& pids, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  std::vector<pid_t> left;
+  do {
+    left.clear();
+    for (pid_t pid : pids) {
+      if (Exists(pid)) left.push_back(pid);
+    }
+    if (left.empty()) break;
+    absl::SleepFor(absl::Milliseconds(50));
+  } while (absl::Now() < deadline);
+  return left;
+}
+
+// Polls GetJob until `done(job)` or the timeout; returns the last record.
+template <typename Pred>
+v1::Job WaitForJob(CoordinatorClient* client, const std::string& id, absl::Duration timeout,
+                   Pred done) {
+  const absl::Time deadline = absl::Now() + timeout;
+  v1::Job job;
+  while (absl::Now() < deadline) {
+    absl::StatusOr<v1::Job> got = client->GetJob(id);
+    if (got.ok()) {
+      job = *got;
+      if (done(job)) break;
+    }
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  return job;
+}
+
+std::unique_ptr<CoordinatorClient> ClientFor(const std::string& address) {
+  CoordinatorClient::Options o;
+  o.address = address;
+  o.rpc_timeout = absl::Seconds(10);
+  absl::StatusOr<std::unique_ptr<CoordinatorClient>> c = CoordinatorClient::Create(o);
+  EXPECT_TRUE(c.ok()) << c.status();
+  return c.ok() ? *std::move(c) : nullptr;
+}
+
+std::unique_ptr<LocalCluster> StartCluster(int shards, int workers) {
+  LocalCluster::Options o;
+  o.bin_dir = TESSERA_BIN_DIR;
+  o.num_shards = shards;
+  o.num_workers = workers;
+  o.worker_threads = 1;
+  o.log_level = "info";
+  o.start_timeout = absl::Seconds(60);
+  absl::StatusOr<std::unique_ptr<LocalCluster>> cluster = LocalCluster::Start(o);
+  EXPECT_TRUE(cluster.ok()) << cluster.status();
+  return cluster.ok() ? *std::move(cluster) : nullptr;
+}
+
+// --- Training in each consistency mode, export, independent scoring --------------------------
+
+struct ModeCase {
+  const char* name;
+  const char* consistency;
+  int staleness;
+};
+
+void PrintTo(const ModeCase& c, std::ostream* os) { *os << c.name; }
+
+class TrainE2eTest : public ::testing::TestWithParam<ModeCase> {};
+
+TEST_P(TrainE2eTest, LocalTrainsExportsAndTheExportScoresTheSame) {
+  SKIP_WITHOUT_DATASET();
+  ScratchDir dir;
+  ASSERT_FALSE(dir.path().empty());
+  v1::JobSpec spec = ExampleSpec();
+  spec.set_consistency(GetParam().consistency);
+  spec.set_staleness(GetParam().staleness);
+  const std::string spec_path = WriteSpec(spec, dir.path() + "/spec.textproto");
+  const std::string model = dir.path() + "/model.safetensors";
+
+  const absl::Time start = absl::Now();
+  Result r = RunCommand({Tessera(), "local", "--job", spec_path, "--shards", "2", "--workers", "2",
+                         "--threads", "1", "--out", model, "--output", "json"},
+                        dir.path(), "local", absl::Seconds(240));
+  const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  ASSERT_EQ(r.code, 0) << "stderr:\n" << r.err << "\nstdout:\n" << r.out;
+  v1::Job job;
+  ASSERT_TRUE(ParseJob(LastLine(r.out), &job)) << r.out;
+  EXPECT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.reason();
+  EXPECT_EQ(job.epochs(), 2);
+  EXPECT_EQ(job.spec().consistency(), GetParam().consistency);
+  EXPECT_EQ(job.shard_addresses_size(), 2);
+  EXPECT_EQ(job.workers_size(), 2);
+  EXPECT_GT(job.step(), 0);
+  EXPECT_EQ(job.step(), job.total_steps());
+  EXPECT_TRUE(job.evaluated());
+  EXPECT_GE(job.test_accuracy(), 0.84) << "test loss " << job.test_loss();
+  EXPECT_GT(job.samples_per_second(), 0);
+  std::printf("[%s] test accuracy %.4f, test loss %.4f, %lld steps, %.0f samples/s, %.1f s\n",
+              GetParam().name, job.test_accuracy(), job.test_loss(),
+              static_cast<long long>(job.step()), job.samples_per_second(), seconds);
+
+  ASSERT_TRUE(std::filesystem::exists(model)) << r.err;
+  Result score = RunCommand(
+      {TESSERA_PYTHON, absl::StrCat(TESSERA_SOURCE_DIR, "/tests/e2e/score_safetensors.py"),
+       "--model", model, "--images", absl::StrCat(kDatasetDir, "/t10k-images-idx3-ubyte.gz"),
+       "--labels", absl::StrCat(kDatasetDir, "/t10k-labels-idx1-ubyte.gz"), "--divide_by", "255",
+       "--expect", absl::StrCat(job.test_accuracy()), "--tolerance", "0.001"},
+      dir.path(), "score", absl::Seconds(60));
+  EXPECT_EQ(score.code, 0) << score.out << score.err;
+  std::printf("[%s] numpy scorer: %s\n", GetParam().name, LastLine(score.out).c_str());
+  EXPECT_NE(score.out.find("\"examples\": 10000"), std::string::npos) << score.out;
+  EXPECT_NE(score.out.find("\"tensors\": [\"dense_1\", \"dense_2\", \"dense_3\", \"dense_4\"]"),
+            std::string::npos)
+      << score.out;
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, TrainE2eTest,
+                         ::testing::Values(ModeCase{"Bsp", "bsp", 0}, ModeCase{"Ssp2", "ssp", 2},
+                                           ModeCase{"Asp", "asp", 0}),
+                         [](const ::testing::TestParamInfo<ModeCase>& info) {
+                           return std::string(info.param.name);
+                         });
+
+// --- Cancel ---------------------------------------------------------------------------------
+
+TEST(ClusterE2eTest, CancelEndsCancelledAndWorkersGoBackToReady) {
+  SKIP_WITHOUT_DATASET();
+  ScratchDir dir;
+  std::unique_ptr<LocalCluster> cluster = StartCluster(2, 2);
+  ASSERT_NE(cluster, nullptr);
+  const std::string address = cluster->coordinator_address();
+  std::unique_ptr<CoordinatorClient> client = ClientFor(address);
+  ASSERT_NE(client, nullptr);
+
+  const std::string spec_path = WriteSpec(LongSpec(2), dir.path() + "/long.textproto");
+  Result submitted =
+      RunCommand({Tessera(), "submit", spec_path, "--coordinator", address}, dir.path(), "submit");
+  ASSERT_EQ(submitted.code, 0) << submitted.err;
+  const std::string id(absl::StripAsciiWhitespace(submitted.out));
+  ASSERT_FALSE(id.empty());
+
+  v1::Job running = WaitForJob(client.get(), id, absl::Seconds(60), [](const v1::Job& j) {
+    return j.state() == v1::JOB_STATE_RUNNING && j.step() > 0;
+  });
+  ASSERT_EQ(running.state(), v1::JOB_STATE_RUNNING) << running.reason();
+  ASSERT_GT(running.step(), 0);
+
+  Result cancel =
+      RunCommand({Tessera(), "cancel", id, "--coordinator", address, "--output", "json"},
+                 dir.path(), "cancel");
+  ASSERT_EQ(cancel.code, 0) << cancel.err;
+  v1::Job after;
+  ASSERT_TRUE(ParseJob(LastLine(cancel.out), &after)) << cancel.out;
+  EXPECT_EQ(after.state(), v1::JOB_STATE_CANCELLED);
+
+  Result get = RunCommand({Tessera(), "get", id, "--coordinator", address, "--output", "json"},
+                          dir.path(), "get");
+  ASSERT_EQ(get.code, 0) << get.err;
+  v1::Job got;
+  ASSERT_TRUE(ParseJob(LastLine(get.out), &got)) << get.out;
+  EXPECT_EQ(got.state(), v1::JOB_STATE_CANCELLED);
+  EXPECT_LT(got.step(), got.total_steps());
+
+  // The shards dropped the cancelled job's weights: export says so.
+  Result exported = RunCommand({Tessera(), "export", id, "--coordinator", address, "--out",
+                                dir.path() + "/cancelled.safetensors"},
+                               dir.path(), "export-cancelled");
+  EXPECT_EQ(exported.code, 1) << exported.err;
+  EXPECT_NE(exported.err.find("no longer holds job '" + id + "'"), std::string::npos)
+      << exported.err;
+  EXPECT_FALSE(std::filesystem::exists(dir.path() + "/cancelled.safetensors"));
+
+  // `tessera watch` of a cancelled job ends at once with status 1.
+  Result watch =
+      RunCommand({Tessera(), "watch", id, "--coordinator", address}, dir.path(), "watch");
+  EXPECT_EQ(watch.code, 1) << watch.err;
+  EXPECT_NE(watch.out.find("CANCELLED"), std::string::npos) << watch.out;
+
+  // Both workers go back to READY.
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  int ready = 0;
+  std::string last;
+  while (absl::Now() < deadline) {
+    absl::StatusOr<std::vector<v1::Member>> members = client->ListMembers();
+    ASSERT_TRUE(members.ok()) << members.status();
+    ready = 0;
+    last.clear();
+    for (const v1::Member& m : *members) {
+      absl::StrAppend(&last, m.id(), "=", v1::MemberState_Name(m.state()), " ");
+      if (m.role() == v1::MEMBER_ROLE_WORKER && m.state() == v1::MEMBER_STATE_READY &&
+          m.job_id().empty()) {
+        ++ready;
+      }
+    }
+    if (ready == 2) break;
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  EXPECT_EQ(ready, 2) << last;
+  Result members =
+      RunCommand({Tessera(), "cluster", "--coordinator", address}, dir.path(), "cluster");
+  EXPECT_EQ(members.code, 0);
+  std::printf("%s", members.out.c_str());
+
+  const std::vector<pid_t> pids = cluster->live_pids();
+  EXPECT_EQ(pids.size(), 5u);
+  EXPECT_TRUE(cluster->Stop(absl::Seconds(15)).ok());
+  for (pid_t pid : pids) EXPECT_FALSE(Exists(pid)) << pid;
+}
+
+// `tessera local` stopped by `tessera cancel` (exit 1) and by SIGINT (exit 130): the job ends
+// CANCELLED and none of its children is left.
+TEST(ClusterE2eTest, LocalLeavesNoProcessBehind) {
+  SKIP_WITHOUT_DATASET();
+  ScratchDir dir;
+  const std::string spec_path = WriteSpec(LongSpec(2), dir.path() + "/long.textproto");
+  for (const bool by_signal : {false, true}) {
+    SCOPED_TRACE(by_signal ? "SIGINT" : "tessera cancel");
+    Process local =
+        Spawn({Tessera(), "local", "--job", spec_path, "--threads", "1", "--output", "json"},
+              dir.path(), by_signal ? "local-sigint" : "local-cancel");
+    // Progress goes to stderr with --output json; wait for the job's id and address there.
+    std::string address, id, work_dir;
+    const absl::Time deadline = absl::Now() + absl::Seconds(60);
+    while (absl::Now() < deadline && id.empty()) {
+      const std::string err = ReadFile(local.err_path);
+      for (absl::string_view line : absl::StrSplit(err, '\n')) {
+        if (absl::ConsumePrefix(&line, "tessera local: coordinator ")) {
+          address = std::string(line.substr(0, line.find(',')));
+          const size_t logs = line.find("logs in ");
+          if (logs != absl::string_view::npos) work_dir = std::string(line.substr(logs + 8));
+        }
+        if (absl::ConsumePrefix(&line, "tessera local: job ")) {
+          id = std::string(line.substr(0, line.find(' ')));
+        }
+      }
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+    ASSERT_FALSE(id.empty()) << ReadFile(local.err_path);
+    ASSERT_FALSE(address.empty());
+    ASSERT_FALSE(work_dir.empty());
+    EXPECT_TRUE(std::filesystem::exists(work_dir)) << work_dir;
+    std::unique_ptr<CoordinatorClient> client = ClientFor(address);
+    ASSERT_NE(client, nullptr);
+    v1::Job running = WaitForJob(client.get(), id, absl::Seconds(60), [](const v1::Job& j) {
+      return j.state() == v1::JOB_STATE_RUNNING && j.step() > 0;
+    });
+    ASSERT_EQ(running.state(), v1::JOB_STATE_RUNNING) << ReadFile(local.err_path);
+
+    const std::vector<pid_t> children = ChildrenOf(local.pid);
+    EXPECT_EQ(children.size(), 5u) << "coordinator, 2 shards, 2 workers";
+
+    int code = 0;
+    if (by_signal) {
+      kill(local.pid, SIGINT);
+      code = Wait(&local, absl::Seconds(60));
+      EXPECT_EQ(code, 130) << ReadFile(local.err_path);
+    } else {
+      Result cancel =
+          RunCommand({Tessera(), "cancel", id, "--coordinator", address}, dir.path(), "cancel");
+      EXPECT_EQ(cancel.code, 0) << cancel.err;
+      code = Wait(&local, absl::Seconds(60));
+      EXPECT_EQ(code, 1) << ReadFile(local.err_path);
+    }
+    v1::Job last;
+    ASSERT_TRUE(ParseJob(LastLine(ReadFile(local.out_path)), &last))
+        << ReadFile(local.out_path) << ReadFile(local.err_path);
+    EXPECT_EQ(last.id(), id);
+    EXPECT_EQ(last.state(), v1::JOB_STATE_CANCELLED);
+
+    const std::vector<pid_t> left = StillThere(children, absl::Seconds(5));
+    EXPECT_TRUE(left.empty()) << "left behind: " << absl::StrJoin(left, ", ");
+    EXPECT_FALSE(std::filesystem::exists(work_dir)) << work_dir;
+  }
+}
+
+// --- Validation -----------------------------------------------------------------------------
+
+TEST(ClusterE2eTest, BadSpecsAreRefusedAndTheCoordinatorServesOn) {
+  SKIP_WITHOUT_DATASET();
+  ScratchDir dir;
+  std::unique_ptr<LocalCluster> cluster = StartCluster(1, 1);
+  ASSERT_NE(cluster, nullptr);
+  std::unique_ptr<CoordinatorClient> client = ClientFor(cluster->coordinator_address());
+  ASSERT_NE(client, nullptr);
+
+  struct BadSpec {
+    std::string what;
+    v1::JobSpec spec;
+    std::string field;  // the message must start with this
+  };
+  std::vector<BadSpec> cases;
+  {
+    v1::JobSpec s = ExampleSpec();
+    s.set_num_workers(1);
+    // A layer kind this coordinator does not know: what a newer client's layer looks like.
+    v1::Layer* layer = s.mutable_model()->mutable_layers(1);
+    layer->Clear();
+    layer->GetReflection()->MutableUnknownFields(layer)->AddLengthDelimited(99, "");
+    cases.push_back({"unknown layer", s, "model.layers[1]"});
+  }
+  {
+    v1::JobSpec s = ExampleSpec();
+    s.set_num_workers(1);
+    v1::ModelSpec* m = s.mutable_model();
+    m->clear_input_shape();
+    m->add_input_shape(1);
+    m->add_input_shape(28);
+    m->add_input_shape(28);
+    m->mutable_layers(0)->clear_dense();
+    v1::Conv2D* conv = m->mutable_layers(0)->mutable_conv2d();
+    conv->set_filters(4);
+    conv->set_kernel_h(40);
+    conv->set_kernel_w(40);
+    cases.push_back({"impossible shapes", s, "model.layers[0]"});
+  }
+  {
+    v1::JobSpec s = ExampleSpec();
+    s.set_num_workers(1);
+    s.mutable_dataset()->set_train_images("/nonexistent/train-images-idx3-ubyte.gz");
+    cases.push_back({"missing dataset file", s, "dataset.train_images"});
+  }
+  {
+    v1::JobSpec s = ExampleSpec();
+    s.set_num_workers(0);
+    cases.push_back({"num_workers 0", s, "num_workers"});
+  }
+  {
+    v1::JobSpec s = ExampleSpec();
+    s.set_num_workers(1);
+    s.set_consistency("eventual");
+    cases.push_back({"unknown consistency", s, "consistency"});
+  }
+  for (const BadSpec& c : cases) {
+    SCOPED_TRACE(c.what);
+    absl::StatusOr<v1::Job> job = client->CreateJob(c.spec);
+    ASSERT_FALSE(job.ok()) << "accepted as " << job->id();
+    EXPECT_EQ(job.status().code(), absl::StatusCode::kInvalidArgument) << job.status();
+    // The client puts "<address>: " in front of the coordinator's message.
+    EXPECT_TRUE(absl::StrContains(job.status().message(),
+                                  absl::StrCat(cluster->coordinator_address(), ": ", c.field)))
+        << job.status();
+  }
+  absl::StatusOr<std::vector<v1::Job>> jobs = client->ListJobs();
+  ASSERT_TRUE(jobs.ok()) << jobs.status();
+  EXPECT_TRUE(jobs->empty()) << "a refused spec was queued";
+
+  // Through the CLI: refused locally (exit 64, nothing sent) or by the coordinator (the dataset
+  // files are checked where they live).
+  const std::string address = cluster->coordinator_address();
+  Result local_refusal = RunCommand(
+      {Tessera(), "submit", WriteSpec(cases[3].spec, dir.path() + "/w0"), "--coordinator", address},
+      dir.path(), "submit-w0");
+  EXPECT_EQ(local_refusal.code, 64);
+  EXPECT_NE(local_refusal.err.find("num_workers: must be in [1, 1024], got 0"), std::string::npos)
+      << local_refusal.err;
+  Result remote_refusal = RunCommand(
+      {Tessera(), "submit", WriteSpec(cases[2].spec, dir.path() + "/nf"), "--coordinator", address},
+      dir.path(), "submit-nf");
+  EXPECT_EQ(remote_refusal.code, 64);
+  EXPECT_NE(remote_refusal.err.find("dataset.train_images"), std::string::npos)
+      << remote_refusal.err;
+
+  // The coordinator still serves: a valid job runs to the end.
+  v1::JobSpec good = ExampleSpec();
+  good.set_num_workers(1);
+  good.set_epochs(0);
+  good.set_max_steps(20);
+  absl::StatusOr<v1::Job> job = client->CreateJob(good);
+  ASSERT_TRUE(job.ok()) << job.status();
+  Result watch =
+      RunCommand({Tessera(), "watch", job->id(), "--coordinator", address, "--output", "json"},
+                 dir.path(), "watch", absl::Seconds(120));
+  EXPECT_EQ(watch.code, 0) << watch.err;
+  v1::Job done;
+  ASSERT_TRUE(ParseJob(LastLine(watch.out), &done)) << watch.out;
+  EXPECT_EQ(done.state(), v1::JOB_STATE_SUCCEEDED) << done.reason();
+  EXPECT_EQ(done.step(), 20);
+  EXPECT_TRUE(cluster->Stop(absl::Seconds(15)).ok());
+}
+
+// --- Recovery -------------------------------------------------------------------------------
+
+TEST(ClusterE2eTest, ListShowsEveryJobAfterTheCoordinatorIsKilledAndRestarted) {
+  SKIP_WITHOUT_DATASET();
+  ScratchDir dir;
+  std::unique_ptr<LocalCluster> cluster = StartCluster(1, 1);
+  ASSERT_NE(cluster, nullptr);
+  const std::string address = cluster->coordinator_address();
+  std::unique_ptr<CoordinatorClient> client = ClientFor(address);
+  ASSERT_NE(client, nullptr);
+
+  // SUCCEEDED: a short job.
+  v1::JobSpec short_spec = ExampleSpec();
+  short_spec.set_name("short");
+  short_spec.set_num_workers(1);
+  short_spec.set_epochs(0);
+  short_spec.set_max_steps(10);
+  absl::StatusOr<v1::Job> done = client->CreateJob(short_spec);
+  ASSERT_TRUE(done.ok()) << done.status();
+  v1::Job finished = WaitForJob(client.get(), done->id(), absl::Seconds(90),
+                                [](const v1::Job& j) { return cli::IsTerminal(j.state()); });
+  ASSERT_EQ(finished.state(), v1::JOB_STATE_SUCCEEDED) << finished.reason();
+  // CANCELLED: a long job, cancelled while it runs.
+  absl::StatusOr<v1::Job> cancelled = client->CreateJob(LongSpec(1));
+  ASSERT_TRUE(cancelled.ok()) << cancelled.status();
+  v1::Job running = WaitForJob(client.get(), cancelled->id(), absl::Seconds(60),
+                               [](const v1::Job& j) { return j.step() > 0; });
+  ASSERT_EQ(running.state(), v1::JOB_STATE_RUNNING) << running.reason();
+  ASSERT_TRUE(client->CancelJob(cancelled->id()).ok());
+  // PENDING: needs two workers, and the cluster has one.
+  v1::JobSpec pending_spec = ExampleSpec();
+  pending_spec.set_name("pending");
+  pending_spec.set_num_workers(2);
+  absl::StatusOr<v1::Job> pending = client->CreateJob(pending_spec);
+  ASSERT_TRUE(pending.ok()) << pending.status();
+  v1::Job waiting = WaitForJob(client.get(), pending->id(), absl::Seconds(10),
+                               [](const v1::Job& j) { return !j.reason().empty(); });
+  EXPECT_EQ(waiting.state(), v1::JOB_STATE_PENDING);
+  Result get = RunCommand({Tessera(), "get", pending->id(), "--coordinator", address}, dir.path(),
+                          "get-pending");
+  EXPECT_EQ(get.code, 0) << get.err;
+  EXPECT_NE(get.out.find("state:      PENDING\nreason:     waiting for 2 idle workers"),
+            std::string::npos)
+      << get.out;
+
+  auto list = [&](const char* tag) {
+    std::map<std::string, v1::JobState> states;
+    Result r = RunCommand({Tessera(), "list", "--coordinator", address, "--output", "json"},
+                          dir.path(), tag);
+    EXPECT_EQ(r.code, 0) << r.err;
+    v1::ListJobsResponse parsed;
+    google::protobuf::util::JsonParseOptions options;
+    options.ignore_unknown_fields = true;
+    EXPECT_TRUE(google::protobuf::util::JsonStringToMessage(LastLine(r.out), &parsed, options).ok())
+        << r.out;
+    for (const v1::Job& j : parsed.jobs()) states[j.id()] = j.state();
+    return states;
+  };
+  const std::map<std::string, v1::JobState> before = list("list-before");
+  const std::map<std::string, v1::JobState> expected = {{done->id(), v1::JOB_STATE_SUCCEEDED},
+                                                        {cancelled->id(), v1::JOB_STATE_CANCELLED},
+                                                        {pending->id(), v1::JOB_STATE_PENDING}};
+  EXPECT_EQ(before, expected);
+
+  ASSERT_TRUE(cluster->KillCoordinator().ok());
+  Result unreachable =
+      RunCommand({Tessera(), "list", "--coordinator", address}, dir.path(), "list-down");
+  EXPECT_EQ(unreachable.code, 69);
+  EXPECT_NE(unreachable.err.find(address), std::string::npos) << unreachable.err;
+
+  ASSERT_TRUE(cluster->RestartCoordinator().ok());
+  EXPECT_EQ(list("list-after"), expected);
+  Result text = RunCommand({Tessera(), "list", "--coordinator", address}, dir.path(), "list-text");
+  EXPECT_EQ(text.code, 0);
+  std::printf("%s", text.out.c_str());
+  cluster->Stop(absl::Seconds(15)).IgnoreError();
+}
+
+}  // namespace
+}  // namespace tessera
