@@ -69,6 +69,10 @@ absl::StatusOr<v1::Job> Follow(const GlobalOptions& global, CoordinatorClient* c
   absl::Status status = client->WatchJob(job_id, [&](const v1::WatchJobResponse& update) {
     last = update.job();
     printer.Update(update);
+    if (global.json && update.has_event()) {
+      std::printf("%s\n", JobEventJson(update.event()).c_str());
+      std::fflush(stdout);
+    }
   });
   printer.Finish();
   if (!status.ok()) return status;

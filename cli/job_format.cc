@@ -84,6 +84,10 @@ std::string RoleName(v1::MemberRole role) {
 
 std::string JobRecordJson(const v1::Job& job) { return WithExtra(ToJson(job), JobExtras(job)); }
 
+std::string JobEventJson(const v1::JobEvent& event) {
+  return absl::StrCat("{\"event\":", ToJson(event), "}");
+}
+
 std::string JobListJson(const std::vector<v1::Job>& jobs) {
   std::vector<std::string> items;
   for (const v1::Job& job : jobs) items.push_back(JobRecordJson(job));

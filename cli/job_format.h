@@ -23,6 +23,10 @@ std::string RoleName(v1::MemberRole role);
 // numbers "steps" (= step) and "state_name" ("SUCCEEDED"). It holds state, test_accuracy,
 // test_loss, steps, epochs and samples_per_second.
 std::string JobRecordJson(const v1::Job& job);
+// One event as one line of JSON: {"event": <the JobEvent in proto3 JSON>}. `watch`, `submit
+// --watch` and `local` print one per event before the final record, so a script can follow a
+// job's evaluations and their times.
+std::string JobEventJson(const v1::JobEvent& event);
 // {"jobs": [...]} and {"members": [...]} in the same form, on one line.
 std::string JobListJson(const std::vector<v1::Job>& jobs);
 std::string MemberListJson(const std::vector<v1::Member>& members);

@@ -49,6 +49,28 @@ TEST(JobFormatTest, RecordJsonRoundTripsAndHasThePlainKeys) {
   EXPECT_EQ(parsed.SerializeAsString(), job.SerializeAsString());
 }
 
+TEST(JobFormatTest, EventJsonWrapsOneEventOnOneLine) {
+  v1::JobEvent event;
+  event.set_job_id("fashion-mlp-3");
+  event.set_seq(7);
+  event.set_epoch(1);
+  event.set_evaluated(true);
+  event.set_test_accuracy(0.8125);
+  event.set_time_ms(123456);
+  const std::string json = JobEventJson(event);
+  EXPECT_EQ(json.find('\n'), std::string::npos);
+  ASSERT_EQ(json.rfind("{\"event\":", 0), 0u) << json;
+  v1::JobEvent back;
+  ASSERT_TRUE(
+      google::protobuf::util::JsonStringToMessage(json.substr(9, json.size() - 10), &back).ok())
+      << json;
+  EXPECT_EQ(back.seq(), 7);
+  EXPECT_EQ(back.epoch(), 1);
+  EXPECT_TRUE(back.evaluated());
+  EXPECT_DOUBLE_EQ(back.test_accuracy(), 0.8125);
+  EXPECT_EQ(back.time_ms(), 123456);
+}
+
 TEST(JobFormatTest, ListJsonHoldsEveryJob) {
   v1::Job a = FinishedJob();
   v1::Job b = FinishedJob();

@@ -322,6 +322,20 @@ TEST_P(TrainE2eTest, LocalTrainsExportsAndTheExportScoresTheSame) {
   EXPECT_TRUE(job.evaluated());
   EXPECT_GE(job.test_accuracy(), 0.84) << "test loss " << job.test_loss();
   EXPECT_GT(job.samples_per_second(), 0);
+  // Every line before the record is one event, in order, and epoch 1's evaluation is among them.
+  int64_t last_seq = 0;
+  bool saw_evaluation = false;
+  for (absl::string_view line : absl::StrSplit(r.out, '\n', absl::SkipEmpty())) {
+    if (!absl::StartsWith(line, "{\"event\":")) continue;
+    v1::JobEvent event;
+    std::string body(line.substr(9, line.size() - 10));
+    ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(body, &event).ok()) << line;
+    EXPECT_GT(event.seq(), last_seq) << line;
+    last_seq = event.seq();
+    if (event.evaluated() && event.epoch() == 1) saw_evaluation = true;
+  }
+  EXPECT_GT(last_seq, 2);
+  EXPECT_TRUE(saw_evaluation) << r.out;
   std::printf("[%s] test accuracy %.4f, test loss %.4f, %lld steps, %.0f samples/s, %.1f s\n",
               GetParam().name, job.test_accuracy(), job.test_loss(),
               static_cast<long long>(job.step()), job.samples_per_second(), seconds);
