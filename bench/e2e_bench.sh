@@ -1,0 +1,118 @@
+#!/usr/bin/env bash
+# End-to-end training benchmark (issue #4): Tessera against a PyTorch parameter server, same run.
+#
+# Tessera: `tessera local` (a coordinator, S shards, 2 worker daemons on this machine) trains the
+# Fashion-MNIST MLP of examples/fashion_mlp.textproto (batch 64 per worker, Adam lr 1e-3) for
+# EPOCHS epochs, with S = 1 and 2 shards, in BSP and ASP. PyTorch: bench/pytorch_rpc_ps.py, the
+# batch-updating parameter server of PyTorch's RPC tutorial (1 server, 2 trainers, the same model,
+# batch, optimizer and data split), on Debian's python3-torch. Each round runs every Tessera
+# configuration and then PyTorch, and ratios are taken within a round, because the machine is
+# shared and both must see the same load.
+#
+#   bench/e2e_bench.sh                  # EPOCHS=4 ROUNDS=1 BUILD_DIR=build
+#   EPOCHS=4 ROUNDS=2 bench/e2e_bench.sh
+#
+# Prints one JSON line per run and a Markdown table: samples per second (training, all workers),
+# the ratio to PyTorch's, seconds from the job's start to the first evaluation at or above 0.85
+# test accuracy (evaluations run at every epoch end), the final test accuracy, and rank 0's mean
+# seconds per step in compute, exchange (push, gate wait and pull after backward), install, data.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+BUILD_DIR=${BUILD_DIR:-build}
+EPOCHS=${EPOCHS:-4}
+ROUNDS=${ROUNDS:-1}
+TARGET=${TARGET:-0.85}
+PY=/usr/bin/python3
+OUT=${OUT:-$(mktemp -d /tmp/tessera-e2e-bench.XXXXXX)}
+export OMP_WAIT_POLICY=passive
+
+[ -x "$BUILD_DIR/bin/tessera" ] || { echo "build first: $BUILD_DIR/bin/tessera is missing" >&2; exit 64; }
+"$PY" -c 'import torch.distributed.rpc' 2>/dev/null ||
+  { echo "needs Debian's python3-torch (apt-get install python3-torch)" >&2; exit 69; }
+
+spec() {  # spec MODE FILE: the example MLP with EPOCHS epochs in MODE
+  sed -e "s/^epochs: .*/epochs: $EPOCHS/" -e "s/^consistency: .*/consistency: \"$1\"/" \
+    examples/fashion_mlp.textproto > "$2"
+  grep -q '^consistency:' "$2" || echo "consistency: \"$1\"" >> "$2"
+  grep -q '^num_workers:' "$2" || echo "num_workers: 2" >> "$2"
+  printf 'eval { every_epochs: 1 }\n' >> "$2"
+}
+
+summarise_tessera() {  # summarise_tessera OUTPUT_FILE MODE SHARDS ROUND
+  "$PY" - "$@" "$TARGET" <<'EOF'
+import json, sys
+path, mode, shards, rnd, target = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5])
+events, record = [], None
+for line in open(path):
+    line = line.strip()
+    if not line.startswith("{"):
+        continue
+    d = json.loads(line)
+    if "event" in d:
+        events.append(d["event"])
+    else:
+        record = d
+start = int(record.get("start_time_ms", 0))
+to_target = None
+for e in events:
+    if e.get("evaluated") and e.get("test_accuracy", 0) >= target:
+        to_target = (int(e["time_ms"]) - start) / 1000.0
+        break
+evals = [round(e["test_accuracy"], 4) for e in events if e.get("evaluated")]
+st = record.get("step_times", {})
+print(json.dumps({
+    "system": "tessera", "round": rnd, "mode": mode, "shards": shards, "workers": 2,
+    "state": record.get("state_name"), "steps": record.get("steps"),
+    "samples_per_second": record.get("samples_per_second"),
+    "seconds": (int(record.get("end_time_ms", 0)) - start) / 1000.0,
+    "time_to_target": to_target, "test_accuracy": record.get("test_accuracy"),
+    "evaluations": evals,
+    "step_times": {k: st.get(k, 0.0) for k in ("compute", "exchange", "install", "data")}}))
+EOF
+}
+
+results="$OUT/results.jsonl"
+: > "$results"
+for round in $(seq 1 "$ROUNDS"); do
+  for mode in bsp asp; do
+    for shards in 1 2; do
+      spec "$mode" "$OUT/spec-$mode.textproto"
+      log="$OUT/tessera-$round-$mode-$shards.out"
+      echo "round $round: tessera $mode, $shards shard(s), 2 workers, $EPOCHS epochs" >&2
+      "$BUILD_DIR/bin/tessera" local --job "$OUT/spec-$mode.textproto" --shards "$shards" \
+        --workers 2 --threads 1 --output json > "$log" 2> "$OUT/tessera-$round-$mode-$shards.err"
+      summarise_tessera "$log" "$mode" "$shards" "$round" | tee -a "$results"
+    done
+  done
+  echo "round $round: pytorch rpc parameter server, 2 trainers, $EPOCHS epochs" >&2
+  "$PY" bench/pytorch_rpc_ps.py --epochs "$EPOCHS" --trainers 2 --target "$TARGET" \
+    2> "$OUT/pytorch-$round.err" | tail -n 1 |
+    "$PY" -c 'import json,sys; d=json.loads(sys.stdin.read()); d["round"]='"$round"'; print(json.dumps(d))' |
+    tee -a "$results"
+done
+
+"$PY" - "$results" "$TARGET" <<'EOF'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+target = sys.argv[2]
+torch = {r["round"]: r for r in rows if r.get("system") == "pytorch-rpc-ps"}
+def f(x, fmt):
+    return "n/a" if x is None else fmt.format(x)
+print()
+print(f"| round | system | mode | shards | samples/s | ratio to PyTorch | s to {target} | final test acc | compute | exchange | install | data |")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+for r in rows:
+    if r.get("system") == "tessera":
+        t = torch[r["round"]]
+        st = r["step_times"]
+        print(f"| {r['round']} | Tessera | {r['mode'].upper()} | {r['shards']} | {r['samples_per_second']:.0f} | "
+              f"{r['samples_per_second'] / t['samples_per_second']:.2f} | {f(r['time_to_target'], '{:.1f}')} | "
+              f"{r['test_accuracy']:.4f} | {st['compute']*1e3:.2f} ms | {st['exchange']*1e3:.2f} ms | "
+              f"{st['install']*1e3:.2f} ms | {st['data']*1e3:.2f} ms |")
+for r in torch.values():
+    print(f"| {r['round']} | PyTorch RPC PS | BSP | 1 | {r['samples_per_second']:.0f} | 1.00 | "
+          f"{f(r['time_to_target'], '{:.1f}')} | {r['test_accuracy']:.4f} | {r['compute_per_step']*1e3:.2f} ms | "
+          f"{r['rpc_per_step']*1e3:.2f} ms (rpc) | | |")
+EOF
+echo "raw results and logs: $OUT" >&2
