@@ -10,26 +10,50 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/grpc_status.h"
+#include "server/internal/push_pull_wire.h"
 
 namespace tessera::server {
 namespace {
 
-// Requests of one stream that are read but not yet answered; reading pauses beyond this.
-constexpr int kMaxInFlightPerStream = 64;
 // Bytes a PullResponse adds around its slices (tags and lengths), with room to spare.
 constexpr size_t kMessageOverhead = 1024;
+// Reused buffers kept by each stream for answered weights (freed with the stream). 16 covers a
+// 64 MiB tensor's 4 MiB partitions in flight on one stream; 4 buffers and 16 MiB cost about 15%
+// of goodput in the 64 MiB, 1 shard benchmark (docs/benchmarks.md).
+constexpr size_t kPooledBuffersPerStream = 16;
+constexpr size_t kPooledBytesPerStream = size_t{64} << 20;
 
-// One PushPull stream. It deletes itself once gRPC is done with it (OnDone) and no request of it is
-// still queued, running or parked in the store.
-class PushPullReactor final
-    : public grpc::ServerBidiReactor<v1::PushPullRequest, v1::PushPullResponse> {
+void RaiseTo(std::atomic<int64_t>* peak, int64_t value) {
+  int64_t seen = peak->load(std::memory_order_relaxed);
+  while (value > seen && !peak->compare_exchange_weak(seen, value, std::memory_order_relaxed)) {
+  }
+}
+
+// One PushPull stream, raw: requests are parsed by hand on the pool and answered with weights in
+// reused buffers (server/internal/push_pull_wire.h). It deletes itself once gRPC is done with it
+// (OnDone) and no request of it is still queued, running or parked in the store.
+class PushPullReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
-  PushPullReactor(ParameterStore* store, internal::ThreadPool* pool, size_t max_message_bytes)
-      : store_(store), pool_(pool), max_message_bytes_(max_message_bytes) {
-    StartRead(&request_);
+  PushPullReactor(ParameterStore* store, internal::ThreadPool* pool, size_t max_message_bytes,
+                  size_t max_queued_bytes,
+                  std::shared_ptr<GrpcParameterService::StatsCounters> stats)
+      : store_(store),
+        pool_(pool),
+        max_message_bytes_(max_message_bytes),
+        max_queued_bytes_(max_queued_bytes),
+        stats_(std::move(stats)) {
+    StartRead(&read_buffer_);
   }
 
   void OnReadDone(bool ok) override {
+    std::unique_ptr<Pending> request;
+    if (ok) {
+      request = std::make_unique<Pending>();
+      request->bytes = read_buffer_.Length();
+      if (!read_buffer_.Dump(&request->slices).ok()) request->slices.clear();
+      read_buffer_.Clear();
+      stats_->requests_read.fetch_add(1, std::memory_order_relaxed);
+    }
     bool read_again = false;
     bool schedule = false;
     bool finish = false;
@@ -40,15 +64,15 @@ class PushPullReactor final
         reads_done_ = true;
         finish = ShouldFinishLocked(&finish_with);
       } else {
-        auto request = std::make_unique<v1::PushPullRequest>();
-        request->Swap(&request_);
+        request_bytes_ += request->bytes;
         pending_.push_back(std::move(request));
         ++in_flight_;
+        RecordPeakLocked(0);
         if (!draining_) {
           draining_ = true;
           schedule = true;
         }
-        if (in_flight_ < kMaxInFlightPerStream && !finish_called_ && !cancelled_) {
+        if (!finish_called_ && !cancelled_ && CanReadLocked(0)) {
           read_again = true;
           starting_read_ = true;
         } else {
@@ -62,25 +86,32 @@ class PushPullReactor final
   }
 
   void OnWriteDone(bool ok) override {
-    const v1::PushPullResponse* next = nullptr;
+    std::unique_ptr<Write> written;  // released unlocked: its slices go back to the pool
+    const grpc::ByteBuffer* next = nullptr;
+    bool read_again = false;
     bool finish = false;
     grpc::Status finish_with;
     {
       absl::MutexLock lock(&mu_);
       writing_ = false;
+      write_bytes_ -= writes_.front()->bytes;
+      written = std::move(writes_.front());
       writes_.pop_front();
       if (!ok) {
         cancelled_ = true;
         finish_status_ = grpc::Status(grpc::StatusCode::CANCELLED, "the stream broke");
-        writes_.clear();
+        DropQueuedWritesLocked();
       }
       if (!writes_.empty() && !finish_called_) {
         writing_ = true;
-        next = writes_.front().get();
+        next = &writes_.front()->buffer;
       }
+      read_again = ResumeReadLocked(0);
       finish = ShouldFinishLocked(&finish_with);
     }
+    written.reset();
     if (next != nullptr) StartWrite(next);
+    if (read_again) StartReadAndMaybeFinish();
     if (finish) Finish(finish_with);
   }
 
@@ -93,8 +124,7 @@ class PushPullReactor final
       absl::MutexLock lock(&mu_);
       cancelled_ = true;
       finish_status_ = grpc::Status(grpc::StatusCode::CANCELLED, "the call was cancelled");
-      // Keep the response being written (it is owned until OnWriteDone); drop the rest.
-      while (writes_.size() > (writing_ ? 1u : 0u)) writes_.pop_back();
+      DropQueuedWritesLocked();
       finish = ShouldFinishLocked(&finish_with);
     }
     if (finish) Finish(finish_with);
@@ -111,27 +141,62 @@ class PushPullReactor final
   }
 
  private:
-  // Runs on the pool: processes the oldest pending request, then hands the stream back to the
-  // pool if more are waiting, so streams share the pool fairly.
+  // A request as received: its slices, not yet parsed.
+  struct Pending {
+    std::vector<grpc::Slice> slices;
+    size_t bytes = 0;
+  };
+  // A serialised response and its size.
+  struct Write {
+    grpc::ByteBuffer buffer;
+    size_t bytes = 0;
+  };
+
+  // Runs on the pool: parses and processes the oldest pending request, then hands the stream back
+  // to the pool if more are waiting, so streams share the pool fairly.
   void DrainOne() {
-    std::unique_ptr<v1::PushPullRequest> request;
+    std::unique_ptr<Pending> pending;
     {
       absl::MutexLock lock(&mu_);
-      request = std::move(pending_.front());
+      pending = std::move(pending_.front());
       pending_.pop_front();
     }
-    const uint64_t seq = request->seq();
-    if (Cancelled()) {
-      Complete(seq, absl::CancelledError("the call was cancelled"));
-    } else {
-      store_->PushPull(
-          *request,
-          [this, seq](absl::StatusOr<v1::PushPullResponse> response) {
-            Complete(seq, std::move(response));
-          },
-          cancelled_flag_);
+    const size_t bytes = pending->bytes;
+    {
+      // Views into `request` are valid until the store returns (it applies the push before).
+      internal::ParsedPushPullRequest request;
+      request.received = std::move(pending->slices);
+      pending.reset();
+      const absl::Status parsed = internal::ParsePushPullRequest(&request);
+      stats_->pieced_request_bytes.fetch_add(static_cast<int64_t>(request.pieced_bytes),
+                                             std::memory_order_relaxed);
+      uint64_t seq = request.seq;
+      if (!parsed.ok()) {
+        stats_->malformed_requests.fetch_add(1, std::memory_order_relaxed);
+        if (internal::FindSeq(request.received, &seq) || request.has_seq) {
+          Complete(seq, parsed);
+        } else {
+          FailStream(parsed);
+        }
+      } else if (Cancelled()) {
+        Complete(seq, absl::CancelledError("the call was cancelled"));
+      } else {
+        store_->PushPull(
+            request.View(),
+            [this, seq](absl::StatusOr<v1::PushPullResponse> response) {
+              Complete(seq, std::move(response));
+            },
+            cancelled_flag_, [buffers = response_buffers_] { return buffers->Take(); });
+      }
     }
-    request.reset();
+    bool read_again;
+    {
+      absl::MutexLock lock(&mu_);
+      request_bytes_ -= bytes;
+      read_again = ResumeReadLocked(0);
+    }
+    // draining_ is still set, so the reactor outlives this.
+    if (read_again) StartReadAndMaybeFinish();
     bool again;
     bool destroy = false;
     {
@@ -151,46 +216,70 @@ class PushPullReactor final
     return cancelled_;
   }
 
-  // Answers one request; runs once per request, on any thread.
+  // Answers one request; runs once per request (or FailStream does), on any thread.
   void Complete(uint64_t seq, absl::StatusOr<v1::PushPullResponse> result) {
-    auto response = std::make_unique<v1::PushPullResponse>();
+    v1::PushPullResponse response;
     if (result.ok()) {
-      response->Swap(&*result);
-      const size_t bytes = response->ByteSizeLong();
+      response.Swap(&*result);
+      const size_t bytes = response.ByteSizeLong();
       if (bytes > max_message_bytes_) {
-        response = std::make_unique<v1::PushPullResponse>();
-        response->mutable_status()->set_code(
-            static_cast<int>(absl::StatusCode::kResourceExhausted));
-        response->mutable_status()->set_message(absl::StrCat(
+        for (v1::Slice& w : *response.mutable_weights()) {
+          response_buffers_->Give(std::move(*w.mutable_data()));
+        }
+        response.Clear();
+        response.mutable_status()->set_code(static_cast<int>(absl::StatusCode::kResourceExhausted));
+        response.mutable_status()->set_message(absl::StrCat(
             "the answer to seq ", seq, " is ", bytes, " bytes, over --max_message_bytes ",
             max_message_bytes_, "; pull fewer keys per request"));
       }
     } else {
-      response->mutable_status()->set_code(static_cast<int>(result.status().code()));
-      response->mutable_status()->set_message(std::string(result.status().message()));
+      response.mutable_status()->set_code(static_cast<int>(result.status().code()));
+      response.mutable_status()->set_message(std::string(result.status().message()));
     }
-    response->set_seq(seq);
+    response.set_seq(seq);
+    auto write = std::make_unique<Write>();
+    write->buffer =
+        internal::SerializePushPullResponse(&response, response_buffers_, &write->bytes);
 
-    const v1::PushPullResponse* write = nullptr;
+    const grpc::ByteBuffer* start = nullptr;
     bool read_again = false;
     {
       absl::MutexLock lock(&mu_);
       if (!finish_called_ && !cancelled_) {
-        writes_.push_back(std::move(response));
+        write_bytes_ += write->bytes;
+        writes_.push_back(std::move(write));
+        RecordPeakLocked(1);
         if (!writing_) {
           writing_ = true;
-          write = writes_.front().get();
+          start = &writes_.front()->buffer;
         }
-        if (read_paused_ && in_flight_ - 1 < kMaxInFlightPerStream && !reads_done_) {
-          read_paused_ = false;
-          read_again = true;
-          starting_read_ = true;
-        }
+        read_again = ResumeReadLocked(1);
       }
     }
+    write.reset();
     // in_flight_ still counts this request, so the reactor cannot be destroyed here.
-    if (write != nullptr) StartWrite(write);
+    if (start != nullptr) StartWrite(start);
     if (read_again) StartReadAndMaybeFinish();
+    Release();
+  }
+
+  // Ends the stream with `status` (a request whose seq cannot be read); counts as the answer to
+  // that request.
+  void FailStream(const absl::Status& status) {
+    cancelled_flag_->store(true, std::memory_order_release);
+    {
+      absl::MutexLock lock(&mu_);
+      if (!finish_called_ && !cancelled_) {
+        cancelled_ = true;
+        finish_status_ = ToGrpcStatus(status);
+        DropQueuedWritesLocked();
+      }
+    }
+    Release();
+  }
+
+  // The request that Complete or FailStream answered is no longer in flight.
+  void Release() {
     bool finish;
     bool destroy;
     grpc::Status finish_with;
@@ -207,7 +296,7 @@ class PushPullReactor final
   // StartRead with starting_read_ set, so that no other thread calls Finish (after which gRPC may
   // be done with the call) until StartRead has returned; then finishes if that was held back.
   void StartReadAndMaybeFinish() {
-    StartRead(&request_);
+    StartRead(&read_buffer_);
     bool finish;
     grpc::Status finish_with;
     {
@@ -218,9 +307,43 @@ class PushPullReactor final
     if (finish) Finish(finish_with);
   }
 
+  // Whether another request may be read: the stream's requests read but not answered and its
+  // responses not yet written stay under kMaxQueuedPerStream and max_queued_bytes_ (one is always
+  // read when nothing is queued). `answering`: requests counted in in_flight_ that are already
+  // queued as responses.
+  bool CanReadLocked(int answering) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const int64_t queued = in_flight_ - answering + static_cast<int64_t>(writes_.size());
+    if (queued == 0) return true;
+    return queued < GrpcParameterService::kMaxQueuedPerStream &&
+           request_bytes_ + write_bytes_ < max_queued_bytes_;
+  }
+
+  // Resumes reading paused by CanReadLocked once it allows; true when the caller must call
+  // StartReadAndMaybeFinish (unlocked).
+  bool ResumeReadLocked(int answering) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (!read_paused_ || reads_done_ || finish_called_ || cancelled_) return false;
+    if (!CanReadLocked(answering)) return false;
+    read_paused_ = false;
+    starting_read_ = true;
+    return true;
+  }
+
+  void RecordPeakLocked(int answering) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    RaiseTo(&stats_->peak_queued, in_flight_ - answering + static_cast<int64_t>(writes_.size()));
+    RaiseTo(&stats_->peak_queued_bytes, static_cast<int64_t>(request_bytes_ + write_bytes_));
+  }
+
+  // Keeps the response being written (it is owned until OnWriteDone); drops the rest.
+  void DropQueuedWritesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    while (writes_.size() > (writing_ ? 1u : 0u)) {
+      write_bytes_ -= writes_.back()->bytes;
+      writes_.pop_back();
+    }
+  }
+
   // Finish once nothing is being written or started and either the client closed its side and
-  // every request is answered, or the call is cancelled. Marks Finish as called; the caller calls
-  // it unlocked.
+  // every request is answered, or the call is cancelled (or broken). Marks Finish as called; the
+  // caller calls it unlocked.
   bool ShouldFinishLocked(grpc::Status* status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (finish_called_ || writing_ || starting_read_ || !writes_.empty()) return false;
     if (cancelled_ || (reads_done_ && in_flight_ == 0)) {
@@ -238,19 +361,27 @@ class PushPullReactor final
   ParameterStore* const store_;
   internal::ThreadPool* const pool_;
   const size_t max_message_bytes_;
-  v1::PushPullRequest request_;  // target of the one outstanding read
+  const size_t max_queued_bytes_;
+  const std::shared_ptr<GrpcParameterService::StatsCounters> stats_;
+  grpc::ByteBuffer read_buffer_;  // target of the one outstanding read
   const std::shared_ptr<std::atomic<bool>> cancelled_flag_ = std::make_shared<std::atomic<bool>>();
+  // Reused strings for the answered weights. Shared with the slices gRPC still holds, which give
+  // them back.
+  const std::shared_ptr<internal::BufferPool> response_buffers_ =
+      std::make_shared<internal::BufferPool>(kPooledBuffersPerStream, kPooledBytesPerStream);
 
   absl::Mutex mu_;
-  std::deque<std::unique_ptr<v1::PushPullRequest>> pending_ ABSL_GUARDED_BY(mu_);
-  std::deque<std::unique_ptr<v1::PushPullResponse>> writes_ ABSL_GUARDED_BY(mu_);
-  int in_flight_ ABSL_GUARDED_BY(mu_) = 0;  // read, not yet answered
+  std::deque<std::unique_ptr<Pending>> pending_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::unique_ptr<Write>> writes_ ABSL_GUARDED_BY(mu_);
+  int64_t in_flight_ ABSL_GUARDED_BY(mu_) = 0;     // read, not yet answered
+  size_t request_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // of requests read and not yet processed
+  size_t write_bytes_ ABSL_GUARDED_BY(mu_) = 0;    // of the responses in writes_
   bool draining_ ABSL_GUARDED_BY(mu_) = false;
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   bool read_paused_ ABSL_GUARDED_BY(mu_) = false;
   bool starting_read_ ABSL_GUARDED_BY(mu_) = false;  // a StartRead is being issued
   bool reads_done_ ABSL_GUARDED_BY(mu_) = false;
-  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;  // or broken by a malformed request
   bool finish_called_ ABSL_GUARDED_BY(mu_) = false;
   bool on_done_ ABSL_GUARDED_BY(mu_) = false;
   grpc::Status finish_status_ ABSL_GUARDED_BY(mu_);
@@ -388,12 +519,25 @@ class PullReactor final : public grpc::ServerWriteReactor<v1::PullResponse> {
 }  // namespace
 
 GrpcParameterService::GrpcParameterService(ParameterStore* store, internal::ThreadPool* pool,
-                                           size_t max_message_bytes)
-    : store_(store), pool_(pool), max_message_bytes_(max_message_bytes) {}
+                                           size_t max_message_bytes, size_t max_queued_bytes)
+    : store_(store),
+      pool_(pool),
+      max_message_bytes_(max_message_bytes),
+      max_queued_bytes_(max_queued_bytes) {}
 
-grpc::ServerBidiReactor<v1::PushPullRequest, v1::PushPullResponse>* GrpcParameterService::PushPull(
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* GrpcParameterService::PushPull(
     grpc::CallbackServerContext* context) {
-  return new PushPullReactor(store_, pool_, max_message_bytes_);
+  return new PushPullReactor(store_, pool_, max_message_bytes_, max_queued_bytes_, stats_);
+}
+
+PushPullStreamStats GrpcParameterService::stream_stats() const {
+  PushPullStreamStats out;
+  out.requests_read = stats_->requests_read.load(std::memory_order_relaxed);
+  out.peak_queued = stats_->peak_queued.load(std::memory_order_relaxed);
+  out.peak_queued_bytes = stats_->peak_queued_bytes.load(std::memory_order_relaxed);
+  out.pieced_request_bytes = stats_->pieced_request_bytes.load(std::memory_order_relaxed);
+  out.malformed_requests = stats_->malformed_requests.load(std::memory_order_relaxed);
+  return out;
 }
 
 grpc::ServerWriteReactor<v1::PullResponse>* GrpcParameterService::Pull(

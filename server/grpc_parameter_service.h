@@ -1,17 +1,32 @@
 // GrpcParameterService: the ParameterService of proto/tessera/v1/parameter.proto over gRPC's
 // callback API, adapting a ParameterStore (DESIGN.md §3).
 //
-// Reactors only move requests onto a bounded thread pool; the store's work (decoding, the
+// Reactors only move requests onto a bounded thread pool; the store's work (parsing, decoding, the
 // optimizer, encoding the answer) runs there. PushPull keeps one stream per worker-shard pair:
 // requests of a stream are applied in the order they arrive (so a worker's sequence numbers reach
 // each partition in order), one at a time on the pool; a pull that waits on the consistency gate
 // parks without holding the stream, and later requests go on. Responses carry the request's seq
 // and can leave out of order; a failed request is answered in PushPullResponse.status and the
 // stream stays open. Writes are queued so that at most one is outstanding.
+//
+// PushPull is a raw method (grpc::ByteBuffer both ways), so that no gradient or weight is copied
+// into or out of a protobuf string (server/internal/push_pull_wire.h): a request's gradient is
+// read in place from gRPC's receive slices (the store takes their pieces, see SliceView), and the
+// answered weights are written into reused buffers that gRPC sends as they are. A malformed
+// request gets INVALID_ARGUMENT in its response when its seq can be read, and otherwise ends the
+// stream with INVALID_ARGUMENT.
+//
+// Flow control: a stream stops reading while its read-but-unanswered requests plus its queued
+// responses number kMaxQueuedPerStream or more, or hold max_queued_bytes or more, and resumes as
+// responses are written; so a client that does not read its responses cannot make the shard queue
+// them without bound.
 #ifndef TESSERA_SERVER_GRPC_PARAMETER_SERVICE_H_
 #define TESSERA_SERVER_GRPC_PARAMETER_SERVICE_H_
 
+#include <atomic>
 #include <cstddef>
+#include <cstdint>
+#include <memory>
 
 #include "server/internal/thread_pool.h"
 #include "server/parameter_store.h"
@@ -19,13 +34,44 @@
 
 namespace tessera::server {
 
-class GrpcParameterService final : public v1::ParameterService::CallbackService {
- public:
-  // `store` and `pool` must outlive the service and every call it serves. Answers larger than
-  // max_message_bytes are split (Pull) or refused with RESOURCE_EXHAUSTED (PushPull).
-  GrpcParameterService(ParameterStore* store, internal::ThreadPool* pool, size_t max_message_bytes);
+// Every method typed except PushPull, which is raw (see above).
+using ParameterCallbackServiceBase = v1::ParameterService::WithRawCallbackMethod_PushPull<
+    v1::ParameterService::WithCallbackMethod_Pull<v1::ParameterService::WithCallbackMethod_Push<
+        v1::ParameterService::WithCallbackMethod_CreateJobState<
+            v1::ParameterService::WithCallbackMethod_UpdateMembership<
+                v1::ParameterService::WithCallbackMethod_DropJob<
+                    v1::ParameterService::WithCallbackMethod_Checkpoint<
+                        v1::ParameterService::WithCallbackMethod_Restore<
+                            v1::ParameterService::Service>>>>>>>>;
 
-  grpc::ServerBidiReactor<v1::PushPullRequest, v1::PushPullResponse>* PushPull(
+// Counters of the PushPull streams, over all streams since the service was made. Thread-safe.
+struct PushPullStreamStats {
+  int64_t requests_read = 0;
+  // Largest number of one stream's requests read but not answered plus responses not yet written.
+  int64_t peak_queued = 0;
+  // Largest number of bytes those held (requests until applied, responses until written).
+  int64_t peak_queued_bytes = 0;
+  // Gradient bytes that spanned receive slices (read in place, piece by piece).
+  int64_t pieced_request_bytes = 0;
+  // Requests refused as malformed (answered with INVALID_ARGUMENT or ending their stream).
+  int64_t malformed_requests = 0;
+};
+
+class GrpcParameterService final : public ParameterCallbackServiceBase {
+ public:
+  // Read-but-unanswered requests plus unwritten responses of one stream beyond which it stops
+  // reading.
+  static constexpr int kMaxQueuedPerStream = 64;
+  static constexpr size_t kDefaultMaxQueuedBytes = size_t{64} << 20;
+
+  // `store` and `pool` must outlive the service and every call it serves. Answers larger than
+  // max_message_bytes are split (Pull) or refused with RESOURCE_EXHAUSTED (PushPull). A PushPull
+  // stream stops reading while its queued requests and responses hold max_queued_bytes or more
+  // (it always reads when nothing is queued).
+  GrpcParameterService(ParameterStore* store, internal::ThreadPool* pool, size_t max_message_bytes,
+                       size_t max_queued_bytes = kDefaultMaxQueuedBytes);
+
+  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* PushPull(
       grpc::CallbackServerContext* context) override;
   grpc::ServerWriteReactor<v1::PullResponse>* Pull(grpc::CallbackServerContext* context,
                                                    const v1::PullRequest* request) override;
@@ -48,10 +94,24 @@ class GrpcParameterService final : public v1::ParameterService::CallbackService 
                                     const v1::RestoreRequest* request,
                                     v1::RestoreResponse* response) override;
 
+  // Counters of the PushPull streams. Thread-safe.
+  PushPullStreamStats stream_stats() const;
+
+  // Shared with the streams, which may outlive a call to the service's methods.
+  struct StatsCounters {
+    std::atomic<int64_t> requests_read{0};
+    std::atomic<int64_t> peak_queued{0};
+    std::atomic<int64_t> peak_queued_bytes{0};
+    std::atomic<int64_t> pieced_request_bytes{0};
+    std::atomic<int64_t> malformed_requests{0};
+  };
+
  private:
   ParameterStore* const store_;
   internal::ThreadPool* const pool_;
   const size_t max_message_bytes_;
+  const size_t max_queued_bytes_;
+  const std::shared_ptr<StatsCounters> stats_ = std::make_shared<StatsCounters>();
 };
 
 }  // namespace tessera::server

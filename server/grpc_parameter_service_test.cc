@@ -1,20 +1,28 @@
 // Tests through the real gRPC service on 127.0.0.1:0: every validation error with its code and a
 // message that names the key or field, the shard still serving afterwards, PushPull streams with
 // parked pulls, Pull splitting, health and the checkpoint placeholder.
+#include "server/grpc_parameter_service.h"
+
 #include <chrono>
+#include <cstring>
 #include <memory>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
+#include "google/protobuf/unknown_field_set.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/security/credentials.h"
+#include "grpcpp/server_builder.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "gtest/gtest.h"
+#include "server/internal/push_pull_wire.h"
 #include "server/internal/test_requests.h"
+#include "server/internal/thread_pool.h"
 #include "server/shard_server.h"
 #include "tessera/v1/parameter.grpc.pb.h"
 
@@ -617,6 +625,419 @@ TEST_F(GrpcParameterServiceTest, ServesTheStandardHealthService) {
   grpc::Status status = GenericUnary(channel_.get(), "/grpc.health.v1.Health/Check", "", &response);
   ASSERT_TRUE(status.ok()) << status.error_message();
   EXPECT_EQ(response, std::string("\x08\x01", 2));
+}
+
+// ---- The hand-written wire format of the raw PushPull method (server/internal/push_pull_wire.h).
+
+// `bytes` cut into slices at the given offsets.
+std::vector<grpc::Slice> Cut(const std::string& bytes, std::vector<size_t> cuts) {
+  std::sort(cuts.begin(), cuts.end());
+  std::vector<grpc::Slice> out;
+  size_t at = 0;
+  for (size_t c : cuts) {
+    c = std::min(c, bytes.size());
+    if (c <= at) continue;
+    out.emplace_back(bytes.data() + at, c - at);
+    at = c;
+  }
+  if (at < bytes.size()) out.emplace_back(bytes.data() + at, bytes.size() - at);
+  return out;
+}
+
+std::vector<grpc::Slice> RandomCut(const std::string& bytes, std::mt19937* rng, int pieces) {
+  std::uniform_int_distribution<size_t> at(0, bytes.size());
+  std::vector<size_t> cuts;
+  for (int i = 0; i < pieces; ++i) cuts.push_back(at(*rng));
+  return Cut(bytes, cuts);
+}
+
+absl::Status Parse(std::vector<grpc::Slice> slices, internal::ParsedPushPullRequest* out) {
+  out->received = std::move(slices);
+  return internal::ParsePushPullRequest(out);
+}
+
+// The data of a parsed slice, joined from its pieces when it spans received slices.
+std::string Joined(const internal::ParsedSlice& s) {
+  if (s.pieces.empty()) return std::string(s.data);
+  EXPECT_TRUE(s.data.empty());
+  std::string out;
+  for (absl::string_view piece : s.pieces) out.append(piece.data(), piece.size());
+  return out;
+}
+
+// Field-by-field equality of a parsed request with what protobuf parsed.
+void ExpectSameSlice(const internal::ParsedSlice& got, const v1::Slice& want) {
+  EXPECT_EQ(got.tensor, want.key().tensor());
+  EXPECT_EQ(got.index, want.key().index());
+  EXPECT_EQ(got.encoding, static_cast<int32_t>(want.encoding()));
+  EXPECT_EQ(Joined(got), want.data());
+  EXPECT_EQ(got.row_ids, std::vector<int64_t>(want.row_ids().begin(), want.row_ids().end()));
+  EXPECT_EQ(got.want_weights, want.want_weights());
+  EXPECT_EQ(got.version, want.version());
+}
+
+void ExpectSame(const internal::ParsedPushPullRequest& got, const v1::PushPullRequest& want) {
+  EXPECT_EQ(got.job_id, want.job_id());
+  EXPECT_EQ(got.worker_id, want.worker_id());
+  EXPECT_EQ(got.incarnation, want.incarnation());
+  EXPECT_EQ(got.step, want.step());
+  EXPECT_EQ(got.seq, want.seq());
+  EXPECT_EQ(got.pull_encoding, static_cast<int32_t>(want.pull_encoding()));
+  ASSERT_EQ(got.push.size(), static_cast<size_t>(want.push_size()));
+  for (int i = 0; i < want.push_size(); ++i) ExpectSameSlice(got.push[i], want.push(i));
+  ASSERT_EQ(got.pull.size(), static_cast<size_t>(want.pull_size()));
+  for (int i = 0; i < want.pull_size(); ++i) {
+    // Pull slices carry no data the store reads; the rest must match.
+    v1::Slice without_data = want.pull(i);
+    without_data.clear_data();
+    internal::ParsedSlice got_slice = got.pull[i];
+    got_slice.data = absl::string_view();
+    got_slice.pieces.clear();
+    ExpectSameSlice(got_slice, without_data);
+  }
+}
+
+// A request with every field set: a large gradient (its own slice on the wire), a small one, a
+// sparse push with row ids, pulls and unicode names.
+v1::PushPullRequest FullRequest() {
+  std::vector<float> big(20000);
+  for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<float>(i) * 0.25f - 7.0f;
+  v1::PushPullRequest r = Request("j\u00f6b", 3, 1ull << 40, 12345, 987654321ull,
+                                  {GradSlice("layer/w\u4e2d", 7, big, true),
+                                   GradSlice("b", 0, {1.5f, -2.5f}, false, v1::ENCODING_BF16),
+                                   RowsSlice("emb", {5, -1, 1ll << 50}, {1, 2, 3, 4, 5, 6}, true)},
+                                  {PullKey("b", 0), PullKey("emb", 0, {9, 8})});
+  r.set_pull_encoding(v1::ENCODING_FP16);
+  r.mutable_push(0)->set_version(-3);
+  return r;
+}
+
+TEST(PushPullWireTest, ParsesEveryFieldWhateverTheSliceBoundaries) {
+  const v1::PushPullRequest want = FullRequest();
+  const std::string bytes = want.SerializeAsString();
+  {
+    // One slice: every gradient is one view into it.
+    internal::ParsedPushPullRequest got;
+    ASSERT_TRUE(Parse(Cut(bytes, {}), &got).ok());
+    ExpectSame(got, want);
+    EXPECT_EQ(got.pieced_bytes, 0u);
+    EXPECT_GE(got.push[0].data.data(), reinterpret_cast<const char*>(got.received[0].begin()));
+  }
+  std::mt19937 rng(7);
+  for (int trial = 0; trial < 300; ++trial) {
+    internal::ParsedPushPullRequest got;
+    absl::Status status = Parse(RandomCut(bytes, &rng, 1 + trial % 40), &got);
+    ASSERT_TRUE(status.ok()) << status;
+    ExpectSame(got, want);
+    if (::testing::Test::HasFailure()) return;
+  }
+  // Every byte its own slice: all data in pieces of one byte, nothing copied.
+  {
+    std::vector<size_t> cuts(bytes.size());
+    for (size_t i = 0; i < cuts.size(); ++i) cuts[i] = i;
+    internal::ParsedPushPullRequest got;
+    ASSERT_TRUE(Parse(Cut(bytes, cuts), &got).ok());
+    ExpectSame(got, want);
+    EXPECT_EQ(got.pieced_bytes,
+              want.push(0).data().size() + want.push(1).data().size() + want.push(2).data().size());
+    EXPECT_EQ(got.push[0].pieces.size(), want.push(0).data().size());
+  }
+}
+
+TEST(PushPullWireTest, UnpackedRowIdsUnknownFieldsAndRepeatedScalarsParseAsProtobufDoes) {
+  v1::PushPullRequest want = Request("job", 1, 2, 3, 4, {RowsSlice("emb", {7, 8}, {1, 2, 3, 4})});
+  std::string bytes = want.SerializeAsString();
+  // A second seq (the last one wins), unknown varint, fixed32, fixed64 and length fields.
+  bytes += std::string("\x28\x09", 2);                           // seq = 9
+  bytes += std::string("\xf8\x01\x05", 3);                       // field 31 varint
+  bytes += std::string("\x85\x02\x01\x02\x03\x04", 6);           // field 32 fixed32
+  bytes += std::string("\x89\x02", 2) + std::string(8, '\x07');  // field 33 fixed64
+  bytes += std::string("\x8a\x02\x02\x61\x62", 5);               // field 33 length-delimited
+  // A push slice with unpacked row ids (tag 0x20) and an empty key message.
+  v1::Slice unpacked;
+  unpacked.mutable_key()->set_tensor("t");
+  std::string slice = unpacked.SerializeAsString();
+  slice += std::string("\x20\x05\x20\x06", 4);
+  bytes += std::string("\x32", 1) + static_cast<char>(slice.size()) + slice;
+  v1::PushPullRequest reference;
+  ASSERT_TRUE(reference.ParseFromString(bytes));
+  ASSERT_EQ(reference.seq(), 9u);
+  ASSERT_EQ(reference.push(1).row_ids_size(), 2);
+  internal::ParsedPushPullRequest got;
+  absl::Status status = Parse(Cut(bytes, {3, 10, 11}), &got);
+  ASSERT_TRUE(status.ok()) << status;
+  ExpectSame(got, reference);
+}
+
+struct MalformedCase {
+  std::string name;
+  std::string bytes;
+  std::string mentions;
+  bool seq_readable;
+};
+
+TEST(PushPullWireTest, MalformedMessagesAreInvalidArgument) {
+  const std::string seq7("\x28\x07", 2);
+  const std::vector<MalformedCase> cases = {
+      {"varint of 11 bytes", seq7 + std::string("\x10") + std::string(10, '\xff') + "\x01",
+       "varint", true},
+      {"truncated varint", seq7 + std::string("\x10\xff", 2), "varint", true},
+      {"seq with a fixed32 wire type", std::string("\x2d\x01\x02\x03\x04", 5), "seq", false},
+      {"job_id as a varint", seq7 + std::string("\x08\x01", 2), "job_id", true},
+      {"length past the end",
+       seq7 + std::string("\x0a\x05"
+                          "ab",
+                          4),
+       "past the end", true},
+      {"push slice length past the end", std::string("\x32\x7f\x0a", 3) + seq7, "push", false},
+      {"data longer than its slice",
+       seq7 + std::string("\x32\x04\x1a\x09"
+                          "ab",
+                          6),
+       "past the end", true},
+      {"group wire type", seq7 + std::string("\x0b", 1), "wire type 3", true},
+      {"field number 0", seq7 + std::string("\x00\x01", 2), "field number", true},
+      {"job_id not UTF-8", seq7 + std::string("\x0a\x02\xc3\x28", 4), "UTF-8", true},
+      {"overlong UTF-8", seq7 + std::string("\x0a\x02\xc0\x80", 4), "UTF-8", true},
+      {"bad varint inside a push key", std::string("\x32\x04\x0a\x02\x10\xff", 6) + seq7, "index",
+       true},
+  };
+  for (const MalformedCase& c : cases) {
+    SCOPED_TRACE(c.name);
+    v1::PushPullRequest reference;
+    EXPECT_FALSE(reference.ParseFromString(c.bytes) && c.name != "seq with a fixed32 wire type" &&
+                 c.name != "job_id as a varint" && c.name != "group wire type")
+        << "protobuf parses it, so the case tests nothing";
+    internal::ParsedPushPullRequest got;
+    absl::Status status = Parse(Cut(c.bytes, {1, 2}), &got);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+    EXPECT_THAT(std::string(status.message()), HasSubstr(c.mentions));
+    uint64_t seq = 0;
+    EXPECT_EQ(internal::FindSeq(got.received, &seq), c.seq_readable);
+    if (c.seq_readable) {
+      EXPECT_EQ(seq, 7u);
+    }
+  }
+}
+
+// Differential fuzzing against protobuf: on truncations and bit flips of a valid request, the
+// parser never reads out of bounds (run under ASan to check that too), and whenever it accepts a
+// message, protobuf accepts it too and reads the same fields.
+TEST(PushPullWireTest, TruncationsAndBitFlipsNeverMisparse) {
+  v1::PushPullRequest full = FullRequest();
+  // Keep the big gradient small enough to try every truncation.
+  full.mutable_push(0)->mutable_data()->resize(64);
+  const std::string bytes = full.SerializeAsString();
+  std::mt19937 rng(11);
+  int accepted = 0;
+  int refused = 0;
+  auto check = [&](const std::string& input) {
+    internal::ParsedPushPullRequest got;
+    absl::Status status = Parse(RandomCut(input, &rng, 3), &got);
+    v1::PushPullRequest reference;
+    if (status.ok()) {
+      ++accepted;
+      ASSERT_TRUE(reference.ParseFromString(input)) << "accepted what protobuf refuses";
+      ExpectSame(got, reference);
+    } else {
+      ++refused;
+      EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+    }
+  };
+  for (size_t n = 0; n < bytes.size(); ++n) {
+    check(bytes.substr(0, n));
+    if (::testing::Test::HasFatalFailure()) return;
+  }
+  std::uniform_int_distribution<size_t> pos(0, bytes.size() - 1);
+  std::uniform_int_distribution<int> bit(0, 7);
+  for (int trial = 0; trial < 5000; ++trial) {
+    std::string flipped = bytes;
+    const int flips = 1 + trial % 3;
+    for (int f = 0; f < flips; ++f) flipped[pos(rng)] ^= static_cast<char>(1 << bit(rng));
+    check(flipped);
+    if (::testing::Test::HasFatalFailure()) return;
+  }
+  // Both outcomes occur, so both branches were exercised.
+  EXPECT_GT(accepted, 100);
+  EXPECT_GT(refused, 100);
+}
+
+TEST(PushPullWireTest, ResponseSerialisesAsProtobufWithWeightsInPooledSlices) {
+  auto pool = std::make_shared<internal::BufferPool>(4, 64 << 20);
+  v1::PushPullResponse response;
+  response.set_seq(42);
+  response.set_duplicates(2);
+  response.set_skipped_non_finite(1);
+  response.mutable_status()->set_message("ok");
+  std::vector<float> big(100000);
+  for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<float>(i);
+  *response.add_weights() = GradSlice("w", 3, big);
+  response.mutable_weights(0)->set_version(17);
+  *response.add_weights() = RowsSlice("emb", {4, 5}, {1, 2});
+  *response.add_weights() = PullKey("empty", 1);
+  const v1::PushPullResponse want = response;
+  size_t bytes = 0;
+  {
+    grpc::ByteBuffer buffer = internal::SerializePushPullResponse(&response, pool, &bytes);
+    EXPECT_EQ(bytes, want.ByteSizeLong());
+    EXPECT_EQ(buffer.Length(), want.ByteSizeLong());
+    std::vector<grpc::Slice> slices;
+    ASSERT_TRUE(buffer.Dump(&slices).ok());
+    EXPECT_GE(slices.size(), 3u);  // header, the big data, the rest
+    std::string flat;
+    for (const grpc::Slice& s : slices) {
+      flat.append(reinterpret_cast<const char*>(s.begin()), s.size());
+    }
+    v1::PushPullResponse got;
+    ASSERT_TRUE(got.ParseFromString(flat));
+    EXPECT_EQ(got.SerializeAsString(), want.SerializeAsString());
+    EXPECT_EQ(pool->held_bytes(), 0u);  // the big data is still in the buffer
+  }
+  // Released by gRPC (here: the buffer and slices above), the big string is back for reuse.
+  EXPECT_GE(pool->held_bytes(), big.size() * 4);
+  EXPECT_GE(pool->Take().capacity(), big.size() * 4);
+}
+
+// ---- The raw PushPull method over gRPC.
+
+// A request whose push slice is corrupt (wrong wire type inside the slice) but whose seq is
+// readable is answered alone with INVALID_ARGUMENT; the stream goes on.
+TEST_F(GrpcParameterServiceTest, MalformedRequestIsAnsweredAloneWhenItsSeqIsReadable) {
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+  auto stream = stub_->PushPull(&context);
+  v1::PushPullRequest bad = Request("asp", 0, 1, 0, 501, {});
+  // push { key: varint 5 }: a known field with the wrong wire type.
+  bad.GetReflection()->MutableUnknownFields(&bad)->AddLengthDelimited(6,
+                                                                      std::string("\x08\x05", 2));
+  ASSERT_TRUE(stream->Write(bad));
+  v1::PushPullResponse response;
+  ASSERT_TRUE(stream->Read(&response));
+  EXPECT_EQ(response.seq(), 501u);
+  EXPECT_EQ(response.status().code(), static_cast<int>(grpc::StatusCode::INVALID_ARGUMENT));
+  EXPECT_THAT(response.status().message(), HasSubstr("key"));
+  ASSERT_TRUE(stream->Write(Request("asp", 0, 1, 0, 502, {GradSlice("w", 0, {2, 2, 2, 2}, true)})));
+  ASSERT_TRUE(stream->Read(&response));
+  EXPECT_EQ(response.seq(), 502u);
+  EXPECT_EQ(response.status().code(), 0) << response.status().message();
+  ASSERT_EQ(response.weights_size(), 1);
+  EXPECT_EQ(Floats(response.weights(0)), (std::vector<float>{-1, -1, -1, -1}));
+  stream->WritesDone();
+  EXPECT_TRUE(stream->Finish().ok());
+  ExpectStillServing();
+}
+
+// A request whose seq cannot be read ends its stream with INVALID_ARGUMENT; the shard serves on.
+TEST_F(GrpcParameterServiceTest, MalformedRequestWithoutReadableSeqEndsTheStream) {
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+  auto stream = stub_->PushPull(&context);
+  v1::PushPullRequest bad;
+  bad.set_job_id("asp");
+  bad.GetReflection()->MutableUnknownFields(&bad)->AddFixed32(5, 7);  // seq as fixed32
+  ASSERT_TRUE(stream->Write(bad));
+  v1::PushPullResponse response;
+  EXPECT_FALSE(stream->Read(&response));
+  grpc::Status status = stream->Finish();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << status.error_message();
+  EXPECT_THAT(status.error_message(), HasSubstr("seq"));
+  ExpectStillServing();
+}
+
+// Large gradients and weights through the raw method: the answer is exact (plain SGD on values
+// that are exact in fp32), whatever slices gRPC delivered them in.
+TEST_F(GrpcParameterServiceTest, LargeGradientsRoundTripExactly) {
+  v1::CreateJobStateRequest job;
+  job.set_job_id("large");
+  *job.mutable_config() = Config(v1::CONSISTENCY_ASP, 1, 0.5f);
+  *job.add_partitions() = Dense("p", 0, 200000);
+  ASSERT_TRUE(CreateJobState(job).ok());
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  auto stream = stub_->PushPull(&context);
+  std::vector<float> grad(200000);
+  for (size_t i = 0; i < grad.size(); ++i) grad[i] = static_cast<float>(i % 1000);
+  for (uint64_t seq = 1; seq <= 3; ++seq) {
+    ASSERT_TRUE(stream->Write(Request("large", 0, 1, 0, seq, {GradSlice("p", 0, grad, true)})));
+  }
+  for (uint64_t seq = 1; seq <= 3; ++seq) {
+    v1::PushPullResponse response;
+    ASSERT_TRUE(stream->Read(&response));
+    EXPECT_EQ(response.seq(), seq);
+    ASSERT_EQ(response.status().code(), 0) << response.status().message();
+    ASSERT_EQ(response.weights_size(), 1);
+    EXPECT_EQ(response.weights(0).version(), static_cast<int64_t>(seq));
+    const std::vector<float> w = Floats(response.weights(0));
+    ASSERT_EQ(w.size(), grad.size());
+    for (size_t i = 0; i < w.size(); i += 997) {
+      ASSERT_EQ(w[i], -0.5f * static_cast<float>(seq) * grad[i]) << "i=" << i << " seq=" << seq;
+    }
+  }
+  stream->WritesDone();
+  EXPECT_TRUE(stream->Finish().ok());
+}
+
+// Flow control: a client that sends many requests and never reads its responses makes the shard
+// stop reading, so its queued responses stay bounded in number and bytes.
+TEST(PushPullFlowControlTest, ClientThatNeverReadsCannotMakeTheShardQueueWithoutBound) {
+  constexpr size_t kMaxQueuedBytes = 4 << 20;
+  constexpr int kElements = 100000;  // 400 KB of weights per response
+  ParameterStore store;
+  internal::ThreadPool pool(2);
+  GrpcParameterService service(&store, &pool, 16 << 20, kMaxQueuedBytes);
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  ASSERT_NE(server, nullptr);
+  ASSERT_GT(port, 0);
+
+  v1::CreateJobStateRequest job;
+  job.set_job_id("flood");
+  *job.mutable_config() = Config(v1::CONSISTENCY_ASP, 1, 0.5f);
+  *job.add_partitions() = Dense("w", 0, kElements);
+  ASSERT_TRUE(store.CreateJobState(job).ok());
+
+  auto channel =
+      grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials());
+  auto stub = v1::ParameterService::NewStub(channel);
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  auto stream = stub->PushPull(&context);
+  constexpr int kRequests = 400;
+  std::atomic<int> written{0};
+  std::thread writer([&] {
+    for (int i = 0; i < kRequests; ++i) {
+      v1::PushPullRequest r =
+          Request("flood", 0, 1, 0, static_cast<uint64_t>(i + 1), {}, {PullKey("w", 0)});
+      if (!stream->Write(r)) return;
+      written.fetch_add(1);
+    }
+  });
+  // Wait until the shard stops making progress (bounded: at most 10 s).
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  int64_t last = -1;
+  int quiet = 0;
+  while (std::chrono::steady_clock::now() < give_up && quiet < 5) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    const int64_t read = service.stream_stats().requests_read;
+    quiet = read == last ? quiet + 1 : 0;
+    last = read;
+  }
+  const PushPullStreamStats stats = service.stream_stats();
+  context.TryCancel();
+  writer.join();
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+
+  // The shard read more requests than fit in its queue, and then stopped.
+  EXPECT_GT(stats.requests_read, 10);
+  EXPECT_LT(stats.requests_read, kRequests);
+  EXPECT_LE(stats.peak_queued, GrpcParameterService::kMaxQueuedPerStream);
+  // Bytes: requests read while under the byte limit may each still add a response, so the bound
+  // is the count limit times the largest response.
+  EXPECT_LE(stats.peak_queued_bytes,
+            int64_t{GrpcParameterService::kMaxQueuedPerStream} * (kElements * 4 + 1024));
 }
 
 }  // namespace

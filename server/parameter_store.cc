@@ -31,6 +31,8 @@ std::string KeyName(const v1::PartitionKey& key) {
   return absl::StrCat(key.tensor(), "/", key.index());
 }
 
+std::string KeyName(const SliceView& s) { return absl::StrCat(s.tensor, "/", s.index); }
+
 // A sparse gradient with unique row ids (duplicates in a push are summed in order).
 struct SparseGrad {
   std::vector<int64_t> ids;
@@ -101,37 +103,129 @@ bool HasNonFinite(v1::Encoding encoding, absl::string_view bytes) {
   return bad != 0;
 }
 
-// The gradient as floats: the payload itself when it is aligned fp32, otherwise decoded into
-// *scratch. REQUIRES: the size and encoding were validated.
-const float* GradientFloats(const v1::Slice& slice, size_t n, std::vector<float>* scratch) {
-  const std::string& data = slice.data();
-  if (BytesPerValue(slice.encoding()) == 4 &&
-      reinterpret_cast<uintptr_t>(data.data()) % alignof(float) == 0) {
-    return reinterpret_cast<const float*>(data.data());
-  }
-  scratch->resize(n);
-  DecodeValues(slice.encoding(), data, scratch->data(), n).IgnoreError();
-  return scratch->data();
+// Bytes of the slice's data (see SliceView).
+size_t DataSize(const SliceView& slice) {
+  if (slice.pieces.empty()) return slice.data.size();
+  size_t n = 0;
+  for (absl::string_view piece : slice.pieces) n += piece.size();
+  return n;
 }
 
-SparseGrad MergeRows(const v1::Slice& slice, uint32_t dim) {
-  const size_t k = static_cast<size_t>(slice.row_ids_size());
+// Calls run(const char* bytes, size_t size) over the slice's data in order, in runs of whole
+// values of `width` bytes at any alignment; a value that straddles two pieces is passed alone from
+// a small buffer. REQUIRES: DataSize(slice) is a multiple of width, and width <= 8.
+template <typename Run>
+void ForEachRun(const SliceView& slice, size_t width, const Run& run) {
+  if (slice.pieces.empty()) {
+    if (!slice.data.empty()) run(slice.data.data(), slice.data.size());
+    return;
+  }
+  char carry[8];
+  size_t carried = 0;
+  for (absl::string_view piece : slice.pieces) {
+    const char* p = piece.data();
+    size_t n = piece.size();
+    if (carried > 0) {
+      const size_t k = std::min(width - carried, n);
+      std::memcpy(carry + carried, p, k);
+      carried += k;
+      p += k;
+      n -= k;
+      if (carried < width) continue;
+      run(static_cast<const char*>(carry), width);
+      carried = 0;
+    }
+    const size_t whole = n / width * width;
+    if (whole > 0) run(p, whole);
+    if (n > whole) std::memcpy(carry, p + whole, n - whole);
+    carried = n - whole;
+  }
+}
+
+bool HasNonFinite(const SliceView& slice) {
+  const size_t width = BytesPerValue(slice.encoding);
+  bool bad = false;
+  ForEachRun(slice, width, [&](const char* p, size_t n) {
+    if (!bad) bad = HasNonFinite(slice.encoding, absl::string_view(p, n));
+  });
+  return bad;
+}
+
+// Decodes the slice's n values into out[0, n). REQUIRES: the size and encoding were validated.
+void DecodeSlice(const SliceView& slice, float* out, size_t n) {
+  const size_t width = BytesPerValue(slice.encoding);
+  size_t at = 0;
+  ForEachRun(slice, width, [&](const char* p, size_t bytes) {
+    const size_t k = std::min(bytes / width, n - at);
+    DecodeValues(slice.encoding, absl::string_view(p, k * width), out + at, k).IgnoreError();
+    at += k;
+  });
+}
+
+// Values of fp32 gradient gathered at a time from unaligned or pieced data: 64 KiB, which stays
+// in the core's cache between the gather and the optimizer, and below the optimizer's threshold
+// for splitting work over OpenMP threads (a fork and join per block cost more than they gained:
+// docs/benchmarks.md, "Push/pull goodput").
+constexpr size_t kGatherValues = size_t{1} << 14;
+
+// Calls apply(const float* g, size_t begin, size_t count) over the slice's n values: once with
+// the payload itself when it is aligned fp32 in one piece; for other fp32 data, block by block
+// from `scratch` (gathered in kGatherValues, never the whole gradient); otherwise once with the
+// whole gradient decoded into `scratch`. REQUIRES: the size and encoding were validated.
+template <typename Apply>
+void ForEachGradientBlock(const SliceView& slice, size_t n, std::vector<float>* scratch,
+                          const Apply& apply) {
+  if (BytesPerValue(slice.encoding) != 4) {
+    scratch->resize(n);
+    DecodeSlice(slice, scratch->data(), n);
+    apply(static_cast<const float*>(scratch->data()), size_t{0}, n);
+    return;
+  }
+  if (slice.pieces.empty() &&
+      reinterpret_cast<uintptr_t>(slice.data.data()) % alignof(float) == 0) {
+    apply(reinterpret_cast<const float*>(slice.data.data()), size_t{0}, n);
+    return;
+  }
+  const size_t block = std::min(n, kGatherValues);
+  if (scratch->size() < block) scratch->resize(block);
+  float* const buffer = scratch->data();
+  size_t filled = 0;
+  size_t done = 0;
+  ForEachRun(slice, 4, [&](const char* p, size_t bytes) {
+    while (bytes > 0) {
+      const size_t k = std::min(bytes / 4, block - filled);
+      std::memcpy(buffer + filled, p, k * 4);
+      filled += k;
+      p += k * 4;
+      bytes -= k * 4;
+      if (filled == block) {
+        apply(static_cast<const float*>(buffer), done, filled);
+        done += filled;
+        filled = 0;
+      }
+    }
+  });
+  if (filled > 0) apply(static_cast<const float*>(buffer), done, filled);
+}
+
+SparseGrad MergeRows(const SliceView& slice, uint32_t dim) {
+  const size_t k = slice.row_ids.size();
   std::vector<float> raw(k * dim);
-  DecodeValues(slice.encoding(), slice.data(), raw.data(), raw.size()).IgnoreError();
+  DecodeSlice(slice, raw.data(), raw.size());
   std::vector<size_t> order(k);
   for (size_t i = 0; i < k; ++i) order[i] = i;
   std::stable_sort(order.begin(), order.end(),
-                   [&](size_t a, size_t b) { return slice.row_ids(a) < slice.row_ids(b); });
+                   [&](size_t a, size_t b) { return slice.row_ids[a] < slice.row_ids[b]; });
   SparseGrad out;
   out.ids.reserve(k);
   out.values.reserve(k * dim);
   for (size_t i : order) {
     const float* src = raw.data() + i * dim;
-    if (!out.ids.empty() && out.ids.back() == slice.row_ids(i)) {
+    if (!out.ids.empty() && out.ids.back() == slice.row_ids[i]) {
       float* dst = out.values.data() + (out.ids.size() - 1) * dim;
       for (uint32_t j = 0; j < dim; ++j) dst[j] += src[j];
     } else {
-      out.ids.push_back(slice.row_ids(i));
+      out.ids.push_back(slice.row_ids[i]);
       out.values.insert(out.values.end(), src, src + dim);
     }
   }
@@ -158,6 +252,31 @@ int64_t DefaultMemoryLimit() {
 }
 
 }  // namespace
+
+PushPullView ViewOf(const v1::PushPullRequest& request) {
+  PushPullView view;
+  view.job_id = request.job_id();
+  view.worker_id = request.worker_id();
+  view.incarnation = request.incarnation();
+  view.step = request.step();
+  view.seq = request.seq();
+  view.pull_encoding = request.pull_encoding();
+  auto slice_view = [](const v1::Slice& s) {
+    SliceView v;
+    v.tensor = s.key().tensor();
+    v.index = s.key().index();
+    v.encoding = s.encoding();
+    v.data = s.data();
+    v.row_ids = absl::MakeConstSpan(s.row_ids().data(), s.row_ids().size());
+    v.want_weights = s.want_weights();
+    return v;
+  };
+  view.push.reserve(request.push_size());
+  for (const v1::Slice& s : request.push()) view.push.push_back(slice_view(s));
+  view.pull.reserve(request.pull_size());
+  for (const v1::Slice& s : request.pull()) view.pull.push_back(slice_view(s));
+  return view;
+}
 
 // Bytes of state held by the whole store, against options.max_memory_bytes. Thread-safe.
 class ParameterStore::MemoryBudget {
@@ -263,14 +382,17 @@ struct ParameterStore::Partition {
     return it->second;
   }
 
-  // Applies a dense gradient (n values) in place; bumps the version.
-  void ApplyDenseLocked(const v1::JobConfig& config, int64_t step, float scale, const float* g)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+  // Applies a dense gradient to values [begin, begin + count) in place (count < 0: all, from
+  // 0); g holds the gradient of those values. The caller bumps the version once per update. The
+  // optimizers are elementwise, so applying one gradient block by block gives the same weights.
+  void ApplyDenseLocked(const v1::JobConfig& config, int64_t step, float scale, const float* g,
+                        int64_t begin = 0, int64_t count = -1) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     const int64_t v = version.load(std::memory_order_relaxed);
     const float lr = kernels::ScheduledLearningRate(config.schedule(), params.learning_rate, step);
     float* slot_ptrs[4] = {nullptr, nullptr, nullptr, nullptr};
-    for (int s = 0; s < num_slots; ++s) slot_ptrs[s] = slots[s].data();
-    kernels::ApplyUpdateCpu(params, lr, v + 1, scale, g, weights.data(), slot_ptrs, num_elements);
+    for (int s = 0; s < num_slots; ++s) slot_ptrs[s] = slots[s].data() + begin;
+    kernels::ApplyUpdateCpu(params, lr, v + 1, scale, g, weights.data() + begin, slot_ptrs,
+                            count < 0 ? num_elements : count);
   }
 
   void ApplySparseLocked(const v1::JobConfig& config, int64_t step, float scale,
@@ -288,7 +410,8 @@ struct ParameterStore::Partition {
     }
   }
 
-  // Copies the weights (dense) or rows `row_ids` (sparse) into `slice`.
+  // Copies the weights (dense) or rows `row_ids` (sparse) into `slice`; the data goes into
+  // slice->mutable_data(), reusing its capacity.
   void ReadInto(const std::vector<int64_t>& row_ids, v1::Encoding encoding, v1::Slice* slice) const
       ABSL_SHARED_LOCKS_REQUIRED(mu) {
     slice->set_encoding(encoding == v1::ENCODING_UNSPECIFIED ? v1::ENCODING_FP32 : encoding);
@@ -353,12 +476,13 @@ struct ParameterStore::Job {
   bool bsp() const { return gate.mode() == v1::CONSISTENCY_BSP; }
 
   // The partition or table named by `key`, or NOT_FOUND.
-  absl::StatusOr<std::shared_ptr<Partition>> Find(const v1::PartitionKey& key) const {
+  absl::StatusOr<std::shared_ptr<Partition>> Find(const SliceView& key) const {
+    const std::pair<std::string, uint32_t> name(std::string(key.tensor), key.index);
     absl::ReaderMutexLock lock(&mu);
-    auto it = dense.find(std::make_pair(key.tensor(), key.index()));
+    auto it = dense.find(name);
     if (it != dense.end()) return it->second;
-    if (key.index() == 0) {
-      auto t = tables.find(key.tensor());
+    if (key.index == 0) {
+      auto t = tables.find(name.first);
       if (t != tables.end()) return t->second;
     }
     return absl::NotFoundError(
@@ -784,12 +908,12 @@ absl::Status ParameterStore::DropJob(absl::string_view job_id) {
 
 absl::StatusOr<PushAck> ParameterStore::Push(const v1::PushPullRequest& request) {
   TESSERA_ASSIGN_OR_RETURN(std::shared_ptr<Job> job, FindJob(request.job_id()));
-  return PushToJob(*job, request);
+  return PushToJob(*job, ViewOf(request));
 }
 
-absl::StatusOr<PushAck> ParameterStore::PushToJob(Job& job, const v1::PushPullRequest& request) {
-  const uint32_t worker = request.worker_id();
-  const int64_t step = request.step();
+absl::StatusOr<PushAck> ParameterStore::PushToJob(Job& job, const PushPullView& request) {
+  const uint32_t worker = request.worker_id;
+  const int64_t step = request.step;
   if (worker >= job.gate.num_workers()) {
     return absl::InvalidArgumentError(absl::StrCat("worker_id: ", worker,
                                                    " is out of range for job '", job.id,
@@ -800,7 +924,7 @@ absl::StatusOr<PushAck> ParameterStore::PushToJob(Job& job, const v1::PushPullRe
         absl::StrCat("step: must be in [0, ", kMaxStep, "], got ", step));
   }
   PushAck ack;
-  if (request.push_size() == 0) return ack;
+  if (request.push.empty()) return ack;
   if (!job.gate.IsLive(worker, step)) {
     return absl::FailedPreconditionError(absl::StrCat(
         "worker_id: worker ", worker, " is not live in job '", job.id, "' at step ", step));
@@ -808,7 +932,7 @@ absl::StatusOr<PushAck> ParameterStore::PushToJob(Job& job, const v1::PushPullRe
 
   // 1. Resolve and check every slice without locks.
   struct Item {
-    const v1::Slice* slice;
+    const SliceView* slice;
     std::shared_ptr<Partition> partition;
     bool skip = false;          // non-finite under NON_FINITE_POLICY_SKIP
     bool duplicate = false;     // seen (worker, incarnation, seq)
@@ -816,45 +940,46 @@ absl::StatusOr<PushAck> ParameterStore::PushToJob(Job& job, const v1::PushPullRe
     int64_t staging_bytes = 0;  // BSP: what staging the gradient adds (reserved in step 2)
   };
   std::vector<Item> items;
-  items.reserve(request.push_size());
+  items.reserve(request.push.size());
   absl::flat_hash_set<const Partition*> seen;
   const bool skip_policy = job.config.non_finite_policy() == v1::NON_FINITE_POLICY_SKIP;
-  for (int i = 0; i < request.push_size(); ++i) {
-    const v1::Slice& s = request.push(i);
-    TESSERA_ASSIGN_OR_RETURN(std::shared_ptr<Partition> p, job.Find(s.key()));
-    const std::string key = KeyName(s.key());
-    const size_t width = BytesPerValue(s.encoding());
+  for (size_t i = 0; i < request.push.size(); ++i) {
+    const SliceView& s = request.push[i];
+    TESSERA_ASSIGN_OR_RETURN(std::shared_ptr<Partition> p, job.Find(s));
+    const std::string key = KeyName(s);
+    const size_t width = BytesPerValue(s.encoding);
     if (width == 0) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "push[", i, "] key ", key, ": unknown encoding ", static_cast<int>(s.encoding())));
+          "push[", i, "] key ", key, ": unknown encoding ", static_cast<int>(s.encoding)));
     }
+    const size_t data_size = DataSize(s);
     size_t values = 0;
     if (!p->sparse) {
-      if (s.row_ids_size() != 0) {
+      if (!s.row_ids.empty()) {
         return absl::InvalidArgumentError(absl::StrCat("push[", i, "] key ", key, ": row_ids (",
-                                                       s.row_ids_size(),
+                                                       s.row_ids.size(),
                                                        ") given for a dense partition"));
       }
       values = static_cast<size_t>(p->num_elements);
     } else {
-      if (s.row_ids_size() == 0 && !s.data().empty()) {
+      if (s.row_ids.empty() && data_size != 0) {
         return absl::InvalidArgumentError(absl::StrCat("push[", i, "] key ", key,
                                                        ": row_ids missing for sparse table (",
-                                                       s.data().size(), " bytes of data)"));
+                                                       data_size, " bytes of data)"));
       }
-      values = static_cast<size_t>(s.row_ids_size()) * p->dim;
+      values = s.row_ids.size() * p->dim;
     }
-    if (s.data().size() != values * width) {
+    if (data_size != values * width) {
       return absl::InvalidArgumentError(absl::StrCat(
           "push[", i, "] key ", key, ": expected ", values, " values (", values * width,
-          " bytes of ", v1::Encoding_Name(s.encoding()), ") but got ", s.data().size(), " bytes"));
+          " bytes of ", v1::Encoding_Name(s.encoding), ") but got ", data_size, " bytes"));
     }
     if (job.gate.mode() == v1::CONSISTENCY_SSP) {
       // Clocks only grow, so this still holds when the push is applied.
       TESSERA_RETURN_IF_ERROR(job.gate.CheckSspPushStep(key, p->clocks, step));
     }
     Item item{&s, std::move(p)};
-    if (HasNonFinite(s.encoding(), s.data())) {
+    if (HasNonFinite(s)) {
       if (!skip_policy) {
         return absl::InvalidArgumentError(absl::StrCat(
             "push[", i, "] key ", key, ": gradient holds NaN or Inf (non_finite_policy REJECT)"));
@@ -877,8 +1002,8 @@ absl::StatusOr<PushAck> ParameterStore::PushToJob(Job& job, const v1::PushPullRe
   auto unlock_all = [&order] {
     for (auto it = order.rbegin(); it != order.rend(); ++it) (*it)->mu.Unlock();
   };
-  const uint64_t incarnation = request.incarnation();
-  const uint64_t seq = request.seq();
+  const uint64_t incarnation = request.incarnation;
+  const uint64_t seq = request.seq;
   const bool bsp = job.bsp();
   for (Item& item : items) {
     Partition& p = *item.partition;
@@ -930,10 +1055,11 @@ absl::StatusOr<PushAck> ParameterStore::PushToJob(Job& job, const v1::PushPullRe
       staging += item.staging_bytes;
       if (growing == nullptr) growing = &p;
     }
-    if (p.sparse && item.slice->row_ids_size() > 0) {
-      rows += item.slice->row_ids_size() * p.RowBytes();
+    if (p.sparse && !item.slice->row_ids.empty()) {
+      const int64_t num_rows = static_cast<int64_t>(item.slice->row_ids.size());
+      rows += num_rows * p.RowBytes();
       if (bsp) {  // staged until the step completes
-        item.staging_bytes = item.slice->row_ids_size() * (int64_t{p.dim} * 4 + 8);
+        item.staging_bytes = num_rows * (int64_t{p.dim} * 4 + 8);
         staging += item.staging_bytes;
       }
       if (growing == nullptr) growing = &p;
@@ -972,7 +1098,7 @@ absl::StatusOr<PushAck> ParameterStore::PushToJob(Job& job, const v1::PushPullRe
     }
     p.last_applied[worker] = Partition::Seq{true, incarnation, seq};
     if (item.skip) ++ack.skipped_non_finite;
-    const v1::Slice& s = *item.slice;
+    const SliceView& s = *item.slice;
     if (bsp) {
       p.contributed[worker] = 1;
       p.skipped[worker] = item.skip ? 1 : 0;
@@ -980,8 +1106,7 @@ absl::StatusOr<PushAck> ParameterStore::PushToJob(Job& job, const v1::PushPullRe
       if (!item.skip) {
         if (!p.sparse) {
           p.staged[worker].resize(static_cast<size_t>(p.num_elements));
-          DecodeValues(s.encoding(), s.data(), p.staged[worker].data(), p.staged[worker].size())
-              .IgnoreError();
+          DecodeSlice(s, p.staged[worker].data(), p.staged[worker].size());
         } else {
           p.staged_rows[worker] = MergeRows(s, p.dim);
           p.staged_rows_bytes[worker] = item.staging_bytes;
@@ -992,10 +1117,15 @@ absl::StatusOr<PushAck> ParameterStore::PushToJob(Job& job, const v1::PushPullRe
     }
     if (item.skip) continue;
     if (!p.sparse) {
-      p.ApplyDenseLocked(job.config, step, scale,
-                         GradientFloats(s, static_cast<size_t>(p.num_elements), &scratch));
+      ForEachGradientBlock(s, static_cast<size_t>(p.num_elements), &scratch,
+                           [&](const float* g, size_t begin, size_t count) {
+                             p.mu.AssertHeld();
+                             p.ApplyDenseLocked(job.config, step, scale, g,
+                                                static_cast<int64_t>(begin),
+                                                static_cast<int64_t>(count));
+                           });
     } else {
-      if (s.row_ids_size() == 0) continue;
+      if (s.row_ids.empty()) continue;
       p.ApplySparseLocked(job.config, step, scale, MergeRows(s, p.dim));
     }
     p.version.fetch_add(1, std::memory_order_release);
@@ -1011,71 +1141,72 @@ absl::StatusOr<PushAck> ParameterStore::PushToJob(Job& job, const v1::PushPullRe
   return ack;
 }
 
-absl::Status ParameterStore::ResolvePulls(const Job& job, const v1::PushPullRequest& request,
+absl::Status ParameterStore::ResolvePulls(const Job& job, const PushPullView& request,
                                           bool one_message, std::vector<PullItem>* items) const {
-  const int64_t step = request.step();
-  const size_t width = BytesPerValue(request.pull_encoding());
+  const int64_t step = request.step;
+  const size_t width = BytesPerValue(request.pull_encoding);
   const size_t limit = options_.max_message_bytes;
   size_t total = 0;
   absl::flat_hash_set<const Partition*> pulled;
   // A sparse push without rows (a BSP "nothing this step" contribution) may want weights: it
   // gets an empty slice back.
-  auto add = [&](const v1::Slice& s, int64_t gate_step, absl::string_view field,
+  auto add = [&](const SliceView& s, int64_t gate_step, absl::string_view field,
                  bool from_push) -> absl::Status {
-    TESSERA_ASSIGN_OR_RETURN(std::shared_ptr<Partition> p, job.Find(s.key()));
-    if (!p->sparse && s.row_ids_size() != 0) {
-      return absl::InvalidArgumentError(absl::StrCat(field, " key ", KeyName(s.key()),
-                                                     ": row_ids (", s.row_ids_size(),
+    TESSERA_ASSIGN_OR_RETURN(std::shared_ptr<Partition> p, job.Find(s));
+    if (!p->sparse && !s.row_ids.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(field, " key ", KeyName(s), ": row_ids (",
+                                                     s.row_ids.size(),
                                                      ") given for a dense partition"));
     }
-    if (p->sparse && s.row_ids_size() == 0 && !from_push) {
+    if (p->sparse && s.row_ids.empty() && !from_push) {
       return absl::InvalidArgumentError(
-          absl::StrCat(field, " key ", KeyName(s.key()), ": row_ids missing for sparse table"));
+          absl::StrCat(field, " key ", KeyName(s), ": row_ids missing for sparse table"));
     }
     // A push key twice is refused by PushToJob before anything is read.
     if (!from_push && !pulled.insert(p.get()).second) {
       return absl::InvalidArgumentError(
-          absl::StrCat(field, " key ", KeyName(s.key()), ": key appears twice in one request"));
+          absl::StrCat(field, " key ", KeyName(s), ": key appears twice in one request"));
     }
     // Check the size of the answer before anything is read or parked.
-    const size_t values = p->sparse ? static_cast<size_t>(s.row_ids_size()) * p->dim
-                                    : static_cast<size_t>(p->num_elements);
+    const size_t values =
+        p->sparse ? s.row_ids.size() * p->dim : static_cast<size_t>(p->num_elements);
     total += values * width;
     if (limit != 0 && values * width > limit) {
       return absl::ResourceExhaustedError(
-          absl::StrCat(field, " key ", KeyName(s.key()), ": the answer takes ", values * width,
+          absl::StrCat(field, " key ", KeyName(s), ": the answer takes ", values * width,
                        " bytes, over the message limit of ", limit, " bytes; pull fewer rows"));
     }
     if (limit != 0 && one_message && total > limit) {
       return absl::ResourceExhaustedError(
-          absl::StrCat(field, " key ", KeyName(s.key()), ": the answer takes at least ", total,
+          absl::StrCat(field, " key ", KeyName(s), ": the answer takes at least ", total,
                        " bytes, over the message limit of ", limit, " bytes; pull fewer keys"));
     }
     if (job.bsp() && gate_step >= 0) {
       const int64_t version = p->version.load(std::memory_order_acquire);
       if (gate_step > version + 1) {
         return absl::InvalidArgumentError(
-            absl::StrCat(field, " key ", KeyName(s.key()), ": pull for step ", gate_step,
+            absl::StrCat(field, " key ", KeyName(s), ": pull for step ", gate_step,
                          " is from the future (partition version ", version, ")"));
       }
     }
     PullItem item;
     item.partition = std::move(p);
-    item.key = s.key();
-    item.row_ids.assign(s.row_ids().begin(), s.row_ids().end());
+    item.key.set_tensor(std::string(s.tensor));
+    item.key.set_index(s.index);
+    item.row_ids.assign(s.row_ids.begin(), s.row_ids.end());
     item.gate_step = gate_step;
     items->push_back(std::move(item));
     return absl::OkStatus();
   };
-  for (int i = 0; i < request.pull_size(); ++i) {
+  for (size_t i = 0; i < request.pull.size(); ++i) {
     TESSERA_RETURN_IF_ERROR(
-        add(request.pull(i), step, absl::StrCat("pull[", i, "]"), /*from_push=*/false));
+        add(request.pull[i], step, absl::StrCat("pull[", i, "]"), /*from_push=*/false));
   }
-  for (int i = 0; i < request.push_size(); ++i) {
-    if (!request.push(i).want_weights()) continue;
+  for (size_t i = 0; i < request.push.size(); ++i) {
+    if (!request.push[i].want_weights) continue;
     // The rows of a sparse push are the rows wanted back.
     TESSERA_RETURN_IF_ERROR(
-        add(request.push(i), step + 1, absl::StrCat("push[", i, "]"), /*from_push=*/true));
+        add(request.push[i], step + 1, absl::StrCat("push[", i, "]"), /*from_push=*/true));
   }
   return absl::OkStatus();
 }
@@ -1083,7 +1214,8 @@ absl::Status ParameterStore::ResolvePulls(const Job& job, const v1::PushPullRequ
 void ParameterStore::AnswerWhenOpen(
     std::shared_ptr<Job> job, std::vector<PullItem> items, v1::Encoding encoding,
     std::shared_ptr<const std::atomic<bool>> cancelled,
-    std::function<void(absl::StatusOr<std::vector<v1::Slice>>)> done) {
+    std::function<void(absl::StatusOr<std::vector<v1::Slice>>)> done,
+    std::function<std::string()> weights_buffer) {
   ConsistencyGate::Wait wait;
   wait.cancelled = std::move(cancelled);
   if (job->bsp()) {
@@ -1102,7 +1234,8 @@ void ParameterStore::AnswerWhenOpen(
     }
   }
   auto token = std::make_shared<char>();
-  auto answer = [items = std::move(items), encoding, done = std::move(done)](absl::Status status) {
+  auto answer = [items = std::move(items), encoding, done = std::move(done),
+                 weights_buffer = std::move(weights_buffer)](absl::Status status) {
     if (!status.ok()) {
       done(status);
       return;
@@ -1110,6 +1243,11 @@ void ParameterStore::AnswerWhenOpen(
     std::vector<v1::Slice> slices(items.size());
     for (size_t i = 0; i < items.size(); ++i) {
       const Partition& p = *items[i].partition;
+      if (weights_buffer) {
+        std::string buffer = weights_buffer();
+        buffer.clear();
+        slices[i].mutable_data()->swap(buffer);
+      }
       absl::ReaderMutexLock lock(&p.mu);
       *slices[i].mutable_key() = items[i].key;
       p.ReadInto(items[i].row_ids, encoding, &slices[i]);
@@ -1147,15 +1285,21 @@ absl::StatusOr<std::shared_ptr<ParameterStore::Job>> ParameterStore::FindJobForC
 
 void ParameterStore::PushPull(const v1::PushPullRequest& request, PushPullDone done,
                               std::shared_ptr<const std::atomic<bool>> cancelled) {
-  absl::StatusOr<std::shared_ptr<Job>> job = FindJobForCaller(
-      request.job_id(), request.worker_id(), request.pull_encoding(), "pull_encoding");
+  PushPull(ViewOf(request), std::move(done), std::move(cancelled));
+}
+
+void ParameterStore::PushPull(const PushPullView& request, PushPullDone done,
+                              std::shared_ptr<const std::atomic<bool>> cancelled,
+                              std::function<std::string()> weights_buffer) {
+  absl::StatusOr<std::shared_ptr<Job>> job =
+      FindJobForCaller(request.job_id, request.worker_id, request.pull_encoding, "pull_encoding");
   if (!job.ok()) {
     done(job.status());
     return;
   }
-  if (request.step() < 0 || request.step() > kMaxStep) {
+  if (request.step < 0 || request.step > kMaxStep) {
     done(absl::InvalidArgumentError(
-        absl::StrCat("step: must be in [0, ", kMaxStep, "], got ", request.step())));
+        absl::StrCat("step: must be in [0, ", kMaxStep, "], got ", request.step)));
     return;
   }
   std::vector<PullItem> items;
@@ -1170,23 +1314,25 @@ void ParameterStore::PushPull(const v1::PushPullRequest& request, PushPullDone d
     return;
   }
   v1::PushPullResponse response;
-  response.set_seq(request.seq());
+  response.set_seq(request.seq);
   response.set_duplicates(ack->duplicates);
   response.set_skipped_non_finite(ack->skipped_non_finite);
   if (items.empty()) {
     done(std::move(response));
     return;
   }
-  AnswerWhenOpen(*std::move(job), std::move(items), request.pull_encoding(), std::move(cancelled),
-                 [response = std::move(response),
-                  done = std::move(done)](absl::StatusOr<std::vector<v1::Slice>> slices) mutable {
-                   if (!slices.ok()) {
-                     done(slices.status());
-                     return;
-                   }
-                   for (v1::Slice& s : *slices) response.add_weights()->Swap(&s);
-                   done(std::move(response));
-                 });
+  AnswerWhenOpen(
+      *std::move(job), std::move(items), request.pull_encoding, std::move(cancelled),
+      [response = std::move(response),
+       done = std::move(done)](absl::StatusOr<std::vector<v1::Slice>> slices) mutable {
+        if (!slices.ok()) {
+          done(slices.status());
+          return;
+        }
+        for (v1::Slice& s : *slices) response.add_weights()->Swap(&s);
+        done(std::move(response));
+      },
+      std::move(weights_buffer));
 }
 
 void ParameterStore::Pull(const v1::PullRequest& request, PullDone done,
@@ -1203,13 +1349,16 @@ void ParameterStore::Pull(const v1::PullRequest& request, PullDone done,
     return;
   }
   // Reuse the PushPull resolution: the keys are pulls for request.step.
-  v1::PushPullRequest as_push_pull;
-  as_push_pull.set_step(request.step() < 0 ? -1 : request.step());
-  as_push_pull.set_pull_encoding(request.encoding());
+  PushPullView as_push_pull;
+  as_push_pull.step = request.step() < 0 ? -1 : request.step();
+  as_push_pull.pull_encoding = request.encoding();
+  as_push_pull.pull.reserve(request.keys_size());
   for (const v1::Slice& k : request.keys()) {
-    v1::Slice* s = as_push_pull.add_pull();
-    *s->mutable_key() = k.key();
-    *s->mutable_row_ids() = k.row_ids();
+    SliceView s;
+    s.tensor = k.key().tensor();
+    s.index = k.key().index();
+    s.row_ids = absl::MakeConstSpan(k.row_ids().data(), k.row_ids().size());
+    as_push_pull.pull.push_back(s);
   }
   std::vector<PullItem> items;
   absl::Status resolved = ResolvePulls(**job, as_push_pull, /*one_message=*/false, &items);

@@ -37,6 +37,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/types/span.h"
 #include "kernels/optimizer.h"
 #include "server/consistency_gate.h"
 #include "tessera/v1/parameter.pb.h"
@@ -58,6 +59,37 @@ struct JobStats {
   int64_t max_staleness_served = 0;
   size_t parked_pulls = 0;
 };
+
+// One slice of a request by reference: the fields of v1::Slice that a push or pull uses, with the
+// key's tensor name, the data and the row ids owned by the caller. The data is `data`, or, when
+// `pieces` is not empty, the concatenation of the pieces (then `data` is empty): a transport's
+// receive buffers, read in place. Any alignment; a value may straddle two pieces.
+struct SliceView {
+  absl::string_view tensor;
+  uint32_t index = 0;
+  v1::Encoding encoding = v1::ENCODING_UNSPECIFIED;
+  absl::string_view data;
+  absl::Span<const absl::string_view> pieces;
+  absl::Span<const int64_t> row_ids;
+  bool want_weights = false;
+};
+
+// A v1::PushPullRequest by reference (see SliceView), so that a transport can hand the store
+// gradients that still lie in its receive buffers. Valid only for the duration of the call it is
+// passed to.
+struct PushPullView {
+  absl::string_view job_id;
+  uint32_t worker_id = 0;
+  uint64_t incarnation = 0;
+  int64_t step = 0;
+  uint64_t seq = 0;
+  std::vector<SliceView> push;
+  std::vector<SliceView> pull;
+  v1::Encoding pull_encoding = v1::ENCODING_UNSPECIFIED;
+};
+
+// The view of `request`; it points into `request`, which must outlive it.
+PushPullView ViewOf(const v1::PushPullRequest& request);
 
 struct ParameterStoreOptions {
   // Runs the continuation of a parked pull once its gate opens. Empty: it runs inline on the thread
@@ -115,6 +147,16 @@ class ParameterStore {
   void PushPull(const v1::PushPullRequest& request, PushPullDone done,
                 std::shared_ptr<const std::atomic<bool>> cancelled = nullptr);
 
+  // The same as PushPull above (one implementation, the same validation and errors), for a
+  // request by reference: `request` and what it points to need to stay valid only until this call
+  // returns (the push is applied before it returns; a parked pull keeps nothing of it). When
+  // `weights_buffer` is set, the data of each answered weight slice is written into a string it
+  // returns (a transport's reused buffer, whose capacity is reused when large enough), so the
+  // caller can take it back out of the response with std::string::swap.
+  void PushPull(const PushPullView& request, PushPullDone done,
+                std::shared_ptr<const std::atomic<bool>> cancelled = nullptr,
+                std::function<std::string()> weights_buffer = nullptr);
+
   // Answers request.keys once the gate opens for request.step (negative: no gating); keys must be
   // distinct, and each slice of the answer must fit max_message_bytes. `cancelled` as for
   // PushPull.
@@ -143,12 +185,14 @@ class ParameterStore {
       Job& job, const v1::CreateJobStateRequest& request,
       const std::vector<kernels::OptimizerParams>& table_params);
   // `one_message`: the whole answer must fit in one message (PushPull).
-  absl::Status ResolvePulls(const Job& job, const v1::PushPullRequest& request, bool one_message,
+  absl::Status ResolvePulls(const Job& job, const PushPullView& request, bool one_message,
                             std::vector<PullItem>* items) const;
-  absl::StatusOr<PushAck> PushToJob(Job& job, const v1::PushPullRequest& request);
+  absl::StatusOr<PushAck> PushToJob(Job& job, const PushPullView& request);
+  // `weights_buffer` (optional): where each answered slice's data is written (see PushPull).
   void AnswerWhenOpen(std::shared_ptr<Job> job, std::vector<PullItem> items, v1::Encoding encoding,
                       std::shared_ptr<const std::atomic<bool>> cancelled,
-                      std::function<void(absl::StatusOr<std::vector<v1::Slice>>)> done);
+                      std::function<void(absl::StatusOr<std::vector<v1::Slice>>)> done,
+                      std::function<std::string()> weights_buffer = nullptr);
 
   const ParameterStoreOptions options_;
   // Shared with every job and partition, which give their bytes back when destroyed.

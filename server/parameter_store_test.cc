@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -885,6 +886,127 @@ TEST(ParameterStoreTest, NonFiniteInitialValuesAreRefused) {
   auto status = store.CreateJobState(job).status();
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(status.message(), HasSubstr("partitions[0].initial_values"));
+}
+
+// --- Requests by reference (PushPullView), with data in pieces -------------------------------
+
+// `bytes` cut at random offsets into pieces that point into it.
+std::vector<absl::string_view> RandomPieces(absl::string_view bytes, std::mt19937* rng) {
+  std::vector<absl::string_view> pieces;
+  std::uniform_int_distribution<size_t> len(1, 9000);
+  size_t at = 0;
+  while (at < bytes.size()) {
+    const size_t n = std::min(len(*rng), bytes.size() - at);
+    pieces.emplace_back(bytes.data() + at, n);
+    at += n;
+  }
+  return pieces;
+}
+
+absl::StatusOr<v1::PushPullResponse> PushPullViewNow(ParameterStore& store,
+                                                     const PushPullView& view) {
+  std::optional<absl::StatusOr<v1::PushPullResponse>> out;
+  store.PushPull(
+      view, [&out](absl::StatusOr<v1::PushPullResponse> r) { out = std::move(r); }, nullptr,
+      [] { return std::string(); });
+  if (!out.has_value()) return absl::InternalError("parked");
+  return *std::move(out);
+}
+
+// The same pushes, once as protobuf requests and once by reference with the gradient cut into
+// random pieces (values straddling pieces, unaligned), give bit-identical weights, for every
+// dense optimizer, both fp32 and bf16, and ASP as well as BSP.
+TEST(ParameterStoreTest, PiecedGradientsApplyExactlyAsContiguousOnes) {
+  const std::vector<v1::OptimizerKind> kinds = {
+      v1::OPTIMIZER_KIND_SGD,     v1::OPTIMIZER_KIND_MOMENTUM, v1::OPTIMIZER_KIND_NESTEROV,
+      v1::OPTIMIZER_KIND_ADAGRAD, v1::OPTIMIZER_KIND_ADAM,     v1::OPTIMIZER_KIND_ADAMW};
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  constexpr int64_t kElements = 200003;  // several gather blocks and a partial one
+  for (v1::OptimizerKind kind : kinds) {
+    for (v1::Consistency mode : {v1::CONSISTENCY_ASP, v1::CONSISTENCY_BSP}) {
+      for (v1::Encoding encoding : {v1::ENCODING_FP32, v1::ENCODING_BF16}) {
+        SCOPED_TRACE(absl::StrCat(v1::OptimizerKind_Name(kind), " ", v1::Consistency_Name(mode),
+                                  " ", v1::Encoding_Name(encoding)));
+        v1::JobConfig config = Config(mode, 1, 0.01f, kind);
+        if (kind == v1::OPTIMIZER_KIND_MOMENTUM || kind == v1::OPTIMIZER_KIND_NESTEROV) {
+          config.mutable_optimizer()->set_momentum(0.9f);
+        }
+        ParameterStore contiguous;
+        ParameterStore pieced;
+        v1::CreateJobStateRequest job = JobRequest("j", config);
+        *job.add_partitions() = Dense("w", 0, kElements);
+        ASSERT_TRUE(contiguous.CreateJobState(job).ok());
+        ASSERT_TRUE(pieced.CreateJobState(job).ok());
+        for (int step = 0; step < 3; ++step) {
+          std::vector<float> grad(kElements);
+          for (float& g : grad) g = normal(rng);
+          v1::PushPullRequest request = Request("j", 0, 1, step, static_cast<uint64_t>(step + 1),
+                                                {GradSlice("w", 0, grad, true, encoding)});
+          std::optional<absl::StatusOr<v1::PushPullResponse>> want;
+          contiguous.PushPull(request,
+                              [&want](absl::StatusOr<v1::PushPullResponse> r) { want = r; });
+          ASSERT_TRUE(want.has_value() && want->ok());
+          // Unaligned: the payload starts one byte into its buffer.
+          const std::string payload = "x" + request.push(0).data();
+          const std::vector<absl::string_view> cut =
+              RandomPieces(absl::string_view(payload).substr(1), &rng);
+          PushPullView view = ViewOf(request);
+          view.push[0].data = absl::string_view();
+          view.push[0].pieces = cut;
+          absl::StatusOr<v1::PushPullResponse> got = PushPullViewNow(pieced, view);
+          ASSERT_TRUE(got.ok()) << got.status();
+          ASSERT_EQ(got->weights_size(), 1);
+          // Not EXPECT_EQ: a failure would print both 800 KB strings.
+          ASSERT_TRUE(got->weights(0).data() == (*want)->weights(0).data())
+              << "weights differ at step " << step;
+          EXPECT_EQ(got->weights(0).version(), (*want)->weights(0).version());
+        }
+      }
+    }
+  }
+}
+
+// Validation reads the pieces too: the byte count is their total, and a NaN that straddles two
+// pieces is found.
+TEST(ParameterStoreTest, PiecedGradientsAreValidatedLikeContiguousOnes) {
+  ParameterStore store;
+  v1::CreateJobStateRequest job = JobRequest("j", Config(v1::CONSISTENCY_ASP, 1, 0.5f));
+  *job.add_partitions() = Dense("w", 0, 4);
+  ASSERT_TRUE(store.CreateJobState(job).ok());
+  v1::PushPullRequest request = Request("j", 0, 1, 0, 1, {GradSlice("w", 0, {1, NAN, 2, 3}, true)});
+  const std::string& data = request.push(0).data();
+  // The NaN is bytes [4, 8): cut at 6.
+  const std::vector<absl::string_view> nan_pieces = {absl::string_view(data.data(), 6),
+                                                     absl::string_view(data.data() + 6, 10)};
+  PushPullView view = ViewOf(request);
+  view.push[0].data = absl::string_view();
+  view.push[0].pieces = nan_pieces;
+  absl::StatusOr<v1::PushPullResponse> r = PushPullViewNow(store, view);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("NaN"));
+
+  const std::vector<absl::string_view> short_pieces = {absl::string_view(data.data(), 6),
+                                                       absl::string_view(data.data() + 6, 7)};
+  view.push[0].pieces = short_pieces;
+  r = PushPullViewNow(store, view);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("16 bytes"));
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("got 13 bytes"));
+
+  // A good pieced push (values straddling) applies: w = -0.5 * g.
+  v1::PushPullRequest good = Request("j", 0, 1, 0, 2, {GradSlice("w", 0, {2, 4, 6, 8}, true)});
+  const std::string& g = good.push(0).data();
+  const std::vector<absl::string_view> good_pieces = {
+      absl::string_view(g.data(), 3), absl::string_view(g.data() + 3, 1),
+      absl::string_view(g.data() + 4, 9), absl::string_view(g.data() + 13, 3)};
+  PushPullView good_view = ViewOf(good);
+  good_view.push[0].data = absl::string_view();
+  good_view.push[0].pieces = good_pieces;
+  r = PushPullViewNow(store, good_view);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->weights_size(), 1);
+  EXPECT_EQ(Floats(r->weights(0)), (std::vector<float>{-1, -2, -3, -4}));
 }
 
 }  // namespace
