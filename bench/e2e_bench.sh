@@ -25,6 +25,7 @@ ROUNDS=${ROUNDS:-1}
 TARGET=${TARGET:-0.85}
 PY=/usr/bin/python3
 OUT=${OUT:-$(mktemp -d /tmp/tessera-e2e-bench.XXXXXX)}
+mkdir -p "$OUT"
 export OMP_WAIT_POLICY=passive
 
 [ -x "$BUILD_DIR/bin/tessera" ] || { echo "build first: $BUILD_DIR/bin/tessera is missing" >&2; exit 64; }

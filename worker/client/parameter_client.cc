@@ -1,11 +1,14 @@
 #include "worker/client/parameter_client.h"
 
 #include <algorithm>
+#include <map>
+#include <set>
 #include <utility>
 
 #include "absl/random/random.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/encoding.h"
 #include "common/grpc_status.h"
 #include "common/placement.h"
@@ -492,6 +495,111 @@ void ParameterClient::PushPullAsync(absl::string_view name, int64_t step,
         }
         return absl::InternalError(
             absl::StrCat("response has no weights for tensor '", *tensor, "' partition ", index));
+      };
+    }
+    Send(std::move(attempt));
+  }
+}
+
+void ParameterClient::PushPullManyAsync(int64_t step, std::vector<TensorUpdate> tensors,
+                                        PushPullCallback done) {
+  if (step < 0) {
+    return done(absl::InvalidArgumentError(
+        absl::StrCat("PushPull of ", tensors.size(), " tensors: step must be >= 0, got ", step)));
+  }
+  // Per shard: its request and, for each pushed slice that wants weights, where they go.
+  struct Target {
+    std::string tensor;
+    uint32_t index = 0;
+    float* out = nullptr;
+    size_t count = 0;
+  };
+  struct ShardPart {
+    std::shared_ptr<v1::PushPullRequest> request;
+    std::vector<Target> targets;
+    std::vector<std::string> names;
+    size_t bytes = 0;
+  };
+  std::map<int, ShardPart> parts;
+  std::set<std::string, std::less<>> seen;
+  for (const TensorUpdate& t : tensors) {
+    absl::StatusOr<const DenseLayout*> found = Layout(t.name);
+    if (!found.ok()) return done(found.status());
+    const DenseLayout& layout = **found;
+    if (!seen.insert(t.name).second) {
+      return done(absl::InvalidArgumentError(
+          absl::StrCat("PushPull of ", tensors.size(), " tensors: '", t.name, "' appears twice")));
+    }
+    if (static_cast<int64_t>(t.gradient.size()) != layout.num_elements) {
+      return done(absl::InvalidArgumentError(
+          absl::StrCat("PushPull tensor '", t.name, "': gradient has ", t.gradient.size(),
+                       " values, the tensor has ", layout.num_elements)));
+    }
+    if (!t.weights_out.empty() && static_cast<int64_t>(t.weights_out.size()) != layout.num_elements) {
+      return done(absl::InvalidArgumentError(
+          absl::StrCat("PushPull tensor '", t.name, "': weights_out has ", t.weights_out.size(),
+                       " values, the tensor has ", layout.num_elements)));
+    }
+    const bool want = !t.weights_out.empty();
+    for (const PartitionSpan& p : layout.partitions) {
+      ShardPart& part = parts[p.shard];
+      if (part.request == nullptr) part.request = NewRequest(step);
+      v1::Slice* slice = part.request->add_push();
+      slice->mutable_key()->set_tensor(layout.name);
+      slice->mutable_key()->set_index(p.index);
+      slice->set_encoding(options_.push_encoding);
+      slice->set_want_weights(want);
+      EncodeInto(options_.push_encoding, t.gradient.data() + p.offset,
+                 static_cast<size_t>(p.num_elements), slice->mutable_data());
+      part.bytes += slice->data().size();
+      if (want) {
+        part.targets.push_back(Target{layout.name, p.index, t.weights_out.data() + p.offset,
+                                      static_cast<size_t>(p.num_elements)});
+      }
+      if (part.names.empty() || part.names.back() != t.name) part.names.push_back(t.name);
+    }
+  }
+  for (const auto& [shard, part] : parts) {
+    if (static_cast<int64_t>(part.bytes) > options_.max_request_bytes) {
+      return done(absl::InvalidArgumentError(absl::StrCat(
+          "PushPull of ", tensors.size(), " tensors: ", part.bytes, " bytes for shard ", shard,
+          " exceed max_request_bytes ", options_.max_request_bytes,
+          "; push large tensors with PushPullAsync")));
+    }
+  }
+  if (parts.empty()) return done(PushPullResult{});
+  auto op = std::make_shared<Op>();
+  op->done = std::move(done);
+  op->remaining.store(static_cast<int>(parts.size()));
+  {
+    absl::MutexLock lock(&op->mu);
+    op->result.requests = static_cast<uint32_t>(parts.size());
+  }
+  OpStarted();
+  for (auto& [shard, part] : parts) {
+    auto attempt = std::make_shared<Attempt>();
+    attempt->op = op;
+    attempt->shard = shard;
+    attempt->request = std::move(part.request);
+    attempt->what = absl::StrCat("PushPull of tensors ", absl::StrJoin(part.names, ", "), " step ",
+                                 step, " on shard ", shard);
+    if (!part.targets.empty()) {
+      attempt->accept = [targets = std::move(part.targets)](const v1::PushPullResponse& r) {
+        for (const Target& t : targets) {
+          const v1::Slice* found = nullptr;
+          for (const v1::Slice& w : r.weights()) {
+            if (w.key().index() == t.index && w.key().tensor() == t.tensor) {
+              found = &w;
+              break;
+            }
+          }
+          if (found == nullptr) {
+            return absl::InternalError(absl::StrCat("response has no weights for tensor '",
+                                                    t.tensor, "' partition ", t.index));
+          }
+          TESSERA_RETURN_IF_ERROR(DecodeValues(found->encoding(), found->data(), t.out, t.count));
+        }
+        return absl::OkStatus();
       };
     }
     Send(std::move(attempt));

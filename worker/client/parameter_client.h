@@ -134,6 +134,19 @@ class ParameterClient {
                                                        absl::Span<const float> gradient,
                                                        absl::Span<float> weights_out);
 
+  // One tensor of a PushPullManyAsync.
+  struct TensorUpdate {
+    std::string name;
+    absl::Span<const float> gradient;
+    absl::Span<float> weights_out;  // empty: push only
+  };
+  // PushPullAsync of several tensors in one request per shard: every partition of `tensors` that
+  // lives on shard i travels in shard i's request. Meant for small tensors (biases, small layers),
+  // where one round trip per tensor costs more than the bytes. INVALID_ARGUMENT (through `done`)
+  // for an unknown tensor, a size mismatch, a tensor named twice, or a shard's share over
+  // options.max_request_bytes. Same REQUIREs as PushPullAsync, for every tensor.
+  void PushPullManyAsync(int64_t step, std::vector<TensorUpdate> tensors, PushPullCallback done);
+
   // Blocking pull of the whole tensor into `out`, gated as for `step` (negative: not gated, for
   // initial weights, evaluation and export).
   absl::Status Pull(absl::string_view name, int64_t step, absl::Span<float> out);

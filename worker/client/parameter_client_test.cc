@@ -1,16 +1,19 @@
 #include "worker/client/parameter_client.h"
 
+#include <future>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "common/encoding.h"
 #include "common/placement.h"
-#include "absl/synchronization/notification.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace tessera {
@@ -509,6 +512,66 @@ struct BackoffCase {
   double unit;
   absl::Duration expected;
 };
+
+TEST_F(ParameterClientTest, PushPullManySendsOneRequestPerShard) {
+  MakeClient(3, 64);  // 16 values per partition
+  std::vector<float> a0(40), b0(10), c0(5);
+  for (size_t i = 0; i < a0.size(); ++i) a0[i] = 100.0f + static_cast<float>(i);
+  for (size_t i = 0; i < b0.size(); ++i) b0[i] = 200.0f + static_cast<float>(i);
+  for (size_t i = 0; i < c0.size(); ++i) c0[i] = 300.0f + static_cast<float>(i);
+  v1::JobConfig config;
+  config.set_consistency(v1::CONSISTENCY_ASP);
+  config.set_num_workers(1);
+  ASSERT_TRUE(client_->DeclareJob(config, {{"a", {40}, a0}, {"b", {10}, b0}, {"c", {5}, c0}}, {})
+                  .ok());
+  std::set<int> shards;
+  for (const char* name : {"a", "b", "c"}) {
+    for (const PartitionSpan& p : (*client_->Layout(name))->partitions) shards.insert(p.shard);
+  }
+  std::vector<size_t> seqs_before;
+  for (FakeShard* f : fakes_) seqs_before.push_back(f->seqs().size());
+
+  std::vector<float> ga(40, 1.0f), gb(10, 2.0f), gc(5, 3.0f);
+  std::vector<float> wa(40, -1.0f), wb(10, -1.0f), wc(5, -1.0f);
+  std::promise<absl::StatusOr<PushPullResult>> promise;
+  client_->PushPullManyAsync(
+      0,
+      {{"a", ga, absl::MakeSpan(wa)}, {"b", gb, absl::MakeSpan(wb)}, {"c", gc, absl::MakeSpan(wc)}},
+      [&](absl::StatusOr<PushPullResult> r) { promise.set_value(std::move(r)); });
+  absl::StatusOr<PushPullResult> r = promise.get_future().get();
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->requests, shards.size());
+  for (int s = 0; s < 3; ++s) {
+    EXPECT_EQ(fakes_[s]->seqs().size() - seqs_before[s], shards.count(s)) << "shard " << s;
+  }
+  for (size_t i = 0; i < 40; ++i) ASSERT_EQ(wa[i], a0[i] - 1.0f) << i;
+  for (size_t i = 0; i < 10; ++i) ASSERT_EQ(wb[i], b0[i] - 2.0f) << i;
+  for (size_t i = 0; i < 5; ++i) ASSERT_EQ(wc[i], c0[i] - 3.0f) << i;
+
+  // Push only: applied, nothing written back.
+  std::vector<float> empty;
+  std::promise<absl::StatusOr<PushPullResult>> push_only;
+  client_->PushPullManyAsync(1, {{"b", gb, absl::Span<float>()}},
+                             [&](absl::StatusOr<PushPullResult> r) { push_only.set_value(r); });
+  ASSERT_TRUE(push_only.get_future().get().ok());
+  std::vector<float> pulled(10);
+  ASSERT_TRUE(client_->Pull("b", -1, absl::MakeSpan(pulled)).ok());
+  for (size_t i = 0; i < 10; ++i) ASSERT_EQ(pulled[i], b0[i] - 4.0f) << i;
+
+  const auto refused = [&](std::vector<ParameterClient::TensorUpdate> tensors) {
+    std::promise<absl::StatusOr<PushPullResult>> p;
+    client_->PushPullManyAsync(2, std::move(tensors),
+                               [&](absl::StatusOr<PushPullResult> r) { p.set_value(r); });
+    return p.get_future().get().status();
+  };
+  absl::Status twice = refused({{"b", gb, {}}, {"b", gb, {}}});
+  EXPECT_EQ(twice.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(twice.message()), ::testing::HasSubstr("'b' appears twice"));
+  absl::Status size = refused({{"a", gb, {}}});
+  EXPECT_EQ(size.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(size.message()), ::testing::HasSubstr("gradient has 10 values"));
+  EXPECT_EQ(refused({{"nope", gb, {}}}).code(), absl::StatusCode::kNotFound);
+}
 
 TEST_F(ParameterClientTest, DestructorCancelsCallsInFlightInsteadOfWaitingForTheirDeadline) {
   MakeClient(2, 64);

@@ -272,6 +272,11 @@ bool DistributedTrainer::ExchangeDone() const {
   return pending_ == 0 || !exchange_error_.ok();
 }
 
+namespace {
+// Gradients of fewer values than this are batched into one request per shard after backward.
+constexpr size_t kOverlapMinValues = 16384;  // 64 KiB of fp32
+}  // namespace
+
 absl::StatusOr<engine::StepResult> DistributedTrainer::Step(const data::Batch& batch,
                                                             int64_t step) {
   const v1::JobSpec& spec = options_.task.spec();
@@ -283,17 +288,34 @@ absl::StatusOr<engine::StepResult> DistributedTrainer::Step(const data::Batch& b
     exchange_error_ = absl::OkStatus();
   }
   absl::Status copy_error;
+  const auto on_done = [this](absl::StatusOr<client::PushPullResult> r) {
+    absl::MutexLock lock(&exchange_mu_);
+    if (!r.ok() && exchange_error_.ok()) exchange_error_ = r.status();
+    --pending_;
+  };
+  // A large gradient goes out as soon as backward has produced it, to overlap with the rest of
+  // backward; the small ones (biases, small layers) wait for the end of backward and share one
+  // request per shard, because a round trip each costs more than their bytes.
+  std::vector<client::ParameterClient::TensorUpdate> small;
   const auto push = [&](size_t k) {
+    const std::string& name = params[trainable_[k]].name;
+    if (grads_[k].size() < kOverlapMinValues) {
+      small.push_back({name, grads_[k], absl::MakeSpan(weights_[k])});
+      return;
+    }
     {
       absl::MutexLock lock(&exchange_mu_);
       ++pending_;
     }
-    client_->PushPullAsync(params[trainable_[k]].name, step, grads_[k], absl::MakeSpan(weights_[k]),
-                           [this](absl::StatusOr<client::PushPullResult> r) {
-                             absl::MutexLock lock(&exchange_mu_);
-                             if (!r.ok() && exchange_error_.ok()) exchange_error_ = r.status();
-                             --pending_;
-                           });
+    client_->PushPullAsync(name, step, grads_[k], absl::MakeSpan(weights_[k]), on_done);
+  };
+  const auto push_small = [&] {
+    if (small.empty()) return;
+    {
+      absl::MutexLock lock(&exchange_mu_);
+      ++pending_;
+    }
+    client_->PushPullManyAsync(step, std::move(small), on_done);
   };
   // Trainable parameters come first in parameters(), so index p is trainable slot p.
   const auto on_grad_ready = [&](int p) {
@@ -321,6 +343,7 @@ absl::StatusOr<engine::StepResult> DistributedTrainer::Step(const data::Batch& b
       push(k);
     }
   }
+  push_small();
   return r;
 }
 
