@@ -11,6 +11,7 @@
 #
 #   bench/e2e_bench.sh                  # EPOCHS=4 ROUNDS=1 BUILD_DIR=build
 #   EPOCHS=4 ROUNDS=2 bench/e2e_bench.sh
+#   PARTITION_BYTES=262144 bench/e2e_bench.sh   # the spec's partition_bytes (default 4 MiB)
 #
 # Prints one JSON line per run and a Markdown table: samples per second (training, all workers),
 # the ratio to PyTorch's, seconds from the job's start to the first evaluation at or above 0.85
@@ -37,6 +38,7 @@ spec() {  # spec MODE FILE: the example MLP with EPOCHS epochs in MODE
     examples/fashion_mlp.textproto > "$2"
   grep -q '^consistency:' "$2" || echo "consistency: \"$1\"" >> "$2"
   grep -q '^num_workers:' "$2" || echo "num_workers: 2" >> "$2"
+  if [ -n "${PARTITION_BYTES:-}" ]; then echo "partition_bytes: $PARTITION_BYTES" >> "$2"; fi
   printf 'eval { every_epochs: 1 }\n' >> "$2"
 }
 

