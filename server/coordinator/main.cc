@@ -96,6 +96,11 @@ int main(int argc, char** argv) {
                  "dropped")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
+  app.add_option("--check_dataset_files", flags.server.coordinator.check_files,
+                 "refuse a job whose dataset files are missing here (true), or leave that to the "
+                 "workers, which fail the job naming the file (false: the coordinator's host does "
+                 "not hold the datasets)")
+      ->capture_default_str();
   app.add_option("--log_level", flags.log_level, "trace, debug, info, warn, error, critical or off")
       ->capture_default_str();
   app.add_option("--shutdown_grace_seconds", flags.shutdown_grace_seconds,
