@@ -29,8 +29,8 @@ namespace tessera {
 class MemberAgent {
  public:
   struct Options {
-    std::string coordinator;              // host:port
-    v1::RegisterRequest registration;     // role, address, shard_index, hostname, pid, device
+    std::string coordinator;           // host:port
+    v1::RegisterRequest registration;  // role, address, shard_index, hostname, pid, device
     absl::Duration initial_backoff = absl::Milliseconds(200);
     absl::Duration max_backoff = absl::Seconds(5);
     absl::Duration rpc_timeout = absl::Seconds(5);

@@ -65,9 +65,8 @@ absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path
 
 JobStore::~JobStore() {
   absl::MutexLock lock(&mu_);
-  for (sqlite3_stmt* stmt :
-       {put_job_, put_event_, put_member_, delete_member_, load_jobs_, load_members_, read_events_,
-        last_seq_}) {
+  for (sqlite3_stmt* stmt : {put_job_, put_event_, put_member_, delete_member_, load_jobs_,
+                             load_members_, read_events_, last_seq_}) {
     sqlite3_finalize(stmt);
   }
   sqlite3_close(db_);

@@ -33,9 +33,9 @@ struct StoreWrite {
     int64_t n = 0;  // the job's number ("<name>-<n>")
     v1::Job job;
   };
-  std::vector<JobRow> jobs;          // inserted or replaced
-  std::vector<v1::JobEvent> events;  // inserted; (job_id, seq) must be new
-  std::vector<v1::Member> members;   // inserted or replaced
+  std::vector<JobRow> jobs;                  // inserted or replaced
+  std::vector<v1::JobEvent> events;          // inserted; (job_id, seq) must be new
+  std::vector<v1::Member> members;           // inserted or replaced
   std::vector<std::string> removed_members;  // deleted by id, after the inserts
 };
 

@@ -22,8 +22,8 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
-#include <ostream>
 #include <memory>
+#include <ostream>
 #include <set>
 #include <sstream>
 #include <string>

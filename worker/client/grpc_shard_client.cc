@@ -584,8 +584,8 @@ void GrpcShardClient::CancelPending() {
   }
   // Out of pending_, so a late answer is dropped (Deliver) and never written to a target.
   for (auto& [seq, p] : cancelled) {
-    p.done(absl::CancelledError(
-        absl::StrCat(options_.address, ": PushPull seq ", seq, " cancelled: client shutting down")));
+    p.done(absl::CancelledError(absl::StrCat(options_.address, ": PushPull seq ", seq,
+                                             " cancelled: client shutting down")));
   }
 }
 

@@ -535,7 +535,8 @@ void ParameterClient::PushPullManyAsync(int64_t step, std::vector<TensorUpdate> 
           absl::StrCat("PushPull tensor '", t.name, "': gradient has ", t.gradient.size(),
                        " values, the tensor has ", layout.num_elements)));
     }
-    if (!t.weights_out.empty() && static_cast<int64_t>(t.weights_out.size()) != layout.num_elements) {
+    if (!t.weights_out.empty() &&
+        static_cast<int64_t>(t.weights_out.size()) != layout.num_elements) {
       return done(absl::InvalidArgumentError(
           absl::StrCat("PushPull tensor '", t.name, "': weights_out has ", t.weights_out.size(),
                        " values, the tensor has ", layout.num_elements)));
@@ -561,10 +562,10 @@ void ParameterClient::PushPullManyAsync(int64_t step, std::vector<TensorUpdate> 
   }
   for (const auto& [shard, part] : parts) {
     if (static_cast<int64_t>(part.bytes) > options_.max_request_bytes) {
-      return done(absl::InvalidArgumentError(absl::StrCat(
-          "PushPull of ", tensors.size(), " tensors: ", part.bytes, " bytes for shard ", shard,
-          " exceed max_request_bytes ", options_.max_request_bytes,
-          "; push large tensors with PushPullAsync")));
+      return done(absl::InvalidArgumentError(
+          absl::StrCat("PushPull of ", tensors.size(), " tensors: ", part.bytes,
+                       " bytes for shard ", shard, " exceed max_request_bytes ",
+                       options_.max_request_bytes, "; push large tensors with PushPullAsync")));
     }
   }
   if (parts.empty()) return done(PushPullResult{});

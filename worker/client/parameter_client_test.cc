@@ -522,8 +522,8 @@ TEST_F(ParameterClientTest, PushPullManySendsOneRequestPerShard) {
   v1::JobConfig config;
   config.set_consistency(v1::CONSISTENCY_ASP);
   config.set_num_workers(1);
-  ASSERT_TRUE(client_->DeclareJob(config, {{"a", {40}, a0}, {"b", {10}, b0}, {"c", {5}, c0}}, {})
-                  .ok());
+  ASSERT_TRUE(
+      client_->DeclareJob(config, {{"a", {40}, a0}, {"b", {10}, b0}, {"c", {5}, c0}}, {}).ok());
   std::set<int> shards;
   for (const char* name : {"a", "b", "c"}) {
     for (const PartitionSpan& p : (*client_->Layout(name))->partitions) shards.insert(p.shard);

@@ -245,8 +245,8 @@ constexpr int64_t kMaxPartitionBytes = int64_t{1} << 30;
 
 absl::Status ValidateDistributedFields(const v1::JobSpec& spec) {
   if (spec.num_workers() < 1 || spec.num_workers() > kMaxWorkers) {
-    return absl::InvalidArgumentError(absl::StrCat("num_workers: must be in [1, ", kMaxWorkers,
-                                                   "], got ", spec.num_workers()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("num_workers: must be in [1, ", kMaxWorkers, "], got ", spec.num_workers()));
   }
   const std::string mode = absl::AsciiStrToLower(spec.consistency());
   if (!mode.empty() && mode != "bsp" && mode != "ssp" && mode != "asp") {
@@ -255,19 +255,19 @@ absl::Status ValidateDistributedFields(const v1::JobSpec& spec) {
                      absl::CEscape(spec.consistency()), "\""));
   }
   if (mode == "ssp" && (spec.staleness() < 1 || spec.staleness() > 1000000)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "staleness: ssp needs a staleness in [1, 1000000], got ", spec.staleness()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("staleness: ssp needs a staleness in [1, 1000000], got ", spec.staleness()));
   }
   if (mode != "ssp" && spec.staleness() != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("staleness: only ssp takes a staleness, got ", spec.staleness(), " with ",
-                     mode.empty() ? "bsp" : mode));
+    return absl::InvalidArgumentError(absl::StrCat("staleness: only ssp takes a staleness, got ",
+                                                   spec.staleness(), " with ",
+                                                   mode.empty() ? "bsp" : mode));
   }
   if (spec.partition_bytes() != 0 && (spec.partition_bytes() < kMinPartitionBytes ||
                                       spec.partition_bytes() > kMaxPartitionBytes)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("partition_bytes: must be 0 (4 MiB) or in [", kMinPartitionBytes, ", ",
-                     kMaxPartitionBytes, "], got ", spec.partition_bytes()));
+    return absl::InvalidArgumentError(absl::StrCat("partition_bytes: must be 0 (4 MiB) or in [",
+                                                   kMinPartitionBytes, ", ", kMaxPartitionBytes,
+                                                   "], got ", spec.partition_bytes()));
   }
   const std::string encoding = absl::AsciiStrToLower(spec.wire_encoding());
   if (!encoding.empty() && encoding != "fp32" && encoding != "bf16" && encoding != "fp16") {
@@ -276,8 +276,8 @@ absl::Status ValidateDistributedFields(const v1::JobSpec& spec) {
                      absl::CEscape(spec.wire_encoding()), "\""));
   }
   if (spec.checkpoint_every_steps() < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("checkpoint_every_steps: must be >= 0, got ",
-                                                   spec.checkpoint_every_steps()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("checkpoint_every_steps: must be >= 0, got ", spec.checkpoint_every_steps()));
   }
   return absl::OkStatus();
 }
@@ -390,9 +390,7 @@ int64_t PartitionBytes(const v1::JobSpec& spec) {
   return spec.partition_bytes() == 0 ? int64_t{4} << 20 : spec.partition_bytes();
 }
 
-int NumWorkers(const v1::JobSpec& spec) {
-  return spec.num_workers() == 0 ? 1 : spec.num_workers();
-}
+int NumWorkers(const v1::JobSpec& spec) { return spec.num_workers() == 0 ? 1 : spec.num_workers(); }
 
 data::ReadOptions MakeReadOptions(const v1::DatasetSpec& dataset, int rank, int world) {
   data::ReadOptions o;

@@ -240,9 +240,9 @@ TEST_F(BlobsTest, BadSpecAndBadDataAreErrors) {
   EXPECT_THAT(std::string(t.status().message()), HasSubstr("bad.csv:2, column 2"));
 
   options.spec = Spec();
-  options.device = "gpu";
+  options.device = "tpu";
   EXPECT_THAT(std::string(StandaloneTrainer::Create(options).status().message()),
-              HasSubstr("device:"));
+              HasSubstr("device: must be"));
 }
 
 TEST_F(BlobsTest, MaxStepsNeedingMoreEpochsThanAnIntIsRefused) {
