@@ -10,49 +10,21 @@
 #include "common/status_macros.h"
 #include "kernels/schedule.h"
 #include "worker/data/batch_prefetcher.h"
+#include "worker/trainer/internal/splits.h"
 #include "worker/trainer/job_spec.h"
 
 namespace tessera::trainer {
 namespace {
 
+using internal::EvalBatchSize;
+using internal::EvaluateSplit;
+using internal::HasTestSplit;
+using internal::ReadSplit;
+using internal::ViewOf;
+
 using Clock = std::chrono::steady_clock;
 
 double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
-
-engine::BatchView View(const data::Batch& b) {
-  engine::BatchView v;
-  v.size = b.size;
-  v.features = b.features;
-  v.sparse_offsets = b.sparse_offsets;
-  v.sparse_ids = b.sparse_ids;
-  v.sparse_values = b.sparse_values;
-  v.labels = b.labels;
-  v.targets = b.targets;
-  return v;
-}
-
-absl::StatusOr<std::shared_ptr<const data::Dataset>> ReadSplit(const v1::DatasetSpec& d, bool train,
-                                                               int rank, int world) {
-  const data::ReadOptions options = MakeReadOptions(d, rank, world);
-  switch (d.format()) {
-    case v1::DatasetSpec::FORMAT_IDX:
-      return train ? data::ReadIdxDataset(d.train_images(), d.train_labels(), options)
-                   : data::ReadIdxDataset(d.test_images(), d.test_labels(), options);
-    case v1::DatasetSpec::FORMAT_LIBSVM:
-      return data::ReadLibsvmDataset(train ? d.train_path() : d.test_path(), options);
-    default:
-      return data::ReadCsvDataset(train ? d.train_path() : d.test_path(), options);
-  }
-}
-
-bool HasTestSplit(const v1::DatasetSpec& d) {
-  return d.format() == v1::DatasetSpec::FORMAT_IDX ? !d.test_images().empty()
-                                                   : !d.test_path().empty();
-}
-
-int64_t EvalBatchSize(const v1::JobSpec& spec) {
-  return spec.eval().batch_size() > 0 ? spec.eval().batch_size() : 1000;
-}
 
 absl::Status Prefixed(absl::string_view prefix, const absl::Status& s) {
   if (s.ok()) return s;
@@ -335,7 +307,7 @@ absl::StatusOr<engine::StepResult> DistributedTrainer::Step(const data::Batch& b
     copy_error = model_->CopyGradToHost(params[p].name, &grads_[p]);
     if (copy_error.ok() && !clip) push(static_cast<size_t>(p));
   };
-  absl::StatusOr<engine::StepResult> r = model_->TrainStep(View(batch), on_grad_ready);
+  absl::StatusOr<engine::StepResult> r = model_->TrainStep(ViewOf(batch), on_grad_ready);
   if (!r.ok() || !copy_error.ok()) {
     // Pushes already under way still complete on their own; wait for them so that nothing
     // writes into the buffers of a later step.
@@ -360,23 +332,8 @@ absl::StatusOr<engine::StepResult> DistributedTrainer::Step(const data::Batch& b
 }
 
 absl::StatusOr<engine::StepResult> DistributedTrainer::Evaluate() {
-  data::BatchPrefetcher::Options o;
-  o.batch_size = EvalBatchSize(options_.task.spec());
-  o.shuffle = false;
-  TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<data::BatchPrefetcher> batches,
-                           data::BatchPrefetcher::Create(test_, o));
-  engine::StepResult total;
-  double loss_sum = 0;
-  while (std::optional<data::Batch> b = batches->Next()) {
-    TESSERA_RETURN_IF_ERROR(CheckCancelled());
-    TESSERA_ASSIGN_OR_RETURN(engine::StepResult r, model_->Evaluate(View(*b)));
-    loss_sum += r.loss * static_cast<double>(r.examples);
-    total.correct += r.correct;
-    total.examples += r.examples;
-    batches->Recycle(std::move(*b));
-  }
-  total.loss = total.examples > 0 ? loss_sum / static_cast<double>(total.examples) : 0;
-  return total;
+  return EvaluateSplit(*model_, test_, EvalBatchSize(options_.task.spec()),
+                       [this] { return CheckCancelled(); });
 }
 
 absl::Status DistributedTrainer::WaitAllWorkersDone(const v1::ProgressReport& done) {

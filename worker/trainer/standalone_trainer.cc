@@ -11,49 +11,21 @@
 #include "common/status_macros.h"
 #include "kernels/schedule.h"
 #include "worker/data/batch_prefetcher.h"
+#include "worker/trainer/internal/splits.h"
 #include "worker/trainer/job_spec.h"
 
 namespace tessera::trainer {
 namespace {
 
+using internal::EvalBatchSize;
+using internal::EvaluateSplit;
+using internal::HasTestSplit;
+using internal::ReadSplit;
+using internal::ViewOf;
+
 using Clock = std::chrono::steady_clock;
 
 double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
-
-engine::BatchView View(const data::Batch& b) {
-  engine::BatchView v;
-  v.size = b.size;
-  v.features = b.features;
-  v.sparse_offsets = b.sparse_offsets;
-  v.sparse_ids = b.sparse_ids;
-  v.sparse_values = b.sparse_values;
-  v.labels = b.labels;
-  v.targets = b.targets;
-  return v;
-}
-
-absl::StatusOr<std::shared_ptr<const data::Dataset>> ReadSplit(const v1::DatasetSpec& d,
-                                                               bool train) {
-  const data::ReadOptions options = MakeReadOptions(d, /*rank=*/0, /*world=*/1);
-  switch (d.format()) {
-    case v1::DatasetSpec::FORMAT_IDX:
-      return train ? data::ReadIdxDataset(d.train_images(), d.train_labels(), options)
-                   : data::ReadIdxDataset(d.test_images(), d.test_labels(), options);
-    case v1::DatasetSpec::FORMAT_LIBSVM:
-      return data::ReadLibsvmDataset(train ? d.train_path() : d.test_path(), options);
-    default:
-      return data::ReadCsvDataset(train ? d.train_path() : d.test_path(), options);
-  }
-}
-
-int64_t EvalBatchSize(const v1::JobSpec& spec) {
-  return spec.eval().batch_size() > 0 ? spec.eval().batch_size() : 1000;
-}
-
-bool HasTestSplit(const v1::DatasetSpec& d) {
-  return d.format() == v1::DatasetSpec::FORMAT_IDX ? !d.test_images().empty()
-                                                   : !d.test_path().empty();
-}
 
 }  // namespace
 
@@ -85,9 +57,9 @@ absl::Status StandaloneTrainer::Init() {
   TESSERA_ASSIGN_OR_RETURN(optimizer_, kernels::MakeOptimizerParams(spec.optimizer(), false));
 
   // Data first: it is the most likely to fail, and it fails before any device work.
-  TESSERA_ASSIGN_OR_RETURN(train_, ReadSplit(spec.dataset(), /*train=*/true));
+  TESSERA_ASSIGN_OR_RETURN(train_, ReadSplit(spec.dataset(), /*train=*/true, 0, 1));
   if (HasTestSplit(spec.dataset())) {
-    TESSERA_ASSIGN_OR_RETURN(test_, ReadSplit(spec.dataset(), /*train=*/false));
+    TESSERA_ASSIGN_OR_RETURN(test_, ReadSplit(spec.dataset(), /*train=*/false, 0, 1));
   }
 
   kernels::BackendOptions backend_options;
@@ -167,22 +139,7 @@ absl::StatusOr<engine::StepResult> StandaloneTrainer::Evaluate() {
   if (test_ == nullptr) {
     return absl::FailedPreconditionError("the job spec has no test split to evaluate");
   }
-  data::BatchPrefetcher::Options o;
-  o.batch_size = EvalBatchSize(options_.spec);
-  o.shuffle = false;
-  TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<data::BatchPrefetcher> batches,
-                           data::BatchPrefetcher::Create(test_, o));
-  engine::StepResult total;
-  double loss_sum = 0;
-  while (std::optional<data::Batch> b = batches->Next()) {
-    TESSERA_ASSIGN_OR_RETURN(engine::StepResult r, model_->Evaluate(View(*b)));
-    loss_sum += r.loss * static_cast<double>(r.examples);
-    total.correct += r.correct;
-    total.examples += r.examples;
-    batches->Recycle(std::move(*b));
-  }
-  total.loss = total.examples > 0 ? loss_sum / static_cast<double>(total.examples) : 0;
-  return total;
+  return EvaluateSplit(*model_, test_, EvalBatchSize(options_.spec));
 }
 
 absl::StatusOr<TrainResult> StandaloneTrainer::Run() {
@@ -227,7 +184,7 @@ absl::StatusOr<TrainResult> StandaloneTrainer::Run() {
     while (step < total_steps) {
       std::optional<data::Batch> b = batches->Next();
       if (!b.has_value()) break;
-      TESSERA_ASSIGN_OR_RETURN(engine::StepResult r, model_->TrainStep(View(*b)));
+      TESSERA_ASSIGN_OR_RETURN(engine::StepResult r, model_->TrainStep(ViewOf(*b)));
       if (!std::isfinite(r.loss)) {
         return absl::FailedPreconditionError(
             absl::StrCat("training diverged: the loss is ", r.loss, " at step ", step + 1,

@@ -1,0 +1,70 @@
+#include "worker/trainer/internal/splits.h"
+
+#include <optional>
+#include <utility>
+
+#include "common/status_macros.h"
+#include "worker/data/batch_prefetcher.h"
+#include "worker/trainer/job_spec.h"
+
+namespace tessera::trainer::internal {
+
+engine::BatchView ViewOf(const data::Batch& b) {
+  engine::BatchView v;
+  v.size = b.size;
+  v.features = b.features;
+  v.sparse_offsets = b.sparse_offsets;
+  v.sparse_ids = b.sparse_ids;
+  v.sparse_values = b.sparse_values;
+  v.labels = b.labels;
+  v.targets = b.targets;
+  return v;
+}
+
+absl::StatusOr<std::shared_ptr<const data::Dataset>> ReadSplit(const v1::DatasetSpec& d, bool train,
+                                                               int rank, int world) {
+  const data::ReadOptions options = MakeReadOptions(d, rank, world);
+  switch (d.format()) {
+    case v1::DatasetSpec::FORMAT_IDX:
+      return train ? data::ReadIdxDataset(d.train_images(), d.train_labels(), options)
+                   : data::ReadIdxDataset(d.test_images(), d.test_labels(), options);
+    case v1::DatasetSpec::FORMAT_LIBSVM:
+      return data::ReadLibsvmDataset(train ? d.train_path() : d.test_path(), options);
+    default:
+      return data::ReadCsvDataset(train ? d.train_path() : d.test_path(), options);
+  }
+}
+
+bool HasTestSplit(const v1::DatasetSpec& d) {
+  return d.format() == v1::DatasetSpec::FORMAT_IDX ? !d.test_images().empty()
+                                                   : !d.test_path().empty();
+}
+
+int64_t EvalBatchSize(const v1::JobSpec& spec) {
+  return spec.eval().batch_size() > 0 ? spec.eval().batch_size() : 1000;
+}
+
+absl::StatusOr<engine::StepResult> EvaluateSplit(engine::Model& model,
+                                                 std::shared_ptr<const data::Dataset> split,
+                                                 int64_t batch_size,
+                                                 const std::function<absl::Status()>& check) {
+  data::BatchPrefetcher::Options o;
+  o.batch_size = batch_size;
+  o.shuffle = false;
+  TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<data::BatchPrefetcher> batches,
+                           data::BatchPrefetcher::Create(std::move(split), o));
+  engine::StepResult total;
+  double loss_sum = 0;
+  while (std::optional<data::Batch> b = batches->Next()) {
+    if (check) TESSERA_RETURN_IF_ERROR(check());
+    TESSERA_ASSIGN_OR_RETURN(engine::StepResult r, model.Evaluate(ViewOf(*b)));
+    loss_sum += r.loss * static_cast<double>(r.examples);
+    total.correct += r.correct;
+    total.examples += r.examples;
+    batches->Recycle(std::move(*b));
+  }
+  total.loss = total.examples > 0 ? loss_sum / static_cast<double>(total.examples) : 0;
+  return total;
+}
+
+}  // namespace tessera::trainer::internal

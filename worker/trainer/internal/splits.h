@@ -1,0 +1,40 @@
+// What both trainers (standalone and distributed) do with a job spec's data: read a split, view a
+// batch for the engine, and score a split. Private to worker/trainer.
+#ifndef TESSERA_WORKER_TRAINER_INTERNAL_SPLITS_H_
+#define TESSERA_WORKER_TRAINER_INTERNAL_SPLITS_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "tessera/v1/job_spec.pb.h"
+#include "worker/data/dataset.h"
+#include "worker/engine/model.h"
+
+namespace tessera::trainer::internal {
+
+// The engine's view of a batch (no copy; valid while `b` lives).
+engine::BatchView ViewOf(const data::Batch& b);
+
+// Reads the training (`train`) or test split of `d`, shard rank/world.
+// REQUIRES: ValidateJobSpec of the spec holding `d` is OK.
+absl::StatusOr<std::shared_ptr<const data::Dataset>> ReadSplit(const v1::DatasetSpec& d, bool train,
+                                                               int rank, int world);
+
+bool HasTestSplit(const v1::DatasetSpec& d);
+
+// spec.eval.batch_size, 0 -> 1000.
+int64_t EvalBatchSize(const v1::JobSpec& spec);
+
+// Mean loss and the correct count of `model` over the whole of `split`, in order, in batches of
+// `batch_size`. `check` (optional) runs before each batch; its error ends the scoring (cancel).
+absl::StatusOr<engine::StepResult> EvaluateSplit(engine::Model& model,
+                                                 std::shared_ptr<const data::Dataset> split,
+                                                 int64_t batch_size,
+                                                 const std::function<absl::Status()>& check = {});
+
+}  // namespace tessera::trainer::internal
+
+#endif  // TESSERA_WORKER_TRAINER_INTERNAL_SPLITS_H_
