@@ -8,6 +8,8 @@ PACKAGES=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libspdlog-dev libgtest-dev libgmock-dev libbenchmark-dev
   libdnnl-dev zlib1g-dev libsqlite3-dev libcli11-dev
+  prometheus-cpp-dev libsystemd-dev
+  openssl iproute2 systemd prometheus python3-grpcio
   dataset-fashion-mnist
   python3 python3-numpy
 )
