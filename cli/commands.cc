@@ -30,9 +30,21 @@ int Fail(const GlobalOptions& global, const absl::Status& status, const std::str
   std::string message(status.message());
   if (status.code() == absl::StatusCode::kUnavailable ||
       status.code() == absl::StatusCode::kDeadlineExceeded) {
-    message = absl::StrCat(message, " (", absl::StatusCodeToString(status.code()),
-                           "; is the daemon running there? set --coordinator or "
-                           "TESSERA_COORDINATOR)");
+    message = absl::StrCat(
+        message, " (", absl::StatusCodeToString(status.code()),
+        "; is the daemon running there? set --coordinator or TESSERA_COORDINATOR",
+        global.tls ? "; if the TLS handshake failed: check --tls_ca, --tls_cert/--tls_key and "
+                     "--tls_server_name"
+                   : "; if it serves TLS, give --tls_ca (TESSERA_TLS_CA)",
+        ")");
+  } else if (status.code() == absl::StatusCode::kUnauthenticated) {
+    message = absl::StrCat(
+        "UNAUTHENTICATED: ", message, " (",
+        global.auth_token_file.empty()
+            ? "no token was sent: give --auth_token_file FILE or set TESSERA_TOKEN_FILE"
+            : absl::StrCat("the token in ", global.auth_token_file,
+                           " (--auth_token_file / TESSERA_TOKEN_FILE) was refused"),
+        ")");
   } else {
     message = absl::StrCat(absl::StatusCodeToString(status.code()), ": ", message);
   }
@@ -47,10 +59,16 @@ int Fail(const GlobalOptions& global, const absl::Status& status, const std::str
   return ExitCodeFor(status);
 }
 
-absl::StatusOr<std::unique_ptr<CoordinatorClient>> Connect(const std::string& address) {
+absl::StatusOr<std::unique_ptr<CoordinatorClient>> Connect(const std::string& address,
+                                                           const ClientCredentials& credentials) {
   CoordinatorClient::Options options;
   options.address = address;
+  options.credentials = credentials;
   return CoordinatorClient::Create(options);
+}
+
+absl::StatusOr<std::unique_ptr<CoordinatorClient>> Connect(const GlobalOptions& global) {
+  return Connect(global.coordinator, global.credentials);
 }
 
 int ExitForState(v1::JobState state) {
@@ -180,6 +198,9 @@ int ExitCodeFor(const absl::Status& status) {
       return kExitUnavailable;
     case absl::StatusCode::kInvalidArgument:
       return kExitUsage;
+    case absl::StatusCode::kUnauthenticated:
+    case absl::StatusCode::kPermissionDenied:
+      return kExitNoPermission;
     default:
       return kExitJobFailed;
   }
@@ -198,7 +219,7 @@ int RunSubmit(const GlobalOptions& global, const SubmitOptions& options) {
   absl::Status valid = trainer::ValidateJobSpec(*spec, validate);
   if (!valid.ok()) return Fail(global, valid, absl::StrCat("spec refused: ", options.spec_file));
 
-  absl::StatusOr<std::unique_ptr<CoordinatorClient>> client = Connect(global.coordinator);
+  absl::StatusOr<std::unique_ptr<CoordinatorClient>> client = Connect(global);
   if (!client.ok()) return Fail(global, client.status());
   absl::StatusOr<v1::Job> job = (*client)->CreateJob(*spec);
   if (!job.ok()) {
@@ -223,7 +244,7 @@ int RunSubmit(const GlobalOptions& global, const SubmitOptions& options) {
 }
 
 int RunList(const GlobalOptions& global) {
-  absl::StatusOr<std::unique_ptr<CoordinatorClient>> client = Connect(global.coordinator);
+  absl::StatusOr<std::unique_ptr<CoordinatorClient>> client = Connect(global);
   if (!client.ok()) return Fail(global, client.status());
   absl::StatusOr<std::vector<v1::Job>> jobs = (*client)->ListJobs();
   if (!jobs.ok()) return Fail(global, jobs.status(), "list");
@@ -237,7 +258,7 @@ int RunList(const GlobalOptions& global) {
 }
 
 int RunGet(const GlobalOptions& global, const std::string& job_id) {
-  absl::StatusOr<std::unique_ptr<CoordinatorClient>> client = Connect(global.coordinator);
+  absl::StatusOr<std::unique_ptr<CoordinatorClient>> client = Connect(global);
   if (!client.ok()) return Fail(global, client.status());
   absl::StatusOr<v1::Job> job = (*client)->GetJob(job_id);
   if (!job.ok()) return Fail(global, job.status(), absl::StrCat("get ", job_id));
@@ -251,7 +272,7 @@ int RunGet(const GlobalOptions& global, const std::string& job_id) {
 }
 
 int RunWatch(const GlobalOptions& global, const std::string& job_id) {
-  absl::StatusOr<std::unique_ptr<CoordinatorClient>> client = Connect(global.coordinator);
+  absl::StatusOr<std::unique_ptr<CoordinatorClient>> client = Connect(global);
   if (!client.ok()) return Fail(global, client.status());
   absl::StatusOr<v1::Job> last = Follow(global, client->get(), job_id);
   if (!last.ok()) return Fail(global, last.status(), absl::StrCat("watch ", job_id));
@@ -259,7 +280,7 @@ int RunWatch(const GlobalOptions& global, const std::string& job_id) {
 }
 
 int RunCancel(const GlobalOptions& global, const std::string& job_id) {
-  absl::StatusOr<std::unique_ptr<CoordinatorClient>> client = Connect(global.coordinator);
+  absl::StatusOr<std::unique_ptr<CoordinatorClient>> client = Connect(global);
   if (!client.ok()) return Fail(global, client.status());
   absl::StatusOr<v1::Job> job = (*client)->CancelJob(job_id);
   if (!job.ok()) return Fail(global, job.status(), absl::StrCat("cancel ", job_id));
@@ -273,7 +294,7 @@ int RunCancel(const GlobalOptions& global, const std::string& job_id) {
 }
 
 int RunCluster(const GlobalOptions& global) {
-  absl::StatusOr<std::unique_ptr<CoordinatorClient>> client = Connect(global.coordinator);
+  absl::StatusOr<std::unique_ptr<CoordinatorClient>> client = Connect(global);
   if (!client.ok()) return Fail(global, client.status());
   absl::StatusOr<std::vector<v1::Member>> members = (*client)->ListMembers();
   if (!members.ok()) return Fail(global, members.status(), "cluster");
@@ -288,8 +309,12 @@ int RunCluster(const GlobalOptions& global) {
 
 namespace {
 
-int ExportAndReport(const GlobalOptions& global, const v1::Job& job, const std::string& out) {
-  absl::StatusOr<int64_t> values = ExportJob(job, out);
+// The shards are dialed with `credentials` (the global ones; plaintext for `tessera local`).
+int ExportAndReport(const GlobalOptions& global, const v1::Job& job, const std::string& out,
+                    const ClientCredentials& credentials) {
+  ExportOptions export_options;
+  export_options.credentials = credentials;
+  absl::StatusOr<int64_t> values = ExportJob(job, out, export_options);
   if (!values.ok()) return Fail(global, values.status(), absl::StrCat("export ", job.id()));
   const std::string line = absl::StrFormat("wrote %s: job %s, %d values (%s)", out, job.id(),
                                            *values, StateName(job.state()));
@@ -305,7 +330,7 @@ int ExportAndReport(const GlobalOptions& global, const v1::Job& job, const std::
 }  // namespace
 
 int RunExport(const GlobalOptions& global, const ExportOptionsFlags& options) {
-  absl::StatusOr<std::unique_ptr<CoordinatorClient>> client = Connect(global.coordinator);
+  absl::StatusOr<std::unique_ptr<CoordinatorClient>> client = Connect(global);
   if (!client.ok()) return Fail(global, client.status());
   absl::StatusOr<v1::Job> job = (*client)->GetJob(options.job_id);
   if (!job.ok()) return Fail(global, job.status(), absl::StrCat("export ", options.job_id));
@@ -313,7 +338,7 @@ int RunExport(const GlobalOptions& global, const ExportOptionsFlags& options) {
     std::fprintf(stderr, "tessera: warning: job %s is %s; exporting its current weights\n",
                  job->id().c_str(), StateName(job->state()).c_str());
   }
-  const int code = ExportAndReport(global, *job, options.out);
+  const int code = ExportAndReport(global, *job, options.out, global.credentials);
   if (code == kExitOk && global.json) {
     std::printf("{\"out\":%s,\"job_id\":%s}\n", JsonQuote(options.out).c_str(),
                 JsonQuote(job->id()).c_str());
@@ -387,7 +412,7 @@ int RunLocal(const GlobalOptions& global, const LocalOptions& options) {
   std::fflush(progress);
 
   absl::StatusOr<std::unique_ptr<CoordinatorClient>> client =
-      Connect((*cluster)->coordinator_address());
+      Connect((*cluster)->coordinator_address(), ClientCredentials{});
   if (!client.ok()) return Fail(global, client.status());
   {
     absl::MutexLock lock(&client_mu);
@@ -445,7 +470,7 @@ int RunLocal(const GlobalOptions& global, const LocalOptions& options) {
 
   int code = ExitForState(last->state());
   if (last->state() == v1::JOB_STATE_SUCCEEDED && !options.out.empty()) {
-    const int exported = ExportAndReport(global, *last, options.out);
+    const int exported = ExportAndReport(global, *last, options.out, ClientCredentials{});
     if (exported != kExitOk) code = exported;
   }
   if (last->state() == v1::JOB_STATE_FAILED) {

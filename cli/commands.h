@@ -6,7 +6,9 @@
 //       state that does not allow it), or an export failed
 //   64  usage: bad flags, or a spec refused (locally or by the coordinator, INVALID_ARGUMENT)
 //   69  unavailable: the coordinator (or, for local, a daemon) could not be reached or started;
-//       the message says which address
+//       the message says which address (a failed TLS handshake is UNAVAILABLE too)
+//   77  not permitted (sysexits.h EX_NOPERM): the coordinator or a shard refused the bearer token
+//       (UNAUTHENTICATED) or the call (PERMISSION_DENIED); the message names the token file
 //   130, 143  `tessera local` stopped by SIGINT or SIGTERM (the job is cancelled first)
 // Errors go to stderr as "tessera: ..."; with --output json, stdout also gets
 // {"error":{"code":"...","message":"..."}}.
@@ -16,17 +18,25 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "common/security.h"
 
 namespace tessera::cli {
 
 constexpr int kExitOk = 0;
 constexpr int kExitJobFailed = 1;
-constexpr int kExitUsage = 64;        // sysexits.h EX_USAGE
-constexpr int kExitUnavailable = 69;  // sysexits.h EX_UNAVAILABLE
+constexpr int kExitUsage = 64;         // sysexits.h EX_USAGE
+constexpr int kExitUnavailable = 69;   // sysexits.h EX_UNAVAILABLE
+constexpr int kExitNoPermission = 77;  // sysexits.h EX_NOPERM
 
 struct GlobalOptions {
   std::string coordinator = "127.0.0.1:7070";
   bool json = false;
+  // Channels to the coordinator and (for export) the shards: TLS and the bearer token from
+  // --tls_ca, --tls_cert/--tls_key, --tls_server_name, --auth_token_file (default plaintext).
+  // `tessera local` ignores them: its cluster is plaintext on loopback.
+  ClientCredentials credentials;
+  bool tls = false;             // credentials dial TLS (--tls_ca given)
+  std::string auth_token_file;  // for messages; empty: no token is sent
 };
 
 struct SubmitOptions {
@@ -49,7 +59,7 @@ struct LocalOptions {
 };
 
 // The exit status for a failed request: 69 for UNAVAILABLE and DEADLINE_EXCEEDED, 64 for
-// INVALID_ARGUMENT, 1 otherwise.
+// INVALID_ARGUMENT, 77 for UNAUTHENTICATED and PERMISSION_DENIED, 1 otherwise.
 int ExitCodeFor(const absl::Status& status);
 
 int RunSubmit(const GlobalOptions& global, const SubmitOptions& options);

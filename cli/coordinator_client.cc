@@ -5,8 +5,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
-#include "grpcpp/create_channel.h"
-#include "grpcpp/security/credentials.h"
 
 namespace tessera::cli {
 
@@ -29,7 +27,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorClient>> CoordinatorClient::Create(
 
 CoordinatorClient::CoordinatorClient(const Options& options)
     : options_(options),
-      channel_(grpc::CreateChannel(options.address, grpc::InsecureChannelCredentials())),
+      channel_(options.credentials.CreateChannel(options.address)),
       jobs_(v1::JobService::NewStub(channel_)),
       cluster_(v1::ClusterService::NewStub(channel_)) {}
 

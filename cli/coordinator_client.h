@@ -19,6 +19,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/security.h"
 #include "grpcpp/channel.h"
 #include "grpcpp/client_context.h"
 #include "tessera/v1/job.grpc.pb.h"
@@ -31,6 +32,8 @@ class CoordinatorClient {
     std::string address;  // host:port
     // Deadline of every unary call.
     absl::Duration rpc_timeout = absl::Seconds(10);
+    // How the channel is made: TLS, the bearer token (default: plaintext, no token).
+    ClientCredentials credentials;
   };
 
   // Creates the channel (no RPC is made). INVALID_ARGUMENT for an empty address.

@@ -59,6 +59,7 @@ absl::StatusOr<std::vector<NamedTensor>> PullJobWeights(const v1::Job& job,
   client_options.push_encoding = v1::ENCODING_FP32;
   client_options.pull_encoding = v1::ENCODING_FP32;
   client_options.call_timeout = options.call_timeout;
+  client_options.credentials = options.credentials;
   TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<client::ParameterClient> client,
                            client::ParameterClient::Create(client_options));
 

@@ -16,6 +16,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "cli/safetensors.h"
+#include "common/security.h"
 #include "tessera/v1/job.pb.h"
 
 namespace tessera::cli {
@@ -23,6 +24,8 @@ namespace tessera::cli {
 struct ExportOptions {
   // Deadline of each pull call (the client retries UNAVAILABLE under its default policy).
   absl::Duration call_timeout = absl::Seconds(30);
+  // How the channels to the shards are made (default: plaintext, no token).
+  ClientCredentials credentials;
 };
 
 // Pulls every trainable parameter of `job` from job.shard_addresses(). Blocks on the RPCs.

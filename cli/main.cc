@@ -2,11 +2,16 @@
 // which runs a whole cluster on this machine for one job. See cli/commands.h for the exit status.
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "CLI/CLI.hpp"
 #include "cli/commands.h"
 #include "common/process.h"
+#include "common/security.h"
+
+extern char** environ;
 
 namespace {
 
@@ -23,13 +28,44 @@ constexpr char kDescription[] =
     "  tessera cancel fashion-mlp-1\n"
     "  tessera cluster\n"
     "  tessera export fashion-mlp-1 --out model.safetensors\n"
-    "  TESSERA_COORDINATOR=10.0.0.5:7070 tessera list\n";
+    "  TESSERA_COORDINATOR=10.0.0.5:7070 tessera list\n"
+    "  tessera list --coordinator 10.0.0.5:7070 --tls_ca ca.pem --auth_token_file "
+    "~/.tessera-token\n"
+    "\n"
+    "Security: a cluster that serves TLS needs --tls_ca (the CA that signed the daemons'\n"
+    "certificates); one that requires client certificates (mutual TLS) also needs --tls_cert and\n"
+    "--tls_key; one that checks a bearer token needs --auth_token_file FILE (first line = the\n"
+    "token; chmod 600; sent only over TLS). --tls_server_name NAME checks NAME in the\n"
+    "certificates when they were made for a DNS name but you dial an IP. Environment defaults:\n"
+    "TESSERA_TLS_CA, TESSERA_TLS_CERT, TESSERA_TLS_KEY, TESSERA_TLS_SERVER_NAME,\n"
+    "TESSERA_TOKEN_FILE. `tessera export` dials the shards with the same credentials.\n"
+    "`tessera local` ignores them: its cluster is plaintext on loopback, and its daemons start\n"
+    "without the shell's TESSERA_* variables.\n";
 
 constexpr char kFooter[] =
     "Exit status: 0 success (the job SUCCEEDED for submit --watch, watch and local); 1 the job\n"
     "failed or was cancelled, or the request was refused; 64 usage (bad flags, a refused spec);\n"
-    "69 the coordinator is unreachable (the message names the address); 130/143 `tessera local`\n"
+    "69 the coordinator is unreachable or the TLS handshake failed (the message names the\n"
+    "address); 77 the bearer token was refused (UNAUTHENTICATED); 130/143 `tessera local`\n"
     "interrupted by SIGINT/SIGTERM after cancelling the job.";
+
+// Removes every TESSERA_* variable from this process's environment. The daemons read their flags
+// from TESSERA_<FLAG> (TESSERA_TLS_CA, TESSERA_CONFIG, ...); `tessera local` starts them with
+// this environment, and its cluster must stay plaintext on loopback whatever the shell exports.
+// REQUIRES: no other thread exists (setenv/unsetenv are not thread-safe).
+void ClearTesseraEnvironment() {
+  std::vector<std::string> names;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string entry(*e);
+    if (entry.rfind("TESSERA_", 0) == 0) names.push_back(entry.substr(0, entry.find('=')));
+  }
+  for (const std::string& name : names) unsetenv(name.c_str());
+}
+
+// Sets `*field` from the environment variable `name` when it is set and not empty.
+void FromEnv(const char* name, std::string* field) {
+  if (const char* env = std::getenv(name); env != nullptr && *env != '\0') *field = env;
+}
 
 }  // namespace
 
@@ -48,6 +84,16 @@ int main(int argc, char** argv) {
                  "Coordinator address host:port (default 127.0.0.1:7070, or TESSERA_COORDINATOR)");
   app.add_option("--output", output, "text, or json for one JSON line on stdout")
       ->check(CLI::IsMember({"text", "json"}));
+
+  tessera::SecurityOptions security_options;
+  FromEnv("TESSERA_TLS_CA", &security_options.tls_ca);
+  FromEnv("TESSERA_TLS_CERT", &security_options.tls_cert);
+  FromEnv("TESSERA_TLS_KEY", &security_options.tls_key);
+  FromEnv("TESSERA_TLS_SERVER_NAME", &security_options.tls_server_name);
+  FromEnv("TESSERA_AUTH_TOKEN_FILE", &security_options.auth_token_file);
+  FromEnv("TESSERA_TOKEN_FILE", &security_options.auth_token_file);
+  tessera::AddSecurityFlags(*app.add_option_group("Security", "TLS and the bearer token"),
+                            &security_options, /*listener=*/false);
 
   tessera::cli::SubmitOptions submit;
   CLI::App* submit_cmd = app.add_subcommand(
@@ -110,9 +156,35 @@ int main(int argc, char** argv) {
   }
   global.json = output == "json";
 
+  // `tessera local` runs its own plaintext loopback cluster and dials nothing else.
+  std::unique_ptr<tessera::Security> security;
+  if (!*local_cmd) {
+    // This process only dials: a certificate or a token without a CA to verify the server
+    // would go unused, or (the token) travel in plaintext.
+    if (security_options.tls_ca.empty() &&
+        (!security_options.tls_cert.empty() || !security_options.auth_token_file.empty())) {
+      std::fprintf(stderr,
+                   "tessera: %s needs --tls_ca (or TESSERA_TLS_CA): the CA that verifies the "
+                   "coordinator; a token is only sent over TLS\n",
+                   security_options.auth_token_file.empty() ? "--tls_cert" : "--auth_token_file");
+      return tessera::cli::kExitUsage;
+    }
+    absl::StatusOr<std::unique_ptr<tessera::Security>> created =
+        tessera::Security::Create(security_options);
+    if (!created.ok()) {
+      std::fprintf(stderr, "tessera: %s\n", std::string(created.status().message()).c_str());
+      return tessera::cli::kExitUsage;
+    }
+    security = *std::move(created);
+    global.credentials = security->Client();
+    global.tls = security->client_tls();
+    if (security->has_token()) global.auth_token_file = security_options.auth_token_file;
+  }
+
   if (*local_cmd) {
     // Before any thread exists: SIGINT and SIGTERM go to the command's signal thread only.
     tessera::BlockShutdownSignals();
+    ClearTesseraEnvironment();
     return tessera::cli::RunLocal(global, local);
   }
   if (*submit_cmd) return tessera::cli::RunSubmit(global, submit);

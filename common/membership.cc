@@ -13,9 +13,7 @@ namespace tessera {
 namespace {
 
 std::shared_ptr<grpc::Channel> MakeChannel(const MemberAgent::Options& options) {
-  std::shared_ptr<grpc::ChannelCredentials> credentials = options.credentials;
-  if (credentials == nullptr) credentials = grpc::InsecureChannelCredentials();
-  return grpc::CreateChannel(options.coordinator, credentials);
+  return options.credentials.CreateChannel(options.coordinator);
 }
 
 const char* RoleName(v1::MemberRole role) {

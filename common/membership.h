@@ -20,8 +20,8 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/security.h"
 #include "grpcpp/channel.h"
-#include "grpcpp/security/credentials.h"
 #include "tessera/v1/job.grpc.pb.h"
 
 namespace tessera {
@@ -34,8 +34,8 @@ class MemberAgent {
     absl::Duration initial_backoff = absl::Milliseconds(200);
     absl::Duration max_backoff = absl::Seconds(5);
     absl::Duration rpc_timeout = absl::Seconds(5);
-    // Null: insecure (plaintext) credentials.
-    std::shared_ptr<grpc::ChannelCredentials> credentials;
+    // How the channel to the coordinator is made (default: plaintext, no token).
+    ClientCredentials credentials;
     // Runs on the agent's thread after every successful registration, with the new member id
     // (the first one and every re-registration). May be empty.
     std::function<void(const std::string& member_id)> on_registered;

@@ -90,6 +90,23 @@ MemberAgent::Options AgentOptions(int port) {
   return options;
 }
 
+TEST(MemberAgentTest, DialsWithTheGivenCredentials) {
+  Fixture fixture(/*not_found_at=*/0);
+  ASSERT_NE(fixture.server, nullptr);
+  MemberAgent::Options options = AgentOptions(fixture.port);
+  // TLS against this plaintext coordinator: every attempt fails the handshake.
+  options.credentials.channel = grpc::SslCredentials(grpc::SslCredentialsOptions());
+  MemberAgent agent(options);
+  agent.Start();
+  const absl::Status status = agent.WaitRegistered(absl::Milliseconds(600));
+  EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded) << status;
+  EXPECT_NE(status.message().find("UNAVAILABLE"), absl::string_view::npos) << status;
+  EXPECT_EQ(agent.member_id(), "");
+  agent.Stop(/*deregister=*/false);
+  absl::MutexLock lock(&fixture.service.mu_);
+  EXPECT_EQ(fixture.service.register_calls_, 0);  // no call got through the handshake
+}
+
 TEST(MemberAgentTest, RetriesRegistersAgainOnNotFoundAndDeregisters) {
   Fixture fixture(/*not_found_at=*/3);
   ASSERT_NE(fixture.server, nullptr);

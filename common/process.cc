@@ -87,15 +87,26 @@ void BlockShutdownSignals() {
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
 }
 
-int WaitForShutdownSignal() {
+void BlockDaemonSignals() {
+  BlockShutdownSignals();
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGHUP);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+}
+
+int WaitForShutdownSignal(const std::function<void()>& on_reload) {
   sigset_t set;
   sigemptyset(&set);
   sigaddset(&set, SIGINT);
   sigaddset(&set, SIGTERM);
-  int sig = 0;
-  while (sigwait(&set, &sig) != 0) {
+  sigaddset(&set, SIGHUP);
+  for (;;) {
+    int sig = 0;
+    if (sigwait(&set, &sig) != 0) continue;
+    if (sig != SIGHUP) return sig;
+    if (on_reload) on_reload();
   }
-  return sig;
 }
 
 }  // namespace tessera

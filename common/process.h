@@ -1,8 +1,9 @@
 // Process-level pieces every daemon's main() uses: logging set-up, the port file, and waiting for
-// SIGINT or SIGTERM.
+// SIGINT or SIGTERM (and handling SIGHUP reloads meanwhile).
 #ifndef TESSERA_COMMON_PROCESS_H_
 #define TESSERA_COMMON_PROCESS_H_
 
+#include <functional>
 #include <string>
 
 #include "absl/status/status.h"
@@ -30,8 +31,15 @@ void ExecWithPassiveOpenMpWait(char** argv);
 // Call first thing in main(), before any thread exists.
 void BlockShutdownSignals();
 
-// Waits until SIGINT or SIGTERM arrives and returns its number. REQUIRES: BlockShutdownSignals().
-int WaitForShutdownSignal();
+// BlockShutdownSignals() and SIGHUP too (a daemon's reload signal), so that only
+// WaitForShutdownSignal() sees them. Call first thing in a daemon's main(), before any thread
+// exists.
+void BlockDaemonSignals();
+
+// Waits until SIGINT or SIGTERM arrives and returns its number. Each SIGHUP meanwhile calls
+// `on_reload` (on this thread; ignored when null) and the wait goes on.
+// REQUIRES: BlockDaemonSignals().
+int WaitForShutdownSignal(const std::function<void()>& on_reload = nullptr);
 
 }  // namespace tessera
 

@@ -109,9 +109,10 @@ int64_t ConsistencyGate::SlowestClock(const WorkerClocks& clocks, int64_t step) 
 }
 
 absl::Status ConsistencyGate::CheckSspPushStep(absl::string_view key, const WorkerClocks& clocks,
-                                               int64_t step) const {
+                                               int64_t step, int64_t* slowest_out) const {
   absl::ReaderMutexLock lock(&mu_);
   const int64_t slowest = SlowestClockLocked(clocks, step);
+  if (slowest_out != nullptr) *slowest_out = slowest;
   const int64_t limit = slowest + static_cast<int64_t>(staleness_) + 1;
   if (step > limit) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -87,9 +87,10 @@ class ConsistencyGate {
   int64_t SlowestClock(const WorkerClocks& clocks, int64_t step) const;
 
   // SSP admission of a push for `step` to a partition with `clocks`: INVALID_ARGUMENT naming
-  // `key` when step > slowest clock + k + 1.
-  absl::Status CheckSspPushStep(absl::string_view key, const WorkerClocks& clocks,
-                                int64_t step) const;
+  // `key` when step > slowest clock + k + 1. When `slowest` is set, it receives the slowest
+  // clock it checked against (for the staleness metric).
+  absl::Status CheckSspPushStep(absl::string_view key, const WorkerClocks& clocks, int64_t step,
+                                int64_t* slowest = nullptr) const;
 
   // Runs wait.done inline (OK) when the gate is already open, with the Close() status when the
   // gate is closed, with CANCELLED when wait.cancelled is set, and otherwise parks it. Never

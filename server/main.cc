@@ -6,12 +6,21 @@
 #include <cstdio>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "common/config.h"
+#include "common/daemon_metrics.h"
 #include "common/membership.h"
+#include "common/metrics.h"
 #include "common/process.h"
+#include "common/security.h"
+#include "common/status_macros.h"
+#include "common/systemd.h"
+#include "server/shard_metrics.h"
 #include "server/shard_server.h"
 #include "spdlog/spdlog.h"
 
@@ -24,7 +33,21 @@ struct Flags {
   double shutdown_grace_seconds = 5.0;
   std::string coordinator;
   std::string advertise_address;
+  tessera::SecurityOptions security;
+  tessera::MetricsFlags metrics;
 };
+
+// The checks --check-config runs and every start runs first (exit 78 on failure); binds nothing.
+absl::Status Validate(const Flags& flags, std::unique_ptr<tessera::Security>* security) {
+  TESSERA_RETURN_IF_ERROR(tessera::ValidateLogLevel(flags.log_level));
+  // Before Security::Create, which may log warnings.
+  TESSERA_RETURN_IF_ERROR(tessera::InitLogging(flags.log_level));
+  TESSERA_RETURN_IF_ERROR(tessera::server::ShardServer::Validate(flags.server));
+  TESSERA_ASSIGN_OR_RETURN(*security, tessera::Security::Create(flags.security));
+  TESSERA_RETURN_IF_ERROR((*security)->CheckListenAddress("--listen", flags.server.listen));
+  TESSERA_RETURN_IF_ERROR(tessera::ValidateMetricsFlags(flags.metrics, flags.security.insecure));
+  return absl::OkStatus();
+}
 
 std::string Hostname() {
   char name[256] = {};
@@ -41,20 +64,34 @@ std::string AdvertisedAddress(const Flags& flags, int port) {
   return absl::StrCat(host, ":", port);
 }
 
-int Run(const Flags& flags) {
+int Run(Flags flags, const tessera::LayeredConfig& config, tessera::Security* security) {
   absl::Status logging = tessera::InitLogging(flags.log_level);
   if (!logging.ok()) {
     std::fprintf(stderr, "tessera-server: %s\n", std::string(logging.message()).c_str());
     return 2;
   }
+  absl::StatusOr<std::unique_ptr<tessera::Metrics>> metrics =
+      tessera::StartMetrics("server", flags.metrics);
+  if (!metrics.ok()) {
+    spdlog::error("tessera-server: {}", metrics.status().ToString());
+    return 1;
+  }
+  tessera::Metrics* registry = metrics->get();
+  flags.server.credentials = security->ServerCredentials();
+  flags.server.configure = tessera::RpcMetricsHook(registry);
   auto server = tessera::server::ShardServer::Create(flags.server);
   if (!server.ok()) {
     spdlog::error("tessera-server: {}", server.status().ToString());
     return 2;
   }
+  // From here until the end the endpoint reads the store at scrape time: every return destroys
+  // `metrics` (stopping the endpoint) before `server`, which owns the store. `metrics` must still
+  // outlive the server's calls (the interceptors): stop the server first when it was started.
+  tessera::server::RegisterShardMetrics(registry, (*server)->store());
   absl::Status started = (*server)->Start();
   if (!started.ok()) {
     spdlog::error("tessera-server: {}", started.ToString());
+    metrics->reset();
     return 1;
   }
   if (!flags.port_file.empty()) {
@@ -62,6 +99,7 @@ int Run(const Flags& flags) {
     if (!written.ok()) {
       spdlog::error("tessera-server: {}", written.ToString());
       (*server)->Stop(absl::ZeroDuration());
+      metrics->reset();
       return 1;
     }
   }
@@ -69,6 +107,7 @@ int Run(const Flags& flags) {
   if (!flags.coordinator.empty()) {
     tessera::MemberAgent::Options options;
     options.coordinator = flags.coordinator;
+    options.credentials = security->Client();
     options.registration.set_role(tessera::v1::MEMBER_ROLE_SERVER);
     options.registration.set_address(AdvertisedAddress(flags, (*server)->port()));
     options.registration.set_shard_index(flags.server.shard_index);
@@ -77,11 +116,23 @@ int Run(const Flags& flags) {
     agent = std::make_unique<tessera::MemberAgent>(std::move(options));
     agent->Start();
   }
-  const int signal = tessera::WaitForShutdownSignal();
+  // The port answers health checks (SERVING) from here on. TODO(#6): load the checkpoints in
+  // --data_dir before READY.
+  tessera::systemd::NotifyReady(absl::StrCat("serving on ", (*server)->address()));
+  tessera::systemd::SystemdWatchdog watchdog;
+  watchdog.Start();
+  const int signal = tessera::WaitForShutdownSignal(
+      [&] { tessera::ReloadDaemonConfig(config, security, "tessera-server"); });
+  // Health NOT_SERVING for the whole drain, before the agent deregisters from the coordinator.
+  (*server)->SetNotServing();
+  tessera::systemd::NotifyStopping("draining");
   if (agent != nullptr) agent->Stop(/*deregister=*/true);
   spdlog::info("tessera-server: signal {} received, shutting down (grace {} s)", signal,
                flags.shutdown_grace_seconds);
   (*server)->Stop(absl::Seconds(flags.shutdown_grace_seconds));
+  // The metrics read the store at scrape time: stop serving them before the store goes.
+  metrics->reset();
+  watchdog.Stop();
   spdlog::info("tessera-server: stopped");
   return 0;
 }
@@ -90,7 +141,7 @@ int Run(const Flags& flags) {
 
 int main(int argc, char** argv) {
   tessera::ExecWithPassiveOpenMpWait(argv);
-  tessera::BlockShutdownSignals();
+  tessera::BlockDaemonSignals();
   // Partitions are 4 MiB: keep freed message buffers in the heap for reuse instead of returning
   // them to the kernel (mmap/munmap and page faults on every message).
   mallopt(M_MMAP_THRESHOLD, 256 << 20);
@@ -100,7 +151,10 @@ int main(int argc, char** argv) {
       "tessera-server: a Tessera parameter shard. It holds the partitions of each job that hash\n"
       "to it, enforces the job's consistency model (BSP, SSP, ASP), applies the optimizer and\n"
       "answers pulls over gRPC (tessera.v1.ParameterService, plus grpc.health.v1 and server\n"
-      "reflection). SIGTERM or SIGINT shuts it down cleanly.",
+      "reflection). SIGTERM or SIGINT drains it (health NOT_SERVING, running calls finish within\n"
+      "--shutdown_grace_seconds) and exits 0; SIGHUP re-reads log_level and the TLS and token\n"
+      "files. Under systemd (Type=notify) it sends READY=1 once serving, STOPPING=1 on drain and\n"
+      "WATCHDOG=1 when the unit sets WatchdogSec.",
       "tessera-server"};
   app.add_option("--listen", flags.server.listen,
                  "host:port to serve on; port 0 picks a free port (see --port_file)")
@@ -142,10 +196,12 @@ int main(int argc, char** argv) {
                  "on SIGTERM/SIGINT, how long running calls may finish before they are cancelled")
       ->capture_default_str()
       ->check(CLI::Range(0.0, 3600.0));
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e);
-  }
-  return Run(flags);
+  tessera::AddSecurityFlags(app, &flags.security);
+  tessera::AddMetricsFlags(app, &flags.metrics);
+  tessera::LayeredConfig config("tessera-server");
+  config.AddFlags(app);
+  std::unique_ptr<tessera::Security> security;
+  const int code = config.Parse(app, argc, argv, [&] { return Validate(flags, &security); });
+  if (code >= 0) return code;
+  return Run(flags, config, security.get());
 }

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -440,15 +441,67 @@ struct ParameterStore::Partition {
   }
 };
 
+StoreHistogram::StoreHistogram(std::vector<int64_t> bounds)
+    : bounds_(std::move(bounds)), counts_(new std::atomic<uint64_t>[bounds_.size() + 1]) {
+  for (size_t i = 0; i <= bounds_.size(); ++i) counts_[i].store(0, std::memory_order_relaxed);
+}
+
+void StoreHistogram::Observe(int64_t value) {
+  const size_t bucket = static_cast<size_t>(
+      std::lower_bound(bounds_.begin(), bounds_.end(), value) - bounds_.begin());
+  counts_[bucket].fetch_add(1, std::memory_order_relaxed);
+  sum_.fetch_add(value, std::memory_order_relaxed);
+  count_.fetch_add(1, std::memory_order_relaxed);
+}
+
+StoreHistogram::Snapshot StoreHistogram::snapshot() const {
+  Snapshot out;
+  out.bounds = bounds_;
+  out.counts.resize(bounds_.size() + 1);
+  for (size_t i = 0; i <= bounds_.size(); ++i) {
+    out.counts[i] = counts_[i].load(std::memory_order_relaxed);
+  }
+  out.count = count_.load(std::memory_order_relaxed);
+  out.sum = sum_.load(std::memory_order_relaxed);
+  return out;
+}
+
+namespace {
+
+// 10 us .. 60 s, for gate waits in nanoseconds.
+std::vector<int64_t> WaitBoundsNs() {
+  std::vector<int64_t> bounds;
+  for (int64_t us :
+       {10,    50,     100,    250,    500,     1000,    2500,    5000,     10000,    25000,
+        50000, 100000, 250000, 500000, 1000000, 2500000, 5000000, 10000000, 30000000, 60000000}) {
+    bounds.push_back(us * 1000);
+  }
+  return bounds;
+}
+
+}  // namespace
+
+struct ParameterStore::Counters {
+  std::atomic<int64_t> bytes_pushed{0};
+  std::atomic<int64_t> bytes_pulled{0};
+  std::atomic<int64_t> updates_applied{0};
+  std::atomic<int64_t> duplicates{0};
+  std::atomic<int64_t> skipped_non_finite{0};
+  StoreHistogram bsp_wait_ns{WaitBoundsNs()};
+  StoreHistogram ssp_wait_ns{WaitBoundsNs()};
+  StoreHistogram ssp_staleness{{0, 1, 2, 3, 4, 5, 6, 8, 10, 15, 20, 30, 50, 100}};
+};
+
 struct ParameterStore::Job {
   Job(std::string job_id, const v1::JobConfig& cfg, absl::StatusOr<kernels::OptimizerParams> p,
-      std::shared_ptr<MemoryBudget> b, int64_t bytes)
+      std::shared_ptr<MemoryBudget> b, int64_t bytes, std::shared_ptr<Counters> c)
       : id(std::move(job_id)),
         config(cfg),
         dense_params(std::move(p)),
         gate(cfg.consistency(), cfg.staleness(), cfg.num_workers()),
         budget(std::move(b)),
-        charged(bytes) {}
+        charged(bytes),
+        counters(std::move(c)) {}
   ~Job() { budget->Release(charged); }
 
   // Bytes of a job without partitions: this struct, its id and the gate's per-worker state.
@@ -463,6 +516,8 @@ struct ParameterStore::Job {
   ConsistencyGate gate;
   const std::shared_ptr<MemoryBudget> budget;
   const int64_t charged;
+  // The store's shard-wide counters.
+  const std::shared_ptr<Counters> counters;
 
   mutable absl::Mutex mu;
   absl::flat_hash_map<std::pair<std::string, uint32_t>, std::shared_ptr<Partition>> dense
@@ -514,6 +569,7 @@ struct ParameterStore::Job {
       if (sum != nullptr) {
         p.ApplyDenseLocked(config, step, scale, sum->data());
         updates_applied.fetch_add(1, std::memory_order_relaxed);
+        counters->updates_applied.fetch_add(1, std::memory_order_relaxed);
       }
     } else {
       SparseGrad merged;
@@ -540,6 +596,7 @@ struct ParameterStore::Job {
       if (!merged.ids.empty()) {
         p.ApplySparseLocked(config, step, scale, merged);
         updates_applied.fetch_add(1, std::memory_order_relaxed);
+        counters->updates_applied.fetch_add(1, std::memory_order_relaxed);
       }
     }
     std::fill(p.contributed.begin(), p.contributed.end(), 0);
@@ -570,7 +627,8 @@ struct ParameterStore::PullItem {
 ParameterStore::ParameterStore(ParameterStoreOptions options)
     : options_(std::move(options)),
       budget_(std::make_shared<MemoryBudget>(
-          options_.max_memory_bytes > 0 ? options_.max_memory_bytes : DefaultMemoryLimit())) {}
+          options_.max_memory_bytes > 0 ? options_.max_memory_bytes : DefaultMemoryLimit())),
+      counters_(std::make_shared<Counters>()) {}
 
 ParameterStore::~ParameterStore() {
   CloseAll(absl::CancelledError("the parameter store is shutting down"));
@@ -707,7 +765,8 @@ absl::StatusOr<v1::CreateJobStateResponse> ParameterStore::CreateJobState(
       if (!budget_->TryReserve(bytes)) {
         return budget_->Exhausted(absl::StrCat("job '", request.job_id(), "'"), bytes);
       }
-      job = std::make_shared<Job>(request.job_id(), config, dense_params, budget_, bytes);
+      job =
+          std::make_shared<Job>(request.job_id(), config, dense_params, budget_, bytes, counters_);
       if (!closed_.ok()) job->gate.Close(closed_);
       jobs_.emplace(request.job_id(), job);
       created = true;
@@ -938,6 +997,8 @@ absl::StatusOr<PushAck> ParameterStore::PushToJob(Job& job, const PushPullView& 
     bool duplicate = false;     // seen (worker, incarnation, seq)
     bool record_seq = false;    // a duplicate whose (incarnation, seq) becomes the last applied
     int64_t staging_bytes = 0;  // BSP: what staging the gradient adds (reserved in step 2)
+    size_t data_size = 0;
+    int64_t ssp_slowest = 0;  // SSP: the slowest live clock at admission
   };
   std::vector<Item> items;
   items.reserve(request.push.size());
@@ -974,11 +1035,14 @@ absl::StatusOr<PushAck> ParameterStore::PushToJob(Job& job, const PushPullView& 
           "push[", i, "] key ", key, ": expected ", values, " values (", values * width,
           " bytes of ", v1::Encoding_Name(s.encoding), ") but got ", data_size, " bytes"));
     }
+    int64_t slowest = 0;
     if (job.gate.mode() == v1::CONSISTENCY_SSP) {
       // Clocks only grow, so this still holds when the push is applied.
-      TESSERA_RETURN_IF_ERROR(job.gate.CheckSspPushStep(key, p->clocks, step));
+      TESSERA_RETURN_IF_ERROR(job.gate.CheckSspPushStep(key, p->clocks, step, &slowest));
     }
     Item item{&s, std::move(p)};
+    item.data_size = data_size;
+    item.ssp_slowest = slowest;
     if (HasNonFinite(s)) {
       if (!skip_policy) {
         return absl::InvalidArgumentError(absl::StrCat(
@@ -1080,6 +1144,8 @@ absl::StatusOr<PushAck> ParameterStore::PushToJob(Job& job, const PushPullView& 
 
   // 3. Apply.
   bool version_changed = false;
+  const bool ssp = job.gate.mode() == v1::CONSISTENCY_SSP;
+  int64_t bytes_pushed = 0;
   const float scale = job.gate.mode() == v1::CONSISTENCY_SSP
                           ? 1.0f / static_cast<float>(job.gate.NumLive(step))
                           : 1.0f;
@@ -1097,7 +1163,12 @@ absl::StatusOr<PushAck> ParameterStore::PushToJob(Job& job, const PushPullView& 
       continue;
     }
     p.last_applied[worker] = Partition::Seq{true, incarnation, seq};
-    if (item.skip) ++ack.skipped_non_finite;
+    // Only bytes applied or staged: a slice skipped for NaN/Inf counts in skipped_non_finite.
+    if (item.skip) {
+      ++ack.skipped_non_finite;
+    } else {
+      bytes_pushed += static_cast<int64_t>(item.data_size);
+    }
     const SliceView& s = *item.slice;
     if (bsp) {
       p.contributed[worker] = 1;
@@ -1130,6 +1201,8 @@ absl::StatusOr<PushAck> ParameterStore::PushToJob(Job& job, const PushPullView& 
     }
     p.version.fetch_add(1, std::memory_order_release);
     job.updates_applied.fetch_add(1, std::memory_order_relaxed);
+    job.counters->updates_applied.fetch_add(1, std::memory_order_relaxed);
+    if (ssp) job.counters->ssp_staleness.Observe(std::max<int64_t>(0, step - item.ssp_slowest));
     version_changed = true;
   }
   unlock_all();
@@ -1137,6 +1210,14 @@ absl::StatusOr<PushAck> ParameterStore::PushToJob(Job& job, const PushPullView& 
   // 4. Release the pulls that the new versions (BSP) or clocks (SSP) open.
   job.duplicates.fetch_add(ack.duplicates, std::memory_order_relaxed);
   job.skipped_non_finite.fetch_add(ack.skipped_non_finite, std::memory_order_relaxed);
+  Counters& counters = *job.counters;
+  if (bytes_pushed > 0) counters.bytes_pushed.fetch_add(bytes_pushed, std::memory_order_relaxed);
+  if (ack.duplicates > 0) {
+    counters.duplicates.fetch_add(ack.duplicates, std::memory_order_relaxed);
+  }
+  if (ack.skipped_non_finite > 0) {
+    counters.skipped_non_finite.fetch_add(ack.skipped_non_finite, std::memory_order_relaxed);
+  }
   if ((version_changed && bsp) || job.gate.mode() == v1::CONSISTENCY_SSP) job.gate.Notify();
   return ack;
 }
@@ -1233,12 +1314,23 @@ void ParameterStore::AnswerWhenOpen(
           item.gate_step);
     }
   }
+  // The wait at the gate, for the metrics (a pull with nothing gated is not timed).
+  StoreHistogram* wait_histogram = nullptr;
+  if (!wait.versions.empty()) wait_histogram = &counters_->bsp_wait_ns;
+  if (!wait.clocks.empty()) wait_histogram = &counters_->ssp_wait_ns;
+  const auto parked_at = std::chrono::steady_clock::now();
   auto token = std::make_shared<char>();
   auto answer = [items = std::move(items), encoding, done = std::move(done),
-                 weights_buffer = std::move(weights_buffer)](absl::Status status) {
+                 weights_buffer = std::move(weights_buffer), counters = counters_, wait_histogram,
+                 parked_at](absl::Status status) {
     if (!status.ok()) {
       done(status);
       return;
+    }
+    if (wait_histogram != nullptr) {
+      wait_histogram->Observe(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                  std::chrono::steady_clock::now() - parked_at)
+                                  .count());
     }
     std::vector<v1::Slice> slices(items.size());
     for (size_t i = 0; i < items.size(); ++i) {
@@ -1252,6 +1344,9 @@ void ParameterStore::AnswerWhenOpen(
       *slices[i].mutable_key() = items[i].key;
       p.ReadInto(items[i].row_ids, encoding, &slices[i]);
     }
+    int64_t bytes = 0;
+    for (const v1::Slice& slice : slices) bytes += static_cast<int64_t>(slice.data().size());
+    counters->bytes_pulled.fetch_add(bytes, std::memory_order_relaxed);
     done(std::move(slices));
   };
   wait.done = [this, token, answer = std::move(answer)](absl::Status status) mutable {
@@ -1378,6 +1473,30 @@ absl::StatusOr<JobStats> ParameterStore::GetJobStats(absl::string_view job_id) c
   stats.updates_applied = job->updates_applied.load();
   stats.max_staleness_served = job->gate.MaxStalenessServed();
   stats.parked_pulls = job->gate.NumParked();
+  return stats;
+}
+
+ShardStats ParameterStore::GetShardStats() const {
+  std::vector<std::shared_ptr<Job>> jobs;
+  {
+    absl::ReaderMutexLock lock(&mu_);
+    jobs.reserve(jobs_.size());
+    for (const auto& [id, job] : jobs_) jobs.push_back(job);
+  }
+  ShardStats stats;
+  stats.jobs = static_cast<int64_t>(jobs.size());
+  for (const std::shared_ptr<Job>& job : jobs) {
+    stats.parked_pulls += static_cast<int64_t>(job->gate.NumParked());
+  }
+  const Counters& c = *counters_;
+  stats.bytes_pushed = c.bytes_pushed.load(std::memory_order_relaxed);
+  stats.bytes_pulled = c.bytes_pulled.load(std::memory_order_relaxed);
+  stats.updates_applied = c.updates_applied.load(std::memory_order_relaxed);
+  stats.duplicates = c.duplicates.load(std::memory_order_relaxed);
+  stats.skipped_non_finite = c.skipped_non_finite.load(std::memory_order_relaxed);
+  stats.bsp_wait_ns = c.bsp_wait_ns.snapshot();
+  stats.ssp_wait_ns = c.ssp_wait_ns.snapshot();
+  stats.ssp_staleness = c.ssp_staleness.snapshot();
   return stats;
 }
 

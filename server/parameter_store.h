@@ -60,6 +60,50 @@ struct JobStats {
   size_t parked_pulls = 0;
 };
 
+// A histogram of integer observations (nanoseconds, steps) over fixed upper bounds, whose
+// Observe is relaxed atomic adds only, so the push/pull path takes no lock for it. Thread-safe.
+class StoreHistogram {
+ public:
+  struct Snapshot {
+    std::vector<int64_t> bounds;  // inclusive upper bounds, ascending
+    // counts[i]: observations <= bounds[i] and > bounds[i - 1]; counts.back(): above them all.
+    std::vector<uint64_t> counts;
+    uint64_t count = 0;
+    int64_t sum = 0;
+  };
+
+  // REQUIRES: `bounds` ascending.
+  explicit StoreHistogram(std::vector<int64_t> bounds);
+  void Observe(int64_t value);
+  // The counts may be a few observations apart from `count` while others observe.
+  Snapshot snapshot() const;
+
+ private:
+  const std::vector<int64_t> bounds_;
+  const std::unique_ptr<std::atomic<uint64_t>[]> counts_;
+  std::atomic<uint64_t> count_{0};
+  std::atomic<int64_t> sum_{0};
+};
+
+// Counters of the whole shard since it started (jobs dropped included), for metrics. Read by
+// ParameterStore::GetShardStats().
+struct ShardStats {
+  int64_t jobs = 0;             // held now
+  int64_t parked_pulls = 0;     // waiting on a gate now
+  int64_t bytes_pushed = 0;     // gradient bytes of pushes applied or staged (not duplicates)
+  int64_t bytes_pulled = 0;     // weight bytes answered (pulls and PushPull weights)
+  int64_t updates_applied = 0;  // optimizer applications
+  int64_t duplicates = 0;       // push slices acknowledged as already applied (exactly-once)
+  int64_t skipped_non_finite = 0;
+  // Nanoseconds a gated pull waited at its job's gate, from parking to release (0 when it was
+  // open at once), by consistency mode.
+  StoreHistogram::Snapshot bsp_wait_ns;
+  StoreHistogram::Snapshot ssp_wait_ns;
+  // SSP: per applied push slice, step - the slowest live worker's clock on that partition when
+  // the push was admitted (clocks only grow, so at apply it is at most this).
+  StoreHistogram::Snapshot ssp_staleness;
+};
+
 // One slice of a request by reference: the fields of v1::Slice that a push or pull uses, with the
 // key's tensor name, the data and the row ids owned by the caller. The data is `data`, or, when
 // `pieces` is not empty, the concatenation of the pieces (then `data` is empty): a transport's
@@ -165,6 +209,10 @@ class ParameterStore {
 
   absl::StatusOr<JobStats> GetJobStats(absl::string_view job_id) const;
 
+  // The shard-wide counters. Takes the store's lock and each job's gate lock briefly (reader);
+  // the counters themselves are relaxed atomics. Thread-safe.
+  ShardStats GetShardStats() const;
+
   // Fails every parked pull with `status` (server shutdown). Later pulls that must wait fail too.
   void CloseAll(const absl::Status& status);
 
@@ -172,6 +220,7 @@ class ParameterStore {
   struct Job;
   struct Partition;
   struct PullItem;
+  struct Counters;
   class MemoryBudget;
 
   absl::StatusOr<std::shared_ptr<Job>> FindJob(absl::string_view job_id) const;
@@ -197,6 +246,8 @@ class ParameterStore {
   const ParameterStoreOptions options_;
   // Shared with every job and partition, which give their bytes back when destroyed.
   const std::shared_ptr<MemoryBudget> budget_;
+  // Shard-wide counters; shared with jobs and parked pulls, which may outlive a call.
+  const std::shared_ptr<Counters> counters_;
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<Job>> jobs_ ABSL_GUARDED_BY(mu_);
   absl::Status closed_ ABSL_GUARDED_BY(mu_);

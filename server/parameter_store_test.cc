@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/internal/test_requests.h"
@@ -651,6 +652,8 @@ TEST(ParameterStoreTest, NonFiniteGradientsAreRejectedOrSkipped) {
       } else {
         ASSERT_TRUE(ack.ok()) << ack.status();
         EXPECT_EQ(ack->skipped_non_finite, 1u);
+        // Only the applied slice counts as pushed: w/0's two fp32 values.
+        EXPECT_EQ(store.GetShardStats().bytes_pushed, 8);
         break;  // seq 0 is now applied for this worker
       }
     }
@@ -1007,6 +1010,125 @@ TEST(ParameterStoreTest, PiecedGradientsAreValidatedLikeContiguousOnes) {
   ASSERT_TRUE(r.ok()) << r.status();
   ASSERT_EQ(r->weights_size(), 1);
   EXPECT_EQ(Floats(r->weights(0)), (std::vector<float>{-1, -2, -3, -4}));
+}
+
+// --- Shard-wide counters (metrics) ----------------------------------------------------------
+
+// The number of observations in `h` at or below `bound` (a bound of the histogram).
+uint64_t AtOrBelow(const StoreHistogram::Snapshot& h, int64_t bound) {
+  uint64_t n = 0;
+  for (size_t i = 0; i < h.bounds.size() && h.bounds[i] <= bound; ++i) n += h.counts[i];
+  return n;
+}
+
+TEST(ParameterStoreStatsTest, CountsBytesUpdatesDuplicatesAndBspWaits) {
+  ParameterStore store;
+  v1::CreateJobStateRequest r = JobRequest("j", Config(v1::CONSISTENCY_BSP, 2, 0.5f));
+  *r.add_partitions() = Dense("w", 0, 4);
+  ASSERT_TRUE(store.CreateJobState(r).ok());
+  EXPECT_EQ(store.GetShardStats().jobs, 1);
+
+  // Worker 0 pushes step 0 (staged) and pulls for step 1, which waits for worker 1.
+  ASSERT_TRUE(store.Push(Request("j", 0, 1, 0, 1, {GradSlice("w", 0, {1, 1, 1, 1})})).ok());
+  v1::PullRequest pull;
+  pull.set_job_id("j");
+  pull.set_step(1);
+  pull.set_encoding(v1::ENCODING_FP32);
+  *pull.add_keys() = PullKey("w", 0);
+  std::optional<absl::StatusOr<std::vector<v1::Slice>>> pulled;
+  store.Pull(pull, [&pulled](absl::StatusOr<std::vector<v1::Slice>> w) { pulled = std::move(w); });
+  ASSERT_FALSE(pulled.has_value());
+  ShardStats stats = store.GetShardStats();
+  EXPECT_EQ(stats.bytes_pushed, 16);
+  EXPECT_EQ(stats.updates_applied, 0);
+  EXPECT_EQ(stats.parked_pulls, 1);
+  EXPECT_EQ(stats.bsp_wait_ns.count, 0u);
+  EXPECT_EQ(stats.bytes_pulled, 0);
+
+  absl::SleepFor(absl::Milliseconds(20));
+  ASSERT_TRUE(store.Push(Request("j", 1, 1, 0, 1, {GradSlice("w", 0, {3, 3, 3, 3})})).ok());
+  ASSERT_TRUE(pulled.has_value());
+  ASSERT_TRUE(pulled->ok()) << pulled->status();
+  stats = store.GetShardStats();
+  EXPECT_EQ(stats.bytes_pushed, 32);
+  EXPECT_EQ(stats.updates_applied, 1);
+  EXPECT_EQ(stats.parked_pulls, 0);
+  EXPECT_EQ(stats.bytes_pulled, 16);
+  ASSERT_EQ(stats.bsp_wait_ns.count, 1u);
+  EXPECT_GE(stats.bsp_wait_ns.sum, 20'000'000);  // it waited at least the 20 ms sleep
+  EXPECT_LT(stats.bsp_wait_ns.sum, 60'000'000'000);
+  EXPECT_EQ(AtOrBelow(stats.bsp_wait_ns, 10'000'000), 0u);
+  EXPECT_EQ(stats.ssp_wait_ns.count, 0u);
+  EXPECT_EQ(stats.ssp_staleness.count, 0u);
+
+  // A retry of worker 0's push is a duplicate: counted, not applied, its bytes not counted.
+  auto ack = store.Push(Request("j", 0, 1, 0, 1, {GradSlice("w", 0, {1, 1, 1, 1})}));
+  ASSERT_TRUE(ack.ok()) << ack.status();
+  EXPECT_EQ(ack->duplicates, 1u);
+  stats = store.GetShardStats();
+  EXPECT_EQ(stats.duplicates, 1);
+  EXPECT_EQ(stats.bytes_pushed, 32);
+  EXPECT_EQ(stats.updates_applied, 1);
+
+  // An ungated pull is answered at once and not timed; its bytes count.
+  ASSERT_TRUE(PullNow(store, "j", {PullKey("w", 0)}).ok());
+  stats = store.GetShardStats();
+  EXPECT_EQ(stats.bytes_pulled, 32);
+  EXPECT_EQ(stats.bsp_wait_ns.count, 1u);
+
+  // The counters are the shard's: they outlive the job.
+  ASSERT_TRUE(store.DropJob("j").ok());
+  stats = store.GetShardStats();
+  EXPECT_EQ(stats.jobs, 0);
+  EXPECT_EQ(stats.updates_applied, 1);
+  EXPECT_EQ(stats.duplicates, 1);
+}
+
+TEST(ParameterStoreStatsTest, SspStalenessAndWaits) {
+  ParameterStore store;
+  v1::CreateJobStateRequest r =
+      JobRequest("j", Config(v1::CONSISTENCY_SSP, 2, 0.5f, v1::OPTIMIZER_KIND_SGD, 2));
+  *r.add_partitions() = Dense("w", 0, 2);
+  ASSERT_TRUE(store.CreateJobState(r).ok());
+  // Worker 0 runs ahead: steps 0, 1, 2 while worker 1's clock is 0 (staleness 0, 1, 2).
+  for (int64_t step = 0; step < 3; ++step) {
+    ASSERT_TRUE(store.Push(Request("j", 0, 1, step, step + 1, {GradSlice("w", 0, {1, 1})})).ok());
+  }
+  ShardStats stats = store.GetShardStats();
+  EXPECT_EQ(stats.updates_applied, 3);
+  ASSERT_EQ(stats.ssp_staleness.count, 3u);
+  EXPECT_EQ(stats.ssp_staleness.sum, 0 + 1 + 2);
+  EXPECT_EQ(AtOrBelow(stats.ssp_staleness, 0), 1u);
+  EXPECT_EQ(AtOrBelow(stats.ssp_staleness, 1), 2u);
+  EXPECT_EQ(AtOrBelow(stats.ssp_staleness, 2), 3u);
+
+  // Worker 0 pulls for step 3: it needs the slowest clock >= 1, so it waits for worker 1.
+  v1::PullRequest pull;
+  pull.set_job_id("j");
+  pull.set_step(3);
+  *pull.add_keys() = PullKey("w", 0);
+  std::optional<absl::StatusOr<std::vector<v1::Slice>>> pulled;
+  store.Pull(pull, [&pulled](absl::StatusOr<std::vector<v1::Slice>> w) { pulled = std::move(w); });
+  ASSERT_FALSE(pulled.has_value());
+  EXPECT_EQ(store.GetShardStats().parked_pulls, 1);
+  ASSERT_TRUE(store.Push(Request("j", 1, 1, 0, 1, {GradSlice("w", 0, {1, 1})})).ok());
+  ASSERT_TRUE(pulled.has_value());
+  stats = store.GetShardStats();
+  EXPECT_EQ(stats.ssp_staleness.count, 4u);
+  EXPECT_EQ(stats.ssp_staleness.sum, 3);  // worker 1's push at the slowest clock: 0
+  EXPECT_EQ(stats.ssp_wait_ns.count, 1u);
+  EXPECT_EQ(stats.bsp_wait_ns.count, 0u);
+  EXPECT_EQ(stats.bytes_pushed, 4 * 8);
+  EXPECT_EQ(stats.bytes_pulled, 8);
+}
+
+TEST(StoreHistogramTest, BucketsAreInclusiveUpperBounds) {
+  StoreHistogram h({1, 10, 100});
+  for (int64_t v : {0, 1, 2, 10, 11, 100, 101, 5000}) h.Observe(v);
+  const StoreHistogram::Snapshot s = h.snapshot();
+  EXPECT_EQ(s.counts, (std::vector<uint64_t>{2, 2, 2, 2}));
+  EXPECT_EQ(s.count, 8u);
+  EXPECT_EQ(s.sum, 0 + 1 + 2 + 10 + 11 + 100 + 101 + 5000);
 }
 
 }  // namespace

@@ -1,17 +1,11 @@
 #include "server/shard_server.h"
 
-#include <sys/stat.h>
-
-#include <cerrno>
-#include <cstring>
 #include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "grpcpp/ext/proto_server_reflection_plugin.h"
-#include "grpcpp/health_check_service_interface.h"
-#include "grpcpp/security/server_credentials.h"
-#include "grpcpp/server_builder.h"
+#include "common/grpc_server.h"
+#include "common/status_macros.h"
 #include "spdlog/spdlog.h"
 
 namespace tessera::server {
@@ -19,22 +13,6 @@ namespace {
 
 constexpr size_t kMinMessageBytes = size_t{64} << 10;
 constexpr size_t kMaxMessageBytes = (size_t{2} << 30) - 1;
-
-absl::Status MakeDirs(const std::string& path) {
-  for (size_t i = 1; i <= path.size(); ++i) {
-    if (i != path.size() && path[i] != '/') continue;
-    const std::string prefix = path.substr(0, i);
-    if (::mkdir(prefix.c_str(), 0755) != 0 && errno != EEXIST) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("--data_dir: cannot create ", prefix, ": ", std::strerror(errno)));
-    }
-  }
-  struct stat st;
-  if (::stat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
-    return absl::FailedPreconditionError(absl::StrCat("--data_dir: ", path, " is not a directory"));
-  }
-  return absl::OkStatus();
-}
 
 }  // namespace
 
@@ -52,8 +30,7 @@ ShardServer::ShardServer(const ShardServerOptions& options) : options_(options) 
       std::make_unique<GrpcParameterService>(store_.get(), pool_.get(), options.max_message_bytes);
 }
 
-absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Create(
-    const ShardServerOptions& options) {
+absl::Status ShardServer::Validate(const ShardServerOptions& options) {
   if (options.listen.empty() || options.listen.find(':') == std::string::npos) {
     return absl::InvalidArgumentError(
         absl::StrCat("--listen: want host:port, got '", options.listen, "'"));
@@ -76,32 +53,28 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Create(
     return absl::InvalidArgumentError(
         absl::StrCat("--shard_index: must be >= 0, got ", options.shard_index));
   }
-  if (!options.data_dir.empty()) {
-    absl::Status dirs = MakeDirs(options.data_dir);
-    if (!dirs.ok()) return dirs;
-  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Create(
+    const ShardServerOptions& options) {
+  TESSERA_RETURN_IF_ERROR(Validate(options));
+  if (!options.data_dir.empty()) TESSERA_RETURN_IF_ERROR(MakeDirs(options.data_dir, "--data_dir"));
   return std::unique_ptr<ShardServer>(new ShardServer(options));
 }
 
 ShardServer::~ShardServer() { Stop(absl::ZeroDuration()); }
 
 absl::Status ShardServer::Start() {
-  grpc::EnableDefaultHealthCheckService(true);
-  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
-  grpc::ServerBuilder builder;
-  builder.AddListeningPort(options_.listen, grpc::InsecureServerCredentials(), &port_);
-  builder.RegisterService(service_.get());
-  builder.SetMaxReceiveMessageSize(static_cast<int>(options_.max_message_bytes));
-  builder.SetMaxSendMessageSize(static_cast<int>(options_.max_message_bytes));
-  server_ = builder.BuildAndStart();
-  if (server_ == nullptr || port_ == 0) {
-    server_.reset();
-    return absl::UnavailableError(absl::StrCat("--listen: cannot bind ", options_.listen,
-                                               " (in use or not a local address?)"));
-  }
-  if (grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService()) {
-    health->SetServingStatus(true);
-  }
+  GrpcServerOptions grpc_options;
+  grpc_options.listen = options_.listen;
+  grpc_options.credentials = options_.credentials;
+  grpc_options.max_message_bytes = options_.max_message_bytes;
+  grpc_options.services = {service_.get()};
+  grpc_options.configure = options_.configure;
+  TESSERA_ASSIGN_OR_RETURN(StartedGrpcServer started, StartGrpcServer(grpc_options));
+  server_ = std::move(started.server);
+  port_ = started.port;
   spdlog::info("tessera-server shard {} serving on {} ({} threads, max message {} bytes)",
                options_.shard_index, address(), pool_->size(), options_.max_message_bytes);
   return absl::OkStatus();
@@ -112,13 +85,13 @@ std::string ShardServer::address() const {
   return absl::StrCat(options_.listen.substr(0, colon), ":", port_);
 }
 
+void ShardServer::SetNotServing() { SetGrpcServing(server_.get(), false); }
+
 void ShardServer::Stop(absl::Duration grace) {
   if (stopped_) return;
   stopped_ = true;
   if (server_ != nullptr) {
-    if (grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService()) {
-      health->SetServingStatus(false);
-    }
+    SetGrpcServing(server_.get(), false);
     store_->CloseAll(absl::CancelledError("the shard is shutting down"));
     server_->Shutdown(absl::ToChronoTime(absl::Now() + grace));
     server_->Wait();

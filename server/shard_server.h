@@ -8,13 +8,16 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server.h"
+#include "grpcpp/server_builder.h"
 #include "server/grpc_parameter_service.h"
 #include "server/internal/thread_pool.h"
 #include "server/parameter_store.h"
@@ -34,6 +37,10 @@ struct ShardServerOptions {
   // Cap on the bytes of parameter state (ParameterStoreOptions::max_memory_bytes); 0 means three
   // quarters of the physical memory.
   int64_t max_memory_bytes = 0;
+  // Listener credentials (common/security.h Security::ServerCredentials()); null: plaintext.
+  std::shared_ptr<grpc::ServerCredentials> credentials;
+  // Called on the builder before the server starts (the metrics interceptor); may be empty.
+  std::function<void(grpc::ServerBuilder&)> configure;
 };
 
 class ShardServer {
@@ -42,14 +49,24 @@ class ShardServer {
   // cannot be created.
   static absl::StatusOr<std::unique_ptr<ShardServer>> Create(const ShardServerOptions& options);
 
+  // The checks of Create() that touch nothing (no directory, no socket), for --check-config:
+  // INVALID_ARGUMENT naming the bad field.
+  static absl::Status Validate(const ShardServerOptions& options);
+
   ~ShardServer();  // Stop(absl::ZeroDuration()) when still running
 
-  // Binds and starts serving. UNAVAILABLE when the address cannot be bound.
-  // REQUIRES: not started yet.
+  // Binds and starts serving; health is SERVING when this returns OK. UNAVAILABLE when the address
+  // cannot be bound. REQUIRES: not started yet.
   absl::Status Start();
 
-  // Stops accepting calls, fails parked pulls with CANCELLED, lets running calls finish until
-  // `grace` has passed and cancels the rest, then joins the threads. Idempotent; blocks.
+  // Turns health NOT_SERVING while calls are still served: the start of a drain, so health
+  // probes see it for the whole drain. Stop() does it too. No effect before Start(). Call from
+  // the thread that calls Start() and Stop().
+  void SetNotServing();
+
+  // Turns health NOT_SERVING, stops accepting calls, fails parked pulls with CANCELLED, lets
+  // running calls finish until `grace` has passed and cancels the rest, then joins the threads.
+  // Idempotent; blocks.
   void Stop(absl::Duration grace);
 
   // The bound port (after Start()).

@@ -1,11 +1,14 @@
 // tessera-worker: the training worker (DESIGN.md §1).
 //
 //   tessera-worker [--coordinator ADDR] [--device auto|cpu|cuda] [--threads N]
-//                  [--hostname NAME] [--log_level L]
+//                  [--hostname NAME] [--log_level L] [--tls_ca FILE ...] [--metrics_listen A]
+//                  [--config FILE] [--check-config]
 //
 // runs as a daemon: it registers with the coordinator, trains the tasks it is given and goes back
-// to waiting; SIGTERM or SIGINT cancels a running task, deregisters and exits 0. Exit status 1
-// when it cannot start (e.g. --device cuda without a GPU), 64 for a usage error.
+// to waiting; SIGTERM or SIGINT cancels a running task, deregisters and exits 0; SIGHUP re-reads
+// log_level and the TLS and token files. Options also come from TESSERA_* variables and the
+// --config file (common/config.h). Exit status 1 when it cannot start (e.g. --device cuda
+// without a GPU), 64 for a usage error, 78 for a configuration error.
 //
 //   tessera-worker --standalone --job FILE [--device auto|cpu|cuda] [--output text|json]
 //                  [--epochs N] [--threads N] [--target_accuracy X]
@@ -23,7 +26,13 @@
 #include "CLI/CLI.hpp"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/config.h"
+#include "common/daemon_metrics.h"
+#include "common/metrics.h"
 #include "common/process.h"
+#include "common/security.h"
+#include "common/status_macros.h"
+#include "common/systemd.h"
 #include "kernels/backend.h"
 #include "spdlog/spdlog.h"
 #include "worker/daemon/worker_daemon.h"
@@ -44,14 +53,24 @@ struct WorkerFlags {
   int threads = 0;
   double target_accuracy = 0;
   // Daemon mode.
-  std::string coordinator;
+  // From the layers: --coordinator, $TESSERA_COORDINATOR, the config file, else this default.
+  std::string coordinator = "127.0.0.1:7070";
   std::string hostname;
   std::string log_level = "info";
+  tessera::SecurityOptions security;
+  tessera::MetricsFlags metrics;
 };
 
-std::string DefaultCoordinator() {
-  const char* env = std::getenv("TESSERA_COORDINATOR");
-  return env != nullptr && *env != '\0' ? env : "127.0.0.1:7070";
+// The daemon's checks, run by --check-config and before every daemon start (exit 78 on failure);
+// binds nothing. Standalone mode has none of its own.
+absl::Status ValidateDaemon(const WorkerFlags& flags,
+                            std::unique_ptr<tessera::Security>* security) {
+  if (flags.standalone) return absl::OkStatus();
+  TESSERA_RETURN_IF_ERROR(tessera::ValidateLogLevel(flags.log_level));
+  // Before Security::Create, which may log warnings.
+  TESSERA_RETURN_IF_ERROR(tessera::InitLogging(flags.log_level));
+  TESSERA_ASSIGN_OR_RETURN(*security, tessera::Security::Create(flags.security));
+  return tessera::ValidateMetricsFlags(flags.metrics, flags.security.insecure);
 }
 
 std::string JsonEscape(const std::string& s) {
@@ -121,8 +140,9 @@ int RunStandalone(const WorkerFlags& flags) {
 }
 
 // The daemon: registers, runs the tasks it is given, and on SIGTERM/SIGINT stops cleanly.
-int RunDaemon(const WorkerFlags& flags) {
-  tessera::BlockShutdownSignals();
+// REQUIRES: BlockDaemonSignals() before any thread was started.
+int RunDaemon(const WorkerFlags& flags, const tessera::LayeredConfig& config,
+              tessera::Security* security) {
   if (absl::Status s = tessera::InitLogging(flags.log_level); !s.ok()) {
     std::fprintf(stderr, "tessera-worker: --log_level: %s\n", std::string(s.message()).c_str());
     return kExitUsage;
@@ -139,8 +159,13 @@ int RunDaemon(const WorkerFlags& flags) {
       tessera::kernels::CreateBackend(backend_options);
   if (!backend.ok()) return Fail(backend.status(), false);
 
+  absl::StatusOr<std::unique_ptr<tessera::Metrics>> metrics =
+      tessera::StartMetrics("worker", flags.metrics);
+  if (!metrics.ok()) return Fail(metrics.status(), false);
+
   tessera::worker::WorkerDaemon::Options options;
-  options.coordinator = flags.coordinator.empty() ? DefaultCoordinator() : flags.coordinator;
+  options.coordinator = flags.coordinator;
+  options.credentials = security->Client();
   options.device = flags.device;
   options.device_name = (*backend)->Name();
   options.hostname = flags.hostname;
@@ -150,9 +175,16 @@ int RunDaemon(const WorkerFlags& flags) {
       tessera::worker::WorkerDaemon::Create(options);
   if (!daemon.ok()) return Fail(daemon.status(), false);
   (*daemon)->Start();
-  const int signal = tessera::WaitForShutdownSignal();
+  // Registration goes on in the background (with retries): the worker is up once started.
+  tessera::systemd::NotifyReady(absl::StrCat("worker for ", options.coordinator));
+  tessera::systemd::SystemdWatchdog watchdog;
+  watchdog.Start();
+  const int signal = tessera::WaitForShutdownSignal(
+      [&] { tessera::ReloadDaemonConfig(config, security, "tessera-worker"); });
+  tessera::systemd::NotifyStopping("stopping");
   spdlog::info("tessera-worker: signal {} received, stopping", signal);
   (*daemon)->Stop();
+  watchdog.Stop();
   spdlog::info("tessera-worker: stopped");
   return 0;
 }
@@ -173,16 +205,19 @@ int main(int argc, char** argv) {
       "      train one job spec in this process, without a cluster\n"};
   app.footer(
       "Daemon: the coordinator address comes from --coordinator, else $TESSERA_COORDINATOR, else\n"
-      "127.0.0.1:7070. While it is unreachable the worker retries with backoff and logs why.\n"
-      "SIGTERM or SIGINT cancels a running task (reported FAILED \"worker stopped\"),\n"
-      "deregisters and exits 0; exit 1 when the daemon cannot start (e.g. --device cuda on a\n"
-      "host without a GPU).\n"
+      "the config file, else 127.0.0.1:7070. While it is unreachable the worker retries with\n"
+      "backoff and logs why. SIGTERM or SIGINT cancels a running task (reported FAILED \"worker\n"
+      "stopped\"), deregisters and exits 0; SIGHUP re-reads log_level and the TLS and token\n"
+      "files; exit 1 when the daemon cannot start (e.g. --device cuda on a host without a GPU),\n"
+      "78 for a configuration error. Under systemd (Type=notify) it sends READY=1, STOPPING=1\n"
+      "and WATCHDOG=1 like the other daemons.\n"
       "Standalone exit status: 0 on success; 1 when the job fails (the reason on stderr, and with\n"
       "--output json also on stdout as {\"error\":{\"code\":...,\"message\":...}}).\n"
       "64 for a usage error in either mode.");
   app.add_option("--coordinator", flags.coordinator,
                  "Daemon: the coordinator's host:port (default $TESSERA_COORDINATOR, else "
-                 "127.0.0.1:7070)");
+                 "127.0.0.1:7070)")
+      ->capture_default_str();
   app.add_option("--hostname", flags.hostname,
                  "Daemon: the host name to register with (default: this host's name)");
   app.add_option("--log_level", flags.log_level,
@@ -206,14 +241,27 @@ int main(int argc, char** argv) {
   app.add_option("--target_accuracy", flags.target_accuracy,
                  "Standalone: stop after the first evaluation with at least this test accuracy")
       ->check(CLI::Range(0.0, 1.0));
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::ParseError& e) {
+  // The worker serves no gRPC: its channels' TLS and token, and --insecure for the metrics
+  // listener only.
+  tessera::AddSecurityFlags(app, &flags.security, /*listener=*/false);
+  app.add_flag("--insecure", flags.security.insecure,
+               "Daemon: allow the plaintext metrics endpoint on a non-loopback --metrics_listen");
+  tessera::AddMetricsFlags(app, &flags.metrics, "Daemon: ");
+  tessera::LayeredConfig config("tessera-worker");
+  config.AddFlags(app);
+  config.set_usage_error_handler([](CLI::App& app, const CLI::ParseError& e) {
+    if (dynamic_cast<const CLI::CallForHelp*>(&e) != nullptr) return app.exit(e);
     std::fprintf(stderr, "tessera-worker: %s\nRun with --help for usage.\n", e.what());
     return kExitUsage;
-  }
+  });
+  std::unique_ptr<tessera::Security> security;
+  const int code = config.Parse(app, argc, argv, [&] {
+    // A daemon blocks its signals before Security::Create, which may start gRPC's threads; a
+    // standalone run keeps the default handling (SIGINT ends it).
+    if (!flags.standalone) tessera::BlockDaemonSignals();
+    return ValidateDaemon(flags, &security);
+  });
+  if (code >= 0) return code;
   if (!flags.standalone) {
     if (!flags.job.empty() || flags.output != "text" || flags.epochs >= 0 ||
         flags.target_accuracy > 0) {
@@ -222,9 +270,11 @@ int main(int argc, char** argv) {
                    "--standalone; a daemon gets its jobs from the coordinator\n");
       return kExitUsage;
     }
-    return RunDaemon(flags);
+    return RunDaemon(flags, config, security.get());
   }
-  if (!flags.coordinator.empty()) {
+  // Only a --coordinator on the command line conflicts: $TESSERA_COORDINATOR or a config file
+  // meant for the daemon does not.
+  if (config.Find("coordinator")->source.kind == tessera::ConfigSource::kFlag) {
     std::fprintf(stderr,
                  "tessera-worker: --standalone runs without a coordinator; drop "
                  "--coordinator\n");

@@ -1,7 +1,8 @@
 # The tessera-worker binary (included by worker/CMakeLists.txt after its subdirectories).
 add_executable(tessera-worker ${CMAKE_CURRENT_SOURCE_DIR}/main.cc)
 target_compile_options(tessera-worker PRIVATE ${TESSERA_WARNINGS})
-target_link_libraries(tessera-worker PRIVATE tessera_trainer tessera_worker_daemon tessera_common)
+target_link_libraries(tessera-worker PRIVATE tessera_trainer tessera_worker_daemon tessera_common
+  tessera_daemon tessera_metrics)
 
 if(TESSERA_BUILD_TESTS)
   # Runs the real binary on the examples; the convergence case trains the MLP for 2 epochs.

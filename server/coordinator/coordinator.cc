@@ -732,6 +732,57 @@ absl::Status Coordinator::OpenTaskStream(const std::string& member_id,
   return absl::OkStatus();
 }
 
+CoordinatorMetricsSnapshot Coordinator::MetricsSnapshot() const {
+  CoordinatorMetricsSnapshot out;
+  for (int state = v1::JOB_STATE_PENDING; state <= v1::JOB_STATE_CANCELLED; ++state) {
+    out.jobs[static_cast<v1::JobState>(state)] = 0;
+  }
+  for (v1::MemberRole role : {v1::MEMBER_ROLE_SERVER, v1::MEMBER_ROLE_WORKER}) {
+    for (int state = v1::MEMBER_STATE_READY; state <= v1::MEMBER_STATE_LEFT; ++state) {
+      out.members[{role, static_cast<v1::MemberState>(state)}] = 0;
+    }
+  }
+  auto progress = [](const v1::Job& job) {
+    CoordinatorMetricsSnapshot::JobProgress p;
+    p.job_id = job.id();
+    p.state = job.state();
+    p.step = job.step();
+    p.total_steps = job.total_steps();
+    // Every rank takes one batch a step: the job's samples/s over batch * ranks.
+    const double per_step = static_cast<double>(job.spec().batch_size()) *
+                            std::max(1, static_cast<int>(job.spec().num_workers()));
+    if (job.state() == v1::JOB_STATE_RUNNING && per_step > 0) {
+      p.step_rate = job.samples_per_second() / per_step;
+    }
+    p.loss = job.loss();
+    p.train_accuracy = job.train_accuracy();
+    p.evaluated = job.evaluated();
+    p.test_accuracy = job.test_accuracy();
+    return p;
+  };
+  absl::MutexLock lock(&mu_);
+  std::vector<const v1::Job*> ended;  // newest first
+  for (auto it = jobs_.rbegin(); it != jobs_.rend(); ++it) {
+    const v1::Job& job = it->second.job;
+    ++out.jobs[job.state()];
+    if (IsTerminal(job.state()) && ended.size() < kMetricsRecentJobs) ended.push_back(&job);
+  }
+  // Oldest first: the recent ended jobs (by creation), interleaved with the running ones.
+  auto next_ended = ended.rbegin();
+  for (const auto& [n, entry] : jobs_) {
+    if (entry.job.state() == v1::JOB_STATE_RUNNING) {
+      out.progress.push_back(progress(entry.job));
+    } else if (next_ended != ended.rend() && *next_ended == &entry.job) {
+      out.progress.push_back(progress(entry.job));
+      ++next_ended;
+    }
+  }
+  for (const auto& [id, entry] : members_) {
+    ++out.members[{entry.member.role(), entry.member.state()}];
+  }
+  return out;
+}
+
 absl::StatusOr<v1::ProgressAck> Coordinator::ReportProgress(const v1::ProgressReport& report) {
   if (report.job_id().empty()) return absl::InvalidArgumentError("job_id: must be set");
   if (report.member_id().empty()) return absl::InvalidArgumentError("member_id: must be set");

@@ -26,6 +26,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -120,8 +121,34 @@ struct CoordinatorOptions {
   size_t max_departed_members = 256;
 };
 
+// What the coordinator's metrics read at scrape time (Coordinator::MetricsSnapshot).
+struct CoordinatorMetricsSnapshot {
+  // Jobs by state, every state from PENDING to CANCELLED present (zeros included).
+  std::map<v1::JobState, int64_t> jobs;
+  // Members by (role, state), every server and worker role and READY..LEFT state present.
+  std::map<std::pair<v1::MemberRole, v1::MemberState>, int64_t> members;
+  struct JobProgress {
+    std::string job_id;
+    v1::JobState state = v1::JOB_STATE_UNSPECIFIED;
+    int64_t step = 0;
+    int64_t total_steps = 0;
+    // Steps per second of the job (every worker's steps at once): its samples per second over
+    // batch_size * workers while RUNNING, 0 once it ended.
+    double step_rate = 0;
+    double loss = 0;
+    double train_accuracy = 0;
+    bool evaluated = false;
+    double test_accuracy = 0;
+  };
+  // The RUNNING jobs and the kMetricsRecentJobs newest (by creation) ended ones, oldest first.
+  std::vector<JobProgress> progress;
+};
+
 class Coordinator {
  public:
+  // Ended jobs MetricsSnapshot() still reports (the newest), so that label sets stay bounded.
+  static constexpr size_t kMetricsRecentJobs = 20;
+
   // Validates `options`, loads every job and member from `store` (members become LOST; RUNNING
   // jobs get one lease period for their ranks to report). `store` and `shards` must outlive the
   // coordinator. INVALID_ARGUMENT naming the option; the store's errors.
@@ -156,6 +183,10 @@ class Coordinator {
 
   // One round of the periodic work (see the file comment). Blocks on shard calls and SQLite.
   void Tick();
+
+  // Counts and per-job progress for the metrics endpoint. Takes the coordinator's lock briefly
+  // (one pass over jobs and members, no I/O). Thread-safe.
+  CoordinatorMetricsSnapshot MetricsSnapshot() const;
 
  private:
   struct MemberEntry {

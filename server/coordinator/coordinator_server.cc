@@ -1,41 +1,14 @@
 #include "server/coordinator/coordinator_server.h"
 
-#include <sys/stat.h>
-
-#include <cerrno>
-#include <cstring>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/grpc_server.h"
 #include "common/status_macros.h"
-#include "grpcpp/ext/proto_server_reflection_plugin.h"
-#include "grpcpp/health_check_service_interface.h"
-#include "grpcpp/security/server_credentials.h"
-#include "grpcpp/server_builder.h"
 #include "spdlog/spdlog.h"
 
 namespace tessera::coordinator {
-namespace {
-
-absl::Status MakeDirs(const std::string& path) {
-  for (size_t i = 1; i <= path.size(); ++i) {
-    if (i != path.size() && path[i] != '/') continue;
-    const std::string prefix = path.substr(0, i);
-    if (::mkdir(prefix.c_str(), 0755) != 0 && errno != EEXIST) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("--data_dir: cannot create ", prefix, ": ", std::strerror(errno)));
-    }
-  }
-  struct stat st;
-  if (::stat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
-    return absl::FailedPreconditionError(absl::StrCat("--data_dir: ", path, " is not a directory"));
-  }
-  return absl::OkStatus();
-}
-
-}  // namespace
-
-absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Create(
-    const CoordinatorServerOptions& options) {
+absl::Status CoordinatorServer::Validate(const CoordinatorServerOptions& options) {
   if (options.listen.empty() || options.listen.find(':') == std::string::npos) {
     return absl::InvalidArgumentError(
         absl::StrCat("--listen: want host:port, got '", options.listen, "'"));
@@ -44,11 +17,18 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Create(
   if (options.shard_rpc_timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("shard_rpc_timeout: must be > 0");
   }
-  TESSERA_RETURN_IF_ERROR(MakeDirs(options.data_dir));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Create(
+    const CoordinatorServerOptions& options) {
+  TESSERA_RETURN_IF_ERROR(Validate(options));
+  TESSERA_RETURN_IF_ERROR(MakeDirs(options.data_dir, "--data_dir"));
   std::unique_ptr<CoordinatorServer> server(new CoordinatorServer(options));
   TESSERA_ASSIGN_OR_RETURN(server->store_,
                            JobStore::Open(absl::StrCat(options.data_dir, "/coordinator.db")));
-  server->shards_ = std::make_unique<GrpcShardControl>(options.shard_rpc_timeout);
+  server->shards_ =
+      std::make_unique<GrpcShardControl>(options.shard_rpc_timeout, options.client_credentials);
   absl::StatusOr<std::unique_ptr<Coordinator>> coordinator =
       Coordinator::Create(options.coordinator, server->store_.get(), server->shards_.get());
   if (!coordinator.ok()) {
@@ -67,21 +47,14 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Create(
 CoordinatorServer::~CoordinatorServer() { Stop(absl::ZeroDuration()); }
 
 absl::Status CoordinatorServer::Start() {
-  grpc::EnableDefaultHealthCheckService(true);
-  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
-  grpc::ServerBuilder builder;
-  builder.AddListeningPort(options_.listen, grpc::InsecureServerCredentials(), &port_);
-  builder.RegisterService(job_service_.get());
-  builder.RegisterService(cluster_service_.get());
-  server_ = builder.BuildAndStart();
-  if (server_ == nullptr || port_ == 0) {
-    server_.reset();
-    return absl::UnavailableError(absl::StrCat("--listen: cannot bind ", options_.listen,
-                                               " (in use or not a local address?)"));
-  }
-  if (grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService()) {
-    health->SetServingStatus(true);
-  }
+  GrpcServerOptions grpc_options;
+  grpc_options.listen = options_.listen;
+  grpc_options.credentials = options_.credentials;
+  grpc_options.services = {job_service_.get(), cluster_service_.get()};
+  grpc_options.configure = options_.configure;
+  TESSERA_ASSIGN_OR_RETURN(StartedGrpcServer started, StartGrpcServer(grpc_options));
+  server_ = std::move(started.server);
+  port_ = started.port;
   coordinator_->Start();
   const size_t colon = options_.listen.rfind(':');
   spdlog::info("tessera-coordinator serving on {}:{} (data in {})",
@@ -89,14 +62,12 @@ absl::Status CoordinatorServer::Start() {
   return absl::OkStatus();
 }
 
+void CoordinatorServer::SetNotServing() { SetGrpcServing(server_.get(), false); }
+
 void CoordinatorServer::Stop(absl::Duration grace) {
   if (stopped_) return;
   stopped_ = true;
-  if (server_ != nullptr) {
-    if (grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService()) {
-      health->SetServingStatus(false);
-    }
-  }
+  SetGrpcServing(server_.get(), false);
   // Ends the streams first, so Shutdown does not wait for them.
   if (coordinator_ != nullptr) coordinator_->Stop();
   if (server_ != nullptr) {

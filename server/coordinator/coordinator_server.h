@@ -7,13 +7,17 @@
 #ifndef TESSERA_SERVER_COORDINATOR_COORDINATOR_SERVER_H_
 #define TESSERA_SERVER_COORDINATOR_COORDINATOR_SERVER_H_
 
+#include <functional>
 #include <memory>
 #include <string>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/security.h"
+#include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server.h"
+#include "grpcpp/server_builder.h"
 #include "server/coordinator/coordinator.h"
 #include "server/coordinator/grpc_coordinator_service.h"
 #include "server/coordinator/grpc_shard_control.h"
@@ -29,6 +33,12 @@ struct CoordinatorServerOptions {
   CoordinatorOptions coordinator;
   // Deadline of each CreateJobState / DropJob call to a shard.
   absl::Duration shard_rpc_timeout = absl::Seconds(10);
+  // Listener credentials (common/security.h Security::ServerCredentials()); null: plaintext.
+  std::shared_ptr<grpc::ServerCredentials> credentials;
+  // What the shard control channels dial with (Security::Client()); default: plaintext.
+  ClientCredentials client_credentials;
+  // Called on the builder before the server starts (the metrics interceptor); may be empty.
+  std::function<void(grpc::ServerBuilder&)> configure;
 };
 
 class CoordinatorServer {
@@ -37,13 +47,21 @@ class CoordinatorServer {
   // the flag; FAILED_PRECONDITION when data_dir cannot be created; the store's errors.
   static absl::StatusOr<std::unique_ptr<CoordinatorServer>> Create(
       const CoordinatorServerOptions& options);
+  // The checks of Create() that touch nothing (no directory, database or socket), for
+  // --check-config: INVALID_ARGUMENT naming the flag.
+  static absl::Status Validate(const CoordinatorServerOptions& options);
   ~CoordinatorServer();  // Stop(absl::ZeroDuration())
 
-  // Binds and serves, and starts the coordinator's tick thread. UNAVAILABLE when the address
-  // cannot be bound. REQUIRES: not started yet.
+  // Binds and serves (health SERVING when this returns OK), and starts the coordinator's tick
+  // thread. UNAVAILABLE when the address cannot be bound. REQUIRES: not started yet.
   absl::Status Start();
-  // Ends every watch and task stream, lets running calls finish for `grace`, then cancels them
-  // and joins. Idempotent; blocks.
+  // Turns health NOT_SERVING while calls are still served: the start of a drain, so health
+  // probes see it for the whole drain. Stop() does it too. No effect before Start(). Call from
+  // the thread that calls Start() and Stop().
+  void SetNotServing();
+
+  // Turns health NOT_SERVING, ends every watch and task stream, lets running calls finish for
+  // `grace`, then cancels them and joins. Idempotent; blocks.
   void Stop(absl::Duration grace);
 
   int port() const { return port_; }

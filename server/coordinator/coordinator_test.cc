@@ -10,9 +10,12 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "gtest/gtest.h"
+#include "server/coordinator/coordinator_metrics.h"
 #include "server/coordinator/job_store.h"
 #include "server/coordinator/test_specs.h"
 
@@ -826,6 +829,100 @@ TEST_F(CoordinatorTest, DepartedMembersDoNotPileUp) {
   Restart();
   EXPECT_EQ(ids(), (std::vector<std::string>{s1, live, "w-5", "w-6"}));
   EXPECT_EQ(RegisterWorker("host-new"), "w-7");
+}
+
+// --- Metrics ------------------------------------------------------------------------------
+
+// The value of the sample line `series` in `text`, or -1.
+double Sample(const std::string& text, const std::string& series) {
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    if (!absl::StartsWith(line, series)) continue;
+    absl::string_view rest = line.substr(series.size());
+    if (rest.empty() || rest[0] != ' ') continue;
+    double value = 0;
+    if (absl::SimpleAtod(rest.substr(1), &value)) return value;
+  }
+  return -1;
+}
+
+TEST_F(CoordinatorTest, MetricsSnapshotCountsAndProgress) {
+  auto metrics = Metrics::Create("coordinator", "");
+  ASSERT_TRUE(metrics.ok()) << metrics.status();
+  RegisterCoordinatorMetrics(metrics->get(), coordinator_.get());
+
+  RegisterShard(0);
+  const std::string w1 = RegisterWorker("host-a");
+  const std::string w2 = RegisterWorker("host-b");
+  RegisterWorker("host-c");
+  const std::string id = StartTwoWorkerJob();
+  ASSERT_TRUE(coordinator_->CreateJob(MlpSpec("waiting", 3, "/data")).ok());
+
+  v1::ProgressReport report;
+  report.set_member_id(w1);
+  report.set_job_id(id);
+  report.set_rank(0);
+  report.set_phase(v1::TASK_PHASE_TRAINING);
+  report.set_step(10);
+  report.set_total_steps(100);
+  report.set_epoch(1);
+  report.set_loss(0.5);
+  report.set_train_accuracy(0.75);
+  report.set_samples_per_second(640);
+  ASSERT_TRUE(coordinator_->ReportProgress(report).ok());
+  Report(w2, id, 1, v1::TASK_PHASE_TRAINING, 8, 640);
+
+  CoordinatorMetricsSnapshot snapshot = coordinator_->MetricsSnapshot();
+  EXPECT_EQ(snapshot.jobs[v1::JOB_STATE_RUNNING], 1);
+  EXPECT_EQ(snapshot.jobs[v1::JOB_STATE_PENDING], 1);
+  EXPECT_EQ(snapshot.jobs[v1::JOB_STATE_SUCCEEDED], 0);
+  EXPECT_EQ(snapshot.members[std::make_pair(v1::MEMBER_ROLE_WORKER, v1::MEMBER_STATE_BUSY)], 2);
+  EXPECT_EQ(snapshot.members[std::make_pair(v1::MEMBER_ROLE_WORKER, v1::MEMBER_STATE_READY)], 1);
+  EXPECT_EQ(snapshot.members[std::make_pair(v1::MEMBER_ROLE_SERVER, v1::MEMBER_STATE_READY)], 1);
+  ASSERT_EQ(snapshot.progress.size(), 1u);  // the pending job has no progress
+  EXPECT_EQ(snapshot.progress[0].job_id, id);
+  EXPECT_EQ(snapshot.progress[0].step, 8);
+  // 1280 samples/s over batch 64 * 2 workers.
+  EXPECT_DOUBLE_EQ(snapshot.progress[0].step_rate, 10.0);
+
+  const std::string text = (*metrics)->Serialize();
+  EXPECT_EQ(Sample(text, "tessera_jobs{state=\"running\"}"), 1) << text;
+  EXPECT_EQ(Sample(text, "tessera_jobs{state=\"pending\"}"), 1);
+  EXPECT_EQ(Sample(text, "tessera_jobs{state=\"cancelled\"}"), 0);
+  EXPECT_EQ(Sample(text, "tessera_members{role=\"worker\",state=\"busy\"}"), 2);
+  EXPECT_EQ(Sample(text, "tessera_members{role=\"server\",state=\"lost\"}"), 0);
+  const std::string job = absl::StrCat("{job=\"", id, "\"}");
+  EXPECT_EQ(Sample(text, "tessera_job_step" + job), 8);
+  EXPECT_EQ(Sample(text, "tessera_job_total_steps" + job), 100);
+  EXPECT_EQ(Sample(text, "tessera_job_step_rate" + job), 10);
+  EXPECT_EQ(Sample(text, "tessera_job_loss" + job), 0.5);
+  EXPECT_EQ(Sample(text, absl::StrCat("tessera_job_accuracy{job=\"", id, "\",split=\"train\"}")),
+            0.75);
+  EXPECT_EQ(Sample(text, absl::StrCat("tessera_job_accuracy{job=\"", id, "\",split=\"test\"}")),
+            -1);
+
+  // Cancelled: still reported, at rate 0, until newer ended jobs push it out.
+  ASSERT_TRUE(coordinator_->CancelJob(id).ok());
+  snapshot = coordinator_->MetricsSnapshot();
+  EXPECT_EQ(snapshot.jobs[v1::JOB_STATE_CANCELLED], 1);
+  ASSERT_EQ(snapshot.progress.size(), 1u);
+  EXPECT_EQ(snapshot.progress[0].state, v1::JOB_STATE_CANCELLED);
+  EXPECT_EQ(snapshot.progress[0].step_rate, 0);
+}
+
+TEST_F(CoordinatorTest, MetricsKeepOnlyTheNewestEndedJobs) {
+  const size_t total = Coordinator::kMetricsRecentJobs + 5;
+  std::vector<std::string> ids;
+  for (size_t i = 0; i < total; ++i) {
+    auto job = coordinator_->CreateJob(MlpSpec(absl::StrCat("j", i), 1, "/data"));
+    ASSERT_TRUE(job.ok()) << job.status();
+    ASSERT_TRUE(coordinator_->CancelJob(job->id()).ok());
+    ids.push_back(job->id());
+  }
+  const CoordinatorMetricsSnapshot snapshot = coordinator_->MetricsSnapshot();
+  EXPECT_EQ(snapshot.jobs.at(v1::JOB_STATE_CANCELLED), static_cast<int64_t>(total));
+  ASSERT_EQ(snapshot.progress.size(), Coordinator::kMetricsRecentJobs);
+  EXPECT_EQ(snapshot.progress.front().job_id, ids[5]);
+  EXPECT_EQ(snapshot.progress.back().job_id, ids.back());
 }
 
 }  // namespace

@@ -2,8 +2,6 @@
 
 #include "common/grpc_status.h"
 #include "grpcpp/client_context.h"
-#include "grpcpp/create_channel.h"
-#include "grpcpp/security/credentials.h"
 
 namespace tessera::coordinator {
 
@@ -11,8 +9,7 @@ v1::ParameterService::Stub* GrpcShardControl::StubFor(const std::string& address
   absl::MutexLock lock(&mu_);
   std::unique_ptr<v1::ParameterService::Stub>& stub = stubs_[address];
   if (stub == nullptr) {
-    stub = v1::ParameterService::NewStub(
-        grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+    stub = v1::ParameterService::NewStub(credentials_.CreateChannel(address));
   }
   return stub.get();
 }

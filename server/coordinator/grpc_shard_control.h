@@ -6,19 +6,23 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/security.h"
 #include "server/coordinator/coordinator.h"
 #include "tessera/v1/parameter.grpc.pb.h"
 
 namespace tessera::coordinator {
 
-// Thread-safe. Every call has a deadline of `timeout`; errors carry the shard's address.
+// Thread-safe. Every call has a deadline of `timeout`; errors carry the shard's address. Channels
+// are made with `credentials` (default: plaintext, no token).
 class GrpcShardControl : public ShardControl {
  public:
-  explicit GrpcShardControl(absl::Duration timeout) : timeout_(timeout) {}
+  explicit GrpcShardControl(absl::Duration timeout, ClientCredentials credentials = {})
+      : timeout_(timeout), credentials_(std::move(credentials)) {}
 
   absl::Status CreateJobState(const std::string& address, const std::string& job_id,
                               const v1::JobConfig& config) override;
@@ -28,6 +32,7 @@ class GrpcShardControl : public ShardControl {
   v1::ParameterService::Stub* StubFor(const std::string& address);
 
   const absl::Duration timeout_;
+  const ClientCredentials credentials_;
   absl::Mutex mu_;
   std::map<std::string, std::unique_ptr<v1::ParameterService::Stub>> stubs_ ABSL_GUARDED_BY(mu_);
 };

@@ -2,10 +2,20 @@
 #include <cstdio>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "CLI/CLI.hpp"
+#include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "common/config.h"
+#include "common/daemon_metrics.h"
+#include "common/metrics.h"
 #include "common/process.h"
+#include "common/security.h"
+#include "common/status_macros.h"
+#include "common/systemd.h"
+#include "server/coordinator/coordinator_metrics.h"
 #include "server/coordinator/coordinator_server.h"
 #include "spdlog/spdlog.h"
 
@@ -18,24 +28,59 @@ struct Flags {
   double lease_seconds = 10.0;
   double heartbeat_seconds = 2.0;
   double shutdown_grace_seconds = 5.0;
+  tessera::SecurityOptions security;
+  tessera::MetricsFlags metrics;
 };
 
-int Run(Flags flags) {
+// The checks --check-config runs and every start runs first (exit 78 on failure); binds nothing.
+absl::Status Validate(const Flags& flags, std::unique_ptr<tessera::Security>* security) {
+  TESSERA_RETURN_IF_ERROR(tessera::ValidateLogLevel(flags.log_level));
+  // Before Security::Create, which may log warnings.
+  TESSERA_RETURN_IF_ERROR(tessera::InitLogging(flags.log_level));
+  TESSERA_RETURN_IF_ERROR(tessera::coordinator::CoordinatorServer::Validate(flags.server));
+  if (flags.heartbeat_seconds >= flags.lease_seconds) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--heartbeat_seconds: must be below --lease_seconds (", flags.lease_seconds,
+                     "), got ", flags.heartbeat_seconds));
+  }
+  TESSERA_ASSIGN_OR_RETURN(*security, tessera::Security::Create(flags.security));
+  TESSERA_RETURN_IF_ERROR((*security)->CheckListenAddress("--listen", flags.server.listen));
+  TESSERA_RETURN_IF_ERROR(tessera::ValidateMetricsFlags(flags.metrics, flags.security.insecure));
+  return absl::OkStatus();
+}
+
+int Run(Flags flags, const tessera::LayeredConfig& config, tessera::Security* security) {
   absl::Status logging = tessera::InitLogging(flags.log_level);
   if (!logging.ok()) {
     std::fprintf(stderr, "tessera-coordinator: %s\n", std::string(logging.message()).c_str());
     return 2;
   }
+  absl::StatusOr<std::unique_ptr<tessera::Metrics>> metrics =
+      tessera::StartMetrics("coordinator", flags.metrics);
+  if (!metrics.ok()) {
+    spdlog::error("tessera-coordinator: {}", metrics.status().ToString());
+    return 1;
+  }
+  tessera::Metrics* registry = metrics->get();
   flags.server.coordinator.lease = absl::Seconds(flags.lease_seconds);
   flags.server.coordinator.heartbeat_interval = absl::Seconds(flags.heartbeat_seconds);
+  flags.server.credentials = security->ServerCredentials();
+  flags.server.client_credentials = security->Client();
+  flags.server.configure = tessera::RpcMetricsHook(registry);
   auto server = tessera::coordinator::CoordinatorServer::Create(flags.server);
   if (!server.ok()) {
     spdlog::error("tessera-coordinator: {}", server.status().ToString());
     return 2;
   }
+  // From here until the end the endpoint reads the coordinator at scrape time: every return
+  // destroys `metrics` (stopping the endpoint) before `server`, which owns the coordinator.
+  // `metrics` must still outlive the server's calls (the interceptors): stop the server first
+  // when it was started.
+  tessera::coordinator::RegisterCoordinatorMetrics(registry, (*server)->coordinator());
   absl::Status started = (*server)->Start();
   if (!started.ok()) {
     spdlog::error("tessera-coordinator: {}", started.ToString());
+    metrics->reset();
     return 1;
   }
   if (!flags.port_file.empty()) {
@@ -43,13 +88,26 @@ int Run(Flags flags) {
     if (!written.ok()) {
       spdlog::error("tessera-coordinator: {}", written.ToString());
       (*server)->Stop(absl::ZeroDuration());
+      metrics->reset();
       return 1;
     }
   }
-  const int signal = tessera::WaitForShutdownSignal();
+  // The port answers health checks (SERVING) and the database is loaded (Create()).
+  tessera::systemd::NotifyReady(absl::StrCat("serving on port ", (*server)->port()));
+  tessera::systemd::SystemdWatchdog watchdog;
+  watchdog.Start();
+  const int signal = tessera::WaitForShutdownSignal(
+      [&] { tessera::ReloadDaemonConfig(config, security, "tessera-coordinator"); });
+  // Health NOT_SERVING for the whole drain (Stop() would set it too, but only after the log
+  // and the STOPPING notification).
+  (*server)->SetNotServing();
+  tessera::systemd::NotifyStopping("draining");
   spdlog::info("tessera-coordinator: signal {} received, shutting down (grace {} s)", signal,
                flags.shutdown_grace_seconds);
   (*server)->Stop(absl::Seconds(flags.shutdown_grace_seconds));
+  // The metrics read the coordinator at scrape time: stop serving them before it goes.
+  metrics->reset();
+  watchdog.Stop();
   spdlog::info("tessera-coordinator: stopped");
   return 0;
 }
@@ -57,14 +115,17 @@ int Run(Flags flags) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  tessera::BlockShutdownSignals();
+  tessera::BlockDaemonSignals();
   Flags flags;
   CLI::App app{
       "tessera-coordinator: the Tessera control plane, one per cluster. It queues jobs, tracks\n"
       "the shards and workers that register with it (leases kept alive by heartbeats),\n"
       "gang-schedules each job's workers, and streams progress (tessera.v1.JobService and\n"
       "tessera.v1.ClusterService, plus grpc.health.v1 and server reflection). Jobs, events and\n"
-      "members persist in SQLite under --data_dir. SIGTERM or SIGINT shuts it down cleanly.\n\n"
+      "members persist in SQLite under --data_dir. SIGTERM or SIGINT drains it (health\n"
+      "NOT_SERVING, running calls finish within --shutdown_grace_seconds) and exits 0; SIGHUP\n"
+      "re-reads log_level and the TLS and token files. Under systemd (Type=notify) it sends\n"
+      "READY=1 once serving, STOPPING=1 on drain and WATCHDOG=1 when the unit sets WatchdogSec.\n\n"
       "Examples:\n"
       "  tessera-coordinator --data_dir /var/lib/tessera/coordinator\n"
       "  tessera-coordinator --listen 127.0.0.1:0 --port_file /tmp/coord.port --data_dir /tmp/c "
@@ -107,10 +168,12 @@ int main(int argc, char** argv) {
                  "on SIGTERM/SIGINT, how long running calls may finish before they are cancelled")
       ->capture_default_str()
       ->check(CLI::Range(0.0, 3600.0));
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e);
-  }
-  return Run(flags);
+  tessera::AddSecurityFlags(app, &flags.security);
+  tessera::AddMetricsFlags(app, &flags.metrics);
+  tessera::LayeredConfig config("tessera-coordinator");
+  config.AddFlags(app);
+  std::unique_ptr<tessera::Security> security;
+  const int code = config.Parse(app, argc, argv, [&] { return Validate(flags, &security); });
+  if (code >= 0) return code;
+  return Run(std::move(flags), config, security.get());
 }

@@ -405,8 +405,7 @@ absl::StatusOr<std::unique_ptr<GrpcShardClient>> GrpcShardClient::Create(const O
   args.SetMaxReceiveMessageSize(options.max_receive_message_bytes);
   args.SetMaxSendMessageSize(-1);
   if (options.own_connection) args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-  auto channel =
-      grpc::CreateCustomChannel(options.address, grpc::InsecureChannelCredentials(), args);
+  auto channel = options.credentials.CreateChannel(options.address, args);
   return std::unique_ptr<GrpcShardClient>(new GrpcShardClient(options, std::move(channel)));
 }
 

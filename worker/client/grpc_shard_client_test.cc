@@ -103,7 +103,7 @@ class ScriptedService final : public v1::ParameterService::Service {
 
 class GrpcShardClientTest : public ::testing::Test {
  protected:
-  void Start(int streams = 1, bool zero_copy_push = true) {
+  void Start(int streams = 1, bool zero_copy_push = true, ClientCredentials credentials = {}) {
     grpc::ServerBuilder builder;
     int port = 0;
     builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
@@ -115,6 +115,7 @@ class GrpcShardClientTest : public ::testing::Test {
     o.address = absl::StrCat("127.0.0.1:", port);
     o.streams = streams;
     o.zero_copy_push = zero_copy_push;
+    o.credentials = std::move(credentials);
     auto c = GrpcShardClient::Create(o);
     ASSERT_TRUE(c.ok()) << c.status();
     client_ = *std::move(c);
@@ -367,6 +368,18 @@ TEST_F(GrpcShardClientTest, CancelPendingFailsHeldRequestsAtOnce) {
   auto next = Call(Request(6, "next"));
   ASSERT_TRUE(next.ok()) << next.status();
   EXPECT_EQ(next->seq(), 6u);
+}
+
+TEST_F(GrpcShardClientTest, DialsWithTheGivenCredentials) {
+  // TLS credentials against this plaintext shard: the handshake fails, on the stream and on
+  // unary calls alike, so the channel was made with them.
+  ClientCredentials tls;
+  tls.channel = grpc::SslCredentials(grpc::SslCredentialsOptions());
+  Start(/*streams=*/1, /*zero_copy_push=*/true, tls);
+  auto r = Call(Request(1, "x"), absl::Seconds(5));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kUnavailable) << r.status();
+  EXPECT_TRUE(service_.seen().empty());
 }
 
 TEST_F(GrpcShardClientTest, UnreachableShardFailsUnavailableWithTheAddress) {

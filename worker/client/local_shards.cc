@@ -52,8 +52,9 @@ std::string DescribeExit(int status) {
 
 }  // namespace
 
-bool IsServing(const std::string& address, absl::Duration timeout) {
-  auto channel = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+bool IsServing(const std::string& address, absl::Duration timeout,
+               const ClientCredentials& credentials) {
+  auto channel = credentials.CreateChannel(address);
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
   // HealthCheckRequest{service: ""} serialises to no bytes; HealthCheckResponse{status: SERVING}

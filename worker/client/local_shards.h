@@ -18,6 +18,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/security.h"
 
 namespace tessera {
 namespace client {
@@ -56,8 +57,10 @@ class LocalShards {
   std::vector<std::string> addresses_;
 };
 
-// One grpc.health.v1.Health/Check of the whole server. True when it answered SERVING.
-bool IsServing(const std::string& address, absl::Duration timeout);
+// One grpc.health.v1.Health/Check of the whole server, over a channel made with `credentials`
+// (default: plaintext, no token). True when it answered SERVING.
+bool IsServing(const std::string& address, absl::Duration timeout,
+               const ClientCredentials& credentials = {});
 
 }  // namespace client
 }  // namespace tessera

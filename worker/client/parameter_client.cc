@@ -133,6 +133,7 @@ absl::StatusOr<std::unique_ptr<ParameterClient>> ParameterClient::Create(const O
     o.address = address;
     o.streams = options.streams_per_shard;
     o.zero_copy_push = options.zero_copy_push;
+    o.credentials = options.credentials;
     TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<GrpcShardClient> shard, GrpcShardClient::Create(o));
     shards.push_back(std::move(shard));
   }

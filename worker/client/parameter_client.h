@@ -35,6 +35,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "common/security.h"
 #include "tessera/v1/parameter.pb.h"
 #include "worker/client/shard_client.h"
 #include "worker/client/tensor_layout.h"
@@ -95,6 +96,8 @@ class ParameterClient {
     bool zero_copy_push = true;
     // Upper bound for one CreateJobState batch; keep it under the shards' --max_message_bytes.
     int64_t max_request_bytes = 16 << 20;
+    // How the channels to the shards are made (default: plaintext, no token).
+    ClientCredentials credentials;
   };
 
   using PushPullCallback = std::function<void(absl::StatusOr<PushPullResult>)>;

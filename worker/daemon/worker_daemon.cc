@@ -100,6 +100,7 @@ WorkerDaemon::WorkerDaemon(Options options) : options_(std::move(options)) {
   a.initial_backoff = options_.initial_backoff;
   a.max_backoff = options_.max_backoff;
   a.rpc_timeout = options_.rpc_timeout;
+  a.credentials = options_.credentials;
   a.on_registered = [this](const std::string& id) { OnRegistered(id); };
   agent_ = std::make_unique<MemberAgent>(std::move(a));
   stub_ = v1::ClusterService::NewStub(agent_->channel());
@@ -286,6 +287,7 @@ void WorkerDaemon::RunTask(v1::Task task) {
   o.device = options_.device;
   o.num_threads = options_.num_threads;
   o.progress_interval = options_.progress_interval;
+  o.credentials = options_.credentials;
   o.on_progress = [&sender](const v1::ProgressReport& p) { sender.Offer(p); };
   o.report = [this, &task](const v1::ProgressReport& p) { return Report(task, p); };
 

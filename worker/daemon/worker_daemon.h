@@ -27,6 +27,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/membership.h"
+#include "common/security.h"
 #include "grpcpp/client_context.h"
 #include "tessera/v1/job.grpc.pb.h"
 #include "worker/trainer/distributed_trainer.h"
@@ -55,6 +56,9 @@ class WorkerDaemon {
     absl::Duration progress_interval = absl::Milliseconds(500);
     // A terminal report is retried for this long before the daemon gives up on it.
     absl::Duration terminal_report_timeout = absl::Seconds(60);
+    // How the channels to the coordinator and the shards are made (default: plaintext, no
+    // token).
+    ClientCredentials credentials;
   };
 
   // INVALID_ARGUMENT naming the field for an empty coordinator, a device other than

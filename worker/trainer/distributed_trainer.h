@@ -38,6 +38,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/security.h"
 #include "kernels/backend.h"
 #include "tessera/v1/job.pb.h"
 #include "worker/client/parameter_client.h"
@@ -58,6 +59,8 @@ struct DistributedOptions {
   int64_t memory_limit_bytes = 0;
   // Deadline of each data-plane call (ParameterClient::Options::call_timeout).
   absl::Duration call_timeout = absl::Seconds(30);
+  // How the channels to the shards are made (default: plaintext, no token).
+  ClientCredentials credentials;
   // Progress reports come at most this often, and at every epoch end.
   absl::Duration progress_interval = absl::Milliseconds(500);
   // Rank 0: how often it re-reports TRAINING_DONE while waiting for all_workers_done, and how

@@ -1,0 +1,55 @@
+#include "common/systemd.h"
+
+#include <systemd/sd-daemon.h>
+
+#include <cstdlib>
+
+#include "absl/strings/str_cat.h"
+#include "spdlog/spdlog.h"
+
+namespace tessera::systemd {
+namespace {
+
+bool Notify(const std::string& state) {
+  if (std::getenv("NOTIFY_SOCKET") == nullptr) return false;
+  const int r = sd_notify(/*unset_environment=*/0, state.c_str());
+  if (r < 0) spdlog::warn("sd_notify({}) failed: error {}", state, -r);
+  return r > 0;
+}
+
+std::string WithStatus(std::string state, absl::string_view status) {
+  if (!status.empty()) absl::StrAppend(&state, "\nSTATUS=", status);
+  return state;
+}
+
+}  // namespace
+
+bool NotifyReady(absl::string_view status) { return Notify(WithStatus("READY=1", status)); }
+
+bool NotifyStopping(absl::string_view status) { return Notify(WithStatus("STOPPING=1", status)); }
+
+bool NotifyStatus(absl::string_view text) { return Notify(absl::StrCat("STATUS=", text)); }
+
+SystemdWatchdog::~SystemdWatchdog() { Stop(); }
+
+bool SystemdWatchdog::Start() {
+  if (std::getenv("NOTIFY_SOCKET") == nullptr) return false;
+  uint64_t usec = 0;
+  if (sd_watchdog_enabled(/*unset_environment=*/0, &usec) <= 0 || usec == 0) return false;
+  interval_ = absl::Microseconds(usec / 2);
+  thread_ = std::thread([this] {
+    do {
+      Notify("WATCHDOG=1");
+    } while (!stop_.WaitForNotificationWithTimeout(interval_));
+  });
+  spdlog::info("systemd watchdog: WATCHDOG=1 every {}", absl::FormatDuration(interval_));
+  return true;
+}
+
+void SystemdWatchdog::Stop() {
+  if (!thread_.joinable()) return;
+  if (!stop_.HasBeenNotified()) stop_.Notify();
+  thread_.join();
+}
+
+}  // namespace tessera::systemd

@@ -1,0 +1,35 @@
+// The parameter shard's Prometheus families (issue #5), read at scrape time from
+// ParameterStore::GetShardStats(): the push/pull hot path only does relaxed atomic adds.
+//
+//   tessera_shard_jobs                           gauge      jobs held
+//   tessera_shard_parked_pulls                   gauge      pulls waiting on a gate now
+//   tessera_shard_pushed_bytes_total             counter    gradient bytes applied or staged
+//   tessera_shard_pulled_bytes_total             counter    weight bytes answered
+//   tessera_shard_updates_applied_total          counter    optimizer applications
+//   tessera_shard_duplicate_pushes_total         counter    push slices dropped as already applied
+//   tessera_shard_non_finite_skipped_total       counter    push slices skipped for NaN/Inf
+//   tessera_shard_gate_wait_seconds{consistency} histogram  how long a gated pull waited (bsp, ssp)
+//   tessera_shard_ssp_staleness_steps            histogram  SSP: step - slowest live clock, per
+//                                                           applied push slice
+#ifndef TESSERA_SERVER_SHARD_METRICS_H_
+#define TESSERA_SERVER_SHARD_METRICS_H_
+
+#include <memory>
+
+#include "common/metrics.h"
+#include "prometheus/collectable.h"
+#include "server/parameter_store.h"
+
+namespace tessera::server {
+
+// The collectable behind RegisterShardMetrics, for tests that read it without a Metrics.
+// `store` must outlive it. Thread-safe.
+std::shared_ptr<prometheus::Collectable> NewShardCollectable(const ParameterStore* store);
+
+// Adds the families above to `metrics`. `store` must outlive every scrape of `metrics` (destroy
+// the Metrics, or stop its endpoint, first). Thread-safe.
+void RegisterShardMetrics(tessera::Metrics* metrics, tessera::server::ParameterStore* store);
+
+}  // namespace tessera::server
+
+#endif  // TESSERA_SERVER_SHARD_METRICS_H_

@@ -1,0 +1,651 @@
+// The daemon kit end to end (issue #5), with the real tessera-server, tessera-coordinator and
+// tessera-worker binaries as child processes on 127.0.0.1 and ports picked at run time:
+//
+//  - sd_notify: with NOTIFY_SOCKET bound by the test, READY=1 arrives only once the port file
+//    exists and health Check answers SERVING; WATCHDOG_USEC=200000 brings WATCHDOG=1 every
+//    100 ms; SIGTERM brings STOPPING=1 and exit 0 within the grace. The metrics endpoint is up.
+//  - A plaintext listener (gRPC or metrics) on a non-loopback address exits 78 naming the flag,
+//    unless --insecure.
+//  - --check-config prints each option with its source (flag, env, config FILE:LINE, default)
+//    and binds nothing; unknown keys exit 78 naming FILE:LINE and the key.
+//  - SIGHUP re-reads log_level from the config file and the new level takes effect.
+//
+// Every wait is bounded in time.
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <ostream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "common/security.h"
+#include "gtest/gtest.h"
+#include "worker/client/local_shards.h"
+
+#ifndef TESSERA_BIN_DIR
+#error "TESSERA_BIN_DIR must name the folder of the daemons"
+#endif
+
+extern char** environ;
+
+namespace tessera {
+namespace {
+
+std::string Bin(const std::string& name) { return absl::StrCat(TESSERA_BIN_DIR, "/", name); }
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+class ScratchDir {
+ public:
+  ScratchDir() {
+    char tmpl[] = "/tmp/tessera-daemon-e2e-XXXXXX";
+    if (mkdtemp(tmpl) != nullptr) path_ = tmpl;
+  }
+  ~ScratchDir() {
+    std::error_code ec;
+    if (!path_.empty()) std::filesystem::remove_all(path_, ec);
+  }
+  const std::string& path() const { return path_; }
+  std::string File(const std::string& name) const { return absl::StrCat(path_, "/", name); }
+
+ private:
+  std::string path_;
+};
+
+// A child process with stdout and stderr in files.
+struct Process {
+  pid_t pid = -1;
+  std::string out_path;
+  std::string err_path;
+};
+
+// Starts `args` with this process's environment minus TESSERA_*, NOTIFY_SOCKET, WATCHDOG_* and
+// JOURNAL_STREAM, plus `env`.
+Process Spawn(const std::vector<std::string>& args, const std::map<std::string, std::string>& env,
+              const std::string& dir, const std::string& tag) {
+  Process p;
+  p.out_path = absl::StrCat(dir, "/", tag, ".out");
+  p.err_path = absl::StrCat(dir, "/", tag, ".err");
+  std::vector<std::string> env_strings;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const absl::string_view entry(*e);
+    if (absl::StartsWith(entry, "TESSERA_") || absl::StartsWith(entry, "NOTIFY_SOCKET=") ||
+        absl::StartsWith(entry, "WATCHDOG_") || absl::StartsWith(entry, "JOURNAL_STREAM=")) {
+      continue;
+    }
+    env_strings.emplace_back(entry);
+  }
+  for (const auto& [name, value] : env) env_strings.push_back(absl::StrCat(name, "=", value));
+  std::vector<std::string> copy = args;
+  std::vector<char*> argv;
+  for (std::string& a : copy) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  std::vector<char*> envp;
+  for (std::string& e : env_strings) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  const pid_t pid = fork();
+  if (pid == 0) {
+    const int out = open(p.out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    const int err = open(p.err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (out < 0 || err < 0) _exit(126);
+    dup2(out, STDOUT_FILENO);
+    dup2(err, STDERR_FILENO);
+    // The test runner may have signals blocked; a daemon blocks what it waits for itself.
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, nullptr);
+    execve(argv[0], argv.data(), envp.data());
+    _exit(127);
+  }
+  p.pid = pid;
+  return p;
+}
+
+// Waits up to `timeout`; returns the exit status (128 + signal when killed by one), or -1 after
+// killing it on timeout.
+int Wait(Process* p, absl::Duration timeout) {
+  if (p->pid <= 0) return -3;
+  const absl::Time deadline = absl::Now() + timeout;
+  int status = 0;
+  for (;;) {
+    const pid_t r = waitpid(p->pid, &status, WNOHANG);
+    if (r == p->pid) break;
+    if (absl::Now() > deadline) {
+      kill(p->pid, SIGKILL);
+      waitpid(p->pid, &status, 0);
+      p->pid = -1;
+      return -1;
+    }
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  p->pid = -1;
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  return -2;
+}
+
+// Kills a process the test left running.
+struct Reaper {
+  Process* p;
+  ~Reaper() {
+    if (p->pid > 0) {
+      kill(p->pid, SIGKILL);
+      Wait(p, absl::Seconds(5));
+    }
+  }
+};
+
+struct Result {
+  int code = 0;
+  std::string out;
+  std::string err;
+};
+
+Result RunToEnd(const std::vector<std::string>& args, const std::map<std::string, std::string>& env,
+                const std::string& dir, const std::string& tag) {
+  Process p = Spawn(args, env, dir, tag);
+  Result r;
+  r.code = Wait(&p, absl::Seconds(30));
+  r.out = ReadFile(p.out_path);
+  r.err = ReadFile(p.err_path);
+  return r;
+}
+
+// The port in a port file once it exists, else 0 after `timeout` or once `p` has exited.
+int WaitForPort(const std::string& path, Process* p, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (absl::Now() < deadline) {
+    int port = 0;
+    if (absl::SimpleAtoi(absl::StripAsciiWhitespace(ReadFile(path)), &port) && port > 0) {
+      return port;
+    }
+    int status = 0;
+    if (p != nullptr && waitpid(p->pid, &status, WNOHANG) == p->pid) {
+      p->pid = -1;
+      return 0;
+    }
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  return 0;
+}
+
+bool WaitForText(const std::string& path, const std::string& text, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (absl::Now() < deadline) {
+    if (absl::StrContains(ReadFile(path), text)) return true;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  return false;
+}
+
+// A datagram socket standing in for systemd's NOTIFY_SOCKET.
+class NotifySocket {
+ public:
+  explicit NotifySocket(const std::string& path) : path_(path) {
+    fd_ = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    path_.copy(addr.sun_path, sizeof(addr.sun_path) - 1);
+    bound_ = bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+    timeval tv{0, 50 * 1000};
+    setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  }
+  ~NotifySocket() { close(fd_); }
+  bool bound() const { return bound_; }
+  const std::string& path() const { return path_; }
+
+  // The next message; "" when none arrives before `timeout`.
+  std::string Receive(absl::Duration timeout) {
+    const absl::Time deadline = absl::Now() + timeout;
+    while (absl::Now() < deadline) {
+      char buf[4096];
+      const ssize_t n = recv(fd_, buf, sizeof(buf), 0);
+      if (n > 0) return std::string(buf, n);
+    }
+    return "";
+  }
+
+  // Receives until a message starting with `prefix` arrives; counts the WATCHDOG=1 messages
+  // seen on the way. False after `timeout`.
+  bool ReceiveUntil(const std::string& prefix, absl::Duration timeout, int* watchdogs = nullptr) {
+    const absl::Time deadline = absl::Now() + timeout;
+    while (absl::Now() < deadline) {
+      const std::string message = Receive(deadline - absl::Now());
+      if (absl::StartsWith(message, prefix)) return true;
+      if (message == "WATCHDOG=1" && watchdogs != nullptr) ++*watchdogs;
+    }
+    return false;
+  }
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+  bool bound_ = false;
+};
+
+// Waits up to `timeout` for `p` to exit while reading `notify` (a full datagram queue would block
+// the daemon's sd_notify calls); sets *stopping when STOPPING=1 arrives. Returns as Wait().
+int WaitReading(Process* p, NotifySocket* notify, absl::Duration timeout, bool* stopping) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (absl::Now() < deadline) {
+    int status = 0;
+    if (waitpid(p->pid, &status, WNOHANG) == p->pid) {
+      p->pid = -1;
+      while (true) {
+        const std::string rest = notify->Receive(absl::Milliseconds(60));
+        if (rest.empty()) break;
+        if (absl::StartsWith(rest, "STOPPING=1")) *stopping = true;
+      }
+      if (WIFEXITED(status)) return WEXITSTATUS(status);
+      return WIFSIGNALED(status) ? 128 + WTERMSIG(status) : -2;
+    }
+    if (absl::StartsWith(notify->Receive(absl::Milliseconds(60)), "STOPPING=1")) *stopping = true;
+  }
+  return Wait(p, absl::ZeroDuration());
+}
+
+// GET /metrics over plain HTTP; "" on failure.
+std::string ScrapeMetrics(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  timeval tv{5, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  std::string response;
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
+    const std::string request = "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
+    if (write(fd, request.data(), request.size()) == static_cast<ssize_t>(request.size())) {
+      char buf[65536];
+      ssize_t n;
+      while ((n = read(fd, buf, sizeof(buf))) > 0) response.append(buf, n);
+    }
+  }
+  close(fd);
+  return response;
+}
+
+struct Daemon {
+  std::string binary;
+  std::string daemon_label;  // tessera_build_info's daemon label
+  bool grpc;                 // serves gRPC (port file, health)
+};
+
+// The command line of `daemon` on loopback with port files in `dir`.
+std::vector<std::string> BaseArgs(const Daemon& daemon, const ScratchDir& dir) {
+  std::vector<std::string> args = {Bin(daemon.binary), "--metrics_listen", "127.0.0.1:0",
+                                   "--metrics_port_file", dir.File("metrics.port")};
+  if (daemon.binary == "tessera-worker") {
+    // An unreachable coordinator: the worker retries in the background and serves on.
+    args.insert(args.end(), {"--coordinator", "127.0.0.1:1", "--device", "cpu"});
+  } else {
+    args.insert(args.end(), {"--listen", "127.0.0.1:0", "--port_file", dir.File("grpc.port"),
+                             "--shutdown_grace_seconds", "1"});
+  }
+  if (daemon.binary == "tessera-coordinator") {
+    args.insert(args.end(), {"--data_dir", dir.File("coord")});
+  }
+  return args;
+}
+
+// `args` with `flag`'s value replaced (or the flag added).
+std::vector<std::string> WithFlag(std::vector<std::string> args, const std::string& flag,
+                                  const std::string& value) {
+  for (size_t i = 0; i + 1 < args.size(); ++i) {
+    if (args[i] == flag) {
+      args[i + 1] = value;
+      return args;
+    }
+  }
+  args.push_back(flag);
+  args.push_back(value);
+  return args;
+}
+
+// `args` without `flag` and its value.
+std::vector<std::string> WithoutFlag(const std::vector<std::string>& args,
+                                     const std::string& flag) {
+  std::vector<std::string> out;
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i] == flag) {
+      ++i;
+      continue;
+    }
+    out.push_back(args[i]);
+  }
+  return out;
+}
+
+void PrintTo(const Daemon& daemon, std::ostream* os) { *os << daemon.binary; }
+
+class DaemonE2eTest : public ::testing::TestWithParam<Daemon> {};
+
+TEST_P(DaemonE2eTest, ReadyOnlyWhenServingWatchdogAndStoppingOnSigterm) {
+  const Daemon& daemon = GetParam();
+  ScratchDir dir;
+  NotifySocket notify(dir.File("notify.sock"));
+  ASSERT_TRUE(notify.bound());
+  Process p =
+      Spawn(BaseArgs(daemon, dir), {{"NOTIFY_SOCKET", notify.path()}, {"WATCHDOG_USEC", "200000"}},
+            dir.path(), daemon.binary);
+  Reaper reaper{&p};
+
+  // READY=1 comes first, and by then the daemon serves.
+  const std::string ready = notify.Receive(absl::Seconds(20));
+  ASSERT_TRUE(absl::StartsWith(ready, "READY=1")) << "got '" << ready << "'\n"
+                                                  << ReadFile(p.err_path);
+  if (daemon.grpc) {
+    int port = 0;
+    ASSERT_TRUE(
+        absl::SimpleAtoi(absl::StripAsciiWhitespace(ReadFile(dir.File("grpc.port"))), &port))
+        << "no port file when READY=1 arrived";
+    EXPECT_TRUE(client::IsServing(absl::StrCat("127.0.0.1:", port), absl::Seconds(5)))
+        << "READY=1 before health answered SERVING";
+  }
+
+  // WATCHDOG_USEC=200000: a ping every 100 ms.
+  const absl::Time start = absl::Now();
+  int watchdogs = 0;
+  while (watchdogs < 5 && absl::Now() - start < absl::Seconds(5)) {
+    if (notify.Receive(absl::Seconds(1)) == "WATCHDOG=1") ++watchdogs;
+  }
+  EXPECT_EQ(watchdogs, 5);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(3));
+
+  // The metrics endpoint serves this daemon's families.
+  const int metrics_port = WaitForPort(dir.File("metrics.port"), nullptr, absl::Seconds(1));
+  ASSERT_GT(metrics_port, 0);
+  const std::string metrics = ScrapeMetrics(metrics_port);
+  EXPECT_TRUE(absl::StrContains(metrics, "200 OK")) << metrics;
+  EXPECT_TRUE(absl::StrContains(metrics, "tessera_build_info")) << metrics;
+  EXPECT_TRUE(absl::StrContains(metrics, absl::StrCat("daemon=\"", daemon.daemon_label, "\"")));
+  EXPECT_TRUE(absl::StrContains(metrics, "process_resident_memory_bytes"));
+  if (daemon.grpc) {
+    // The health checks above went through the metrics interceptor.
+    EXPECT_TRUE(absl::StrContains(ScrapeMetrics(metrics_port), "tessera_rpc_calls_total{"));
+  }
+
+  // SIGTERM: STOPPING=1, then exit 0 within the grace (1 s).
+  ASSERT_EQ(kill(p.pid, SIGTERM), 0);
+  bool stopping = false;
+  const absl::Time term = absl::Now();
+  EXPECT_EQ(WaitReading(&p, &notify, absl::Seconds(10), &stopping), 0) << ReadFile(p.err_path);
+  EXPECT_LT(absl::Now() - term, absl::Seconds(5));
+  EXPECT_TRUE(stopping);
+}
+
+TEST_P(DaemonE2eTest, NoNotifySocketStartsAndStopsAsBefore) {
+  const Daemon& daemon = GetParam();
+  ScratchDir dir;
+  Process p = Spawn(BaseArgs(daemon, dir), {}, dir.path(), daemon.binary);
+  Reaper reaper{&p};
+  if (daemon.grpc) {
+    const int port = WaitForPort(dir.File("grpc.port"), &p, absl::Seconds(20));
+    ASSERT_GT(port, 0) << ReadFile(p.err_path);
+    EXPECT_TRUE(client::IsServing(absl::StrCat("127.0.0.1:", port), absl::Seconds(5)));
+  }
+  const int metrics_port = WaitForPort(dir.File("metrics.port"), &p, absl::Seconds(20));
+  ASSERT_GT(metrics_port, 0) << ReadFile(p.err_path);
+  EXPECT_TRUE(absl::StrContains(ScrapeMetrics(metrics_port), "tessera_build_info"));
+  ASSERT_EQ(kill(p.pid, SIGINT), 0);
+  EXPECT_EQ(Wait(&p, absl::Seconds(10)), 0) << ReadFile(p.err_path);
+  EXPECT_FALSE(absl::StrContains(ReadFile(p.err_path), "systemd watchdog"));
+}
+
+TEST_P(DaemonE2eTest, RefusesPlaintextOnNonLoopbackWithoutInsecure) {
+  const Daemon& daemon = GetParam();
+  ScratchDir dir;
+  if (daemon.grpc) {
+    std::vector<std::string> args = WithFlag(BaseArgs(daemon, dir), "--listen", "0.0.0.0:0");
+    const Result refused = RunToEnd(args, {}, dir.path(), "refused");
+    EXPECT_EQ(refused.code, 78) << refused.err;
+    EXPECT_TRUE(absl::StrContains(refused.err, "--listen 0.0.0.0:0")) << refused.err;
+    EXPECT_TRUE(absl::StrContains(refused.err, "--tls_cert")) << refused.err;
+    EXPECT_TRUE(absl::StrContains(refused.err, "--insecure")) << refused.err;
+    EXPECT_FALSE(std::filesystem::exists(dir.File("grpc.port")));
+
+    // The same from the environment (no --listen on the command line).
+    const Result from_env = RunToEnd(WithoutFlag(args, "--listen"),
+                                     {{"TESSERA_LISTEN", "0.0.0.0:0"}}, dir.path(), "refused-env2");
+    EXPECT_EQ(from_env.code, 78) << from_env.err;
+    EXPECT_TRUE(absl::StrContains(from_env.err, "--listen 0.0.0.0:0")) << from_env.err;
+
+    // With --insecure it starts.
+    args.push_back("--insecure");
+    Process p = Spawn(args, {}, dir.path(), "insecure");
+    Reaper reaper{&p};
+    const int port = WaitForPort(dir.File("grpc.port"), &p, absl::Seconds(20));
+    ASSERT_GT(port, 0) << ReadFile(p.err_path);
+    EXPECT_TRUE(client::IsServing(absl::StrCat("127.0.0.1:", port), absl::Seconds(5)));
+    kill(p.pid, SIGTERM);
+    EXPECT_EQ(Wait(&p, absl::Seconds(10)), 0);
+  }
+  // The metrics endpoint is plain HTTP: non-loopback needs --insecure.
+  const std::vector<std::string> args =
+      WithFlag(BaseArgs(daemon, dir), "--metrics_listen", "0.0.0.0:0");
+  const Result refused = RunToEnd(args, {}, dir.path(), "refused-metrics");
+  EXPECT_EQ(refused.code, 78) << refused.err;
+  EXPECT_TRUE(absl::StrContains(refused.err, "--metrics_listen 0.0.0.0:0")) << refused.err;
+  EXPECT_TRUE(absl::StrContains(refused.err, "--insecure")) << refused.err;
+}
+
+TEST_P(DaemonE2eTest, CheckConfigListsEverySourceAndBindsNothing) {
+  const Daemon& daemon = GetParam();
+  ScratchDir dir;
+  const std::string config = dir.File("daemon.conf");
+  std::ofstream(config) << "# test configuration\n"
+                        << "\n"
+                        << "log_level = debug   # chatty\n"
+                        << "metrics_port_file = " << dir.File("from-file.port") << "\n";
+  // Without --metrics_port_file on the command line, so the file's value is used.
+  std::vector<std::string> trimmed = WithoutFlag(BaseArgs(daemon, dir), "--metrics_port_file");
+  trimmed.insert(trimmed.end(), {"--config", config, "--check-config"});
+  const Result r =
+      RunToEnd(trimmed, {{"TESSERA_TLS_SERVER_NAME", "tessera.test"}}, dir.path(), "check");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(absl::StrContains(r.out, "metrics_listen = 127.0.0.1:0  # flag\n")) << r.out;
+  EXPECT_TRUE(
+      absl::StrContains(r.out, "tls_server_name = tessera.test  # env TESSERA_TLS_SERVER_NAME\n"))
+      << r.out;
+  EXPECT_TRUE(
+      absl::StrContains(r.out, absl::StrCat("log_level = debug  # config ", config, ":3\n")))
+      << r.out;
+  EXPECT_TRUE(
+      absl::StrContains(r.out, absl::StrCat("metrics_port_file = ", dir.File("from-file.port"),
+                                            "  # config ", config, ":4\n")))
+      << r.out;
+  EXPECT_TRUE(absl::StrContains(r.out, "insecure = false  # default\n")) << r.out;
+  EXPECT_TRUE(absl::StrContains(r.out, "auth_token_file =   # default\n")) << r.out;
+  // Nothing was bound or written.
+  EXPECT_FALSE(std::filesystem::exists(dir.File("from-file.port")));
+  EXPECT_FALSE(std::filesystem::exists(dir.File("grpc.port")));
+  EXPECT_FALSE(std::filesystem::exists(dir.File("coord")));
+
+  // An unknown key: 78 naming FILE:LINE and the key.
+  std::ofstream(config, std::ios::trunc) << "log_level = info\nlisen = 127.0.0.1:0\n";
+  const Result unknown = RunToEnd(trimmed, {}, dir.path(), "unknown");
+  EXPECT_EQ(unknown.code, 78);
+  EXPECT_TRUE(absl::StrContains(unknown.err, absl::StrCat(config, ":2: unknown key 'lisen'")))
+      << unknown.err;
+
+  // A value the option rejects, from the environment: 78 naming the variable.
+  std::ofstream(config, std::ios::trunc) << "";
+  const Result bad_env = RunToEnd(trimmed, {{"TESSERA_LOG_LEVEL", "loud"}}, dir.path(), "bad-env");
+  EXPECT_EQ(bad_env.code, 78);
+  EXPECT_TRUE(absl::StrContains(bad_env.err, "loud")) << bad_env.err;
+
+  // A validation failure (an unreadable certificate) under --check-config: 78 naming the flag.
+  std::vector<std::string> tls = trimmed;
+  tls.insert(tls.end(),
+             {"--tls_cert", dir.File("missing.pem"), "--tls_key", dir.File("missing.key")});
+  const Result bad_tls = RunToEnd(tls, {}, dir.path(), "bad-tls");
+  EXPECT_EQ(bad_tls.code, 78);
+  EXPECT_TRUE(absl::StrContains(bad_tls.err, "--tls_")) << bad_tls.err;
+}
+
+TEST_P(DaemonE2eTest, SighupReloadsLogLevelFromTheConfigFile) {
+  const Daemon& daemon = GetParam();
+  ScratchDir dir;
+  const std::string config = dir.File("daemon.conf");
+  std::ofstream(config) << "log_level = info\n";
+  std::vector<std::string> args = BaseArgs(daemon, dir);
+  args.insert(args.end(), {"--config", config});
+  NotifySocket notify(dir.File("notify.sock"));
+  ASSERT_TRUE(notify.bound());
+  Process p = Spawn(args, {{"NOTIFY_SOCKET", notify.path()}}, dir.path(), daemon.binary);
+  Reaper reaper{&p};
+  ASSERT_TRUE(notify.ReceiveUntil("READY=1", absl::Seconds(20))) << ReadFile(p.err_path);
+  EXPECT_FALSE(absl::StrContains(ReadFile(p.err_path), "debug logging is on"));
+
+  // An unchanged file: the level stays and the daemon serves on.
+  ASSERT_EQ(kill(p.pid, SIGHUP), 0);
+  EXPECT_TRUE(WaitForText(p.err_path, "log level unchanged (info)", absl::Seconds(5)))
+      << ReadFile(p.err_path);
+
+  std::ofstream(config, std::ios::trunc) << "# louder\nlog_level = debug\n";
+  ASSERT_EQ(kill(p.pid, SIGHUP), 0);
+  // The debug line shows only when the new level is in force.
+  EXPECT_TRUE(WaitForText(p.err_path, "debug logging is on", absl::Seconds(5)))
+      << ReadFile(p.err_path);
+  EXPECT_TRUE(absl::StrContains(ReadFile(p.err_path), "log level now debug"));
+  EXPECT_TRUE(absl::StrContains(ReadFile(p.err_path), absl::StrCat(config, ":2")));
+
+  // A bad value keeps the old level.
+  std::ofstream(config, std::ios::trunc) << "log_level = loud\n";
+  ASSERT_EQ(kill(p.pid, SIGHUP), 0);
+  EXPECT_TRUE(WaitForText(p.err_path, "keeping the log level", absl::Seconds(5)))
+      << ReadFile(p.err_path);
+
+  ASSERT_EQ(kill(p.pid, SIGTERM), 0);
+  EXPECT_EQ(Wait(&p, absl::Seconds(10)), 0) << ReadFile(p.err_path);
+}
+
+// Makes a CA and a certificate for 127.0.0.1 signed by it (ca.pem, srv.pem, srv.key) and a token
+// file (mode 600) in `dir` with openssl. False when openssl fails.
+bool MakePki(const ScratchDir& dir) {
+  const std::string d = dir.path();
+  const std::string script = absl::StrCat(
+      "cd ", d, " && openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.pem -days 2",
+      " -subj /CN=tessera-test-ca >/dev/null 2>&1",
+      " && openssl req -newkey rsa:2048 -nodes -keyout srv.key -out srv.csr -subj /CN=localhost",
+      " >/dev/null 2>&1 && printf 'subjectAltName=DNS:localhost,IP:127.0.0.1\\n' > ext",
+      " && openssl x509 -req -in srv.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out srv.pem",
+      " -days 2 -extfile ext >/dev/null 2>&1 && echo right-token > token && chmod 600 token");
+  return std::system(script.c_str()) == 0;
+}
+
+// With TLS a daemon may listen on any address; SIGHUP re-reads the token and certificate files
+// (Security::Reload) and keeps the old ones when that fails; SIGTERM drains and exits 0.
+TEST(DaemonTlsTest, TlsOnAnyAddressSighupReloadsSecurityFilesAndSigtermDrains) {
+  for (const char* binary : {"tessera-server", "tessera-coordinator"}) {
+    SCOPED_TRACE(binary);
+    ScratchDir dir;
+    ASSERT_TRUE(MakePki(dir)) << "openssl failed";
+    std::vector<std::string> args = {Bin(binary),
+                                     "--listen",
+                                     "0.0.0.0:0",
+                                     "--port_file",
+                                     dir.File("grpc.port"),
+                                     "--tls_cert",
+                                     dir.File("srv.pem"),
+                                     "--tls_key",
+                                     dir.File("srv.key"),
+                                     "--tls_ca",
+                                     dir.File("ca.pem"),
+                                     "--auth_token_file",
+                                     dir.File("token"),
+                                     "--shutdown_grace_seconds",
+                                     "1"};
+    if (std::string(binary) == "tessera-coordinator") {
+      args.insert(args.end(), {"--data_dir", dir.File("coord")});
+    }
+    Process p = Spawn(args, {}, dir.path(), binary);
+    Reaper reaper{&p};
+    const int port = WaitForPort(dir.File("grpc.port"), &p, absl::Seconds(20));
+    ASSERT_GT(port, 0) << ReadFile(p.err_path);
+    const std::string address = absl::StrCat("127.0.0.1:", port);
+
+    SecurityOptions client_options;
+    client_options.serves_grpc = false;  // dials only, like the CLI
+    client_options.tls_ca = dir.File("ca.pem");
+    client_options.auth_token_file = dir.File("token");
+    absl::StatusOr<std::unique_ptr<Security>> client = Security::Create(client_options);
+    ASSERT_TRUE(client.ok()) << client.status();
+    EXPECT_TRUE(client::IsServing(address, absl::Seconds(5), (*client)->Client()));
+    EXPECT_FALSE(client::IsServing(address, absl::Seconds(2)));  // plaintext
+
+    ASSERT_EQ(kill(p.pid, SIGHUP), 0);
+    EXPECT_TRUE(WaitForText(p.err_path, "token and certificate files re-read", absl::Seconds(5)))
+        << ReadFile(p.err_path);
+    // The token file gone: the reload fails and the old token stays in force.
+    std::filesystem::remove(dir.File("token"));
+    ASSERT_EQ(kill(p.pid, SIGHUP), 0);
+    EXPECT_TRUE(WaitForText(p.err_path, "keeping the old token", absl::Seconds(5)))
+        << ReadFile(p.err_path);
+    EXPECT_TRUE(client::IsServing(address, absl::Seconds(5), (*client)->Client()));
+
+    ASSERT_EQ(kill(p.pid, SIGTERM), 0);
+    EXPECT_EQ(Wait(&p, absl::Seconds(10)), 0) << ReadFile(p.err_path);
+  }
+}
+
+// Usage errors on the real command line keep their exit codes (CLI11's, 64 for the worker), and
+// `tessera-worker --standalone` ignores a $TESSERA_COORDINATOR meant for the daemon as before.
+TEST(DaemonUsageTest, UsageErrorsKeepTheirCodesAndStandaloneIgnoresTheDaemonLayers) {
+  ScratchDir dir;
+  const Result server = RunToEnd({Bin("tessera-server"), "--threads", "5000"}, {}, dir.path(), "s");
+  EXPECT_NE(server.code, 0);
+  EXPECT_NE(server.code, 78);
+  EXPECT_TRUE(absl::StrContains(server.err, "--threads")) << server.err;
+  const Result coordinator = RunToEnd({Bin("tessera-coordinator")}, {}, dir.path(), "c");
+  EXPECT_EQ(coordinator.code, 106) << coordinator.err;  // CLI::RequiredError, as before
+  EXPECT_TRUE(absl::StrContains(coordinator.err, "--data_dir")) << coordinator.err;
+  const Result worker = RunToEnd({Bin("tessera-worker"), "--bogus"}, {}, dir.path(), "w");
+  EXPECT_EQ(worker.code, 64) << worker.err;
+
+  const Result from_env = RunToEnd({Bin("tessera-worker"), "--standalone"},
+                                   {{"TESSERA_COORDINATOR", "10.0.0.5:7070"}}, dir.path(), "w1");
+  EXPECT_EQ(from_env.code, 64);
+  EXPECT_TRUE(absl::StrContains(from_env.err, "--standalone needs --job FILE")) << from_env.err;
+  const Result from_flag =
+      RunToEnd({Bin("tessera-worker"), "--standalone", "--coordinator", "10.0.0.5:7070"}, {},
+               dir.path(), "w2");
+  EXPECT_EQ(from_flag.code, 64);
+  EXPECT_TRUE(absl::StrContains(from_flag.err, "drop --coordinator")) << from_flag.err;
+}
+
+INSTANTIATE_TEST_SUITE_P(Daemons, DaemonE2eTest,
+                         ::testing::Values(Daemon{"tessera-server", "server", true},
+                                           Daemon{"tessera-coordinator", "coordinator", true},
+                                           Daemon{"tessera-worker", "worker", false}),
+                         [](const ::testing::TestParamInfo<Daemon>& info) {
+                           std::string name = info.param.daemon_label;
+                           return name;
+                         });
+
+}  // namespace
+}  // namespace tessera

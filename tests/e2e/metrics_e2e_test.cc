@@ -1,0 +1,454 @@
+// The metrics endpoint of every daemon, end to end (issue #5): the real tessera-coordinator,
+// tessera-server and tessera-worker run as child processes with --metrics_listen 127.0.0.1:0 and
+// --metrics_port_file; after a small PushPull straight to the shard, each endpoint is scraped
+// over HTTP (a plain socket), passed through `promtool check metrics`, and checked for its
+// families and for values the traffic must have moved.
+//
+// Every wait is bounded in time. The promtool part skips (with a message) when /usr/bin/promtool
+// is missing; nothing else skips.
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
+#include "gtest/gtest.h"
+#include "tessera/v1/parameter.grpc.pb.h"
+
+#ifndef TESSERA_BIN_DIR
+#error "TESSERA_BIN_DIR must name the folder of the daemons"
+#endif
+
+extern char** environ;
+
+namespace tessera {
+namespace {
+
+std::string Bin(const std::string& name) { return absl::StrCat(TESSERA_BIN_DIR, "/", name); }
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+struct Process {
+  pid_t pid = -1;  // -1 once reaped: never signal a PID the kernel may have reused
+  std::string tag;
+  std::string err_path;
+  bool reaped = false;  // by Exited(): it ended on its own
+  int exit_status = 0;  // the wait status then
+};
+
+// Starts `args` with this process's environment minus TESSERA_*, NOTIFY_SOCKET, WATCHDOG_* and
+// JOURNAL_STREAM (a caller's TESSERA_LISTEN or systemd socket must not reach the daemons).
+Process Spawn(const std::vector<std::string>& args, const std::string& dir,
+              const std::string& tag) {
+  Process p;
+  p.tag = tag;
+  const std::string out_path = absl::StrCat(dir, "/", tag, ".out");
+  p.err_path = absl::StrCat(dir, "/", tag, ".err");
+  std::vector<std::string> copy = args;
+  std::vector<char*> argv;
+  for (std::string& a : copy) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  std::vector<std::string> env_strings;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const absl::string_view entry(*e);
+    if (absl::StartsWith(entry, "TESSERA_") || absl::StartsWith(entry, "NOTIFY_SOCKET=") ||
+        absl::StartsWith(entry, "WATCHDOG_") || absl::StartsWith(entry, "JOURNAL_STREAM=")) {
+      continue;
+    }
+    env_strings.emplace_back(entry);
+  }
+  std::vector<char*> envp;
+  for (std::string& e : env_strings) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  const pid_t pid = fork();
+  if (pid == 0) {
+    // Only async-signal-safe calls between fork and exec (the test process has gRPC threads).
+    const int out = open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    const int err = open(p.err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (out < 0 || err < 0) _exit(126);
+    dup2(out, STDOUT_FILENO);
+    dup2(err, STDERR_FILENO);
+    execve(argv[0], argv.data(), envp.data());
+    _exit(127);
+  }
+  p.pid = pid;
+  return p;
+}
+
+// SIGTERM, then SIGKILL after `timeout`; the exit status (128 + signal when killed by one).
+int Stop(Process* p, absl::Duration timeout) {
+  if (p->pid <= 0) return -1;
+  kill(p->pid, SIGTERM);
+  const absl::Time deadline = absl::Now() + timeout;
+  int status = 0;
+  for (;;) {
+    const pid_t r = waitpid(p->pid, &status, WNOHANG);
+    if (r == p->pid) break;
+    if (absl::Now() > deadline) {
+      kill(p->pid, SIGKILL);
+      waitpid(p->pid, &status, 0);
+      break;
+    }
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  p->pid = -1;
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  return -2;
+}
+
+// Whether `p` has exited; reaps it then (pid -1, exit_status set), so that nothing signals its
+// PID afterwards.
+bool Exited(Process* p) {
+  if (p->pid <= 0) return true;
+  int status = 0;
+  if (waitpid(p->pid, &status, WNOHANG) != p->pid) return false;
+  p->pid = -1;
+  p->reaped = true;
+  p->exit_status = status;
+  return true;
+}
+
+// The port in `path` once it holds one, or 0 after `timeout` (or once `p` exited).
+int WaitForPortFile(const std::string& path, Process* p, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (absl::Now() < deadline) {
+    int port = 0;
+    if (absl::SimpleAtoi(absl::StripAsciiWhitespace(ReadFile(path)), &port) && port > 0) {
+      return port;
+    }
+    if (Exited(p)) return 0;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  return 0;
+}
+
+// GET /metrics from 127.0.0.1:port with a plain socket (5 s timeouts): the body, or "" when the
+// answer is not 200.
+std::string Scrape(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return "";
+  timeval timeout{5, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof timeout);
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &timeout, sizeof timeout);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  std::string response;
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) {
+    const std::string request =
+        "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
+    if (send(fd, request.data(), request.size(), 0) == static_cast<ssize_t>(request.size())) {
+      char buffer[8192];
+      for (int i = 0; i < 10000; ++i) {
+        const ssize_t n = recv(fd, buffer, sizeof buffer, 0);
+        if (n <= 0) break;
+        response.append(buffer, static_cast<size_t>(n));
+      }
+    }
+  }
+  close(fd);
+  const size_t body = response.find("\r\n\r\n");
+  if (!absl::StartsWith(response, "HTTP/1.1 200") || body == std::string::npos) return "";
+  return response.substr(body + 4);
+}
+
+// The value of the sample `series` (name and labels as exposed), or -1.
+double Sample(const std::string& text, const std::string& series) {
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    if (!absl::StartsWith(line, series)) continue;
+    absl::string_view rest = line.substr(series.size());
+    if (rest.empty() || rest[0] != ' ') continue;
+    double value = 0;
+    if (absl::SimpleAtod(rest.substr(1), &value)) return value;
+  }
+  return -1;
+}
+
+bool HasFamily(const std::string& text, const std::string& family) {
+  return absl::StrContains(text, absl::StrCat("# TYPE ", family, " "));
+}
+
+// Scrapes `port` until `ready(text)` holds, for at most `timeout`; the last scrape.
+std::string ScrapeUntil(int port, const std::function<bool(const std::string&)>& ready,
+                        absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  std::string text;
+  while (absl::Now() < deadline) {
+    text = Scrape(port);
+    if (!text.empty() && ready(text)) return text;
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  return text;
+}
+
+// `promtool check metrics` over `text`: its exit status, or -1 when it is not installed.
+int Promtool(const std::string& text, const std::string& dir, const std::string& tag,
+             std::string* output) {
+  if (access("/usr/bin/promtool", X_OK) != 0) return -1;
+  const std::string path = absl::StrCat(dir, "/", tag, ".prom");
+  {
+    std::ofstream out(path);
+    out << text;
+  }
+  FILE* pipe =
+      popen(absl::StrCat("/usr/bin/promtool check metrics < ", path, " 2>&1").c_str(), "r");
+  if (pipe == nullptr) return -2;
+  char buffer[4096];
+  size_t n;
+  while ((n = fread(buffer, 1, sizeof buffer, pipe)) > 0) output->append(buffer, n);
+  const int status = pclose(pipe);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -2;
+}
+
+class ScratchDir {
+ public:
+  ScratchDir() {
+    char tmpl[] = "/tmp/tessera-metrics-e2e-XXXXXX";
+    if (mkdtemp(tmpl) != nullptr) path_ = tmpl;
+  }
+  ~ScratchDir() {
+    std::error_code ec;
+    if (!path_.empty()) std::filesystem::remove_all(path_, ec);
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+std::chrono::system_clock::time_point Deadline() {
+  return std::chrono::system_clock::now() + std::chrono::seconds(10);
+}
+
+v1::Slice Floats(const std::string& tensor, const std::vector<float>& values, bool want_weights) {
+  v1::Slice s;
+  s.mutable_key()->set_tensor(tensor);
+  s.mutable_key()->set_index(0);
+  s.set_encoding(v1::ENCODING_FP32);
+  s.mutable_data()->assign(reinterpret_cast<const char*>(values.data()), values.size() * 4);
+  s.set_want_weights(want_weights);
+  return s;
+}
+
+class MetricsE2eTest : public ::testing::Test {
+ protected:
+  void TearDown() override {
+    for (Process* p : {&worker_, &server_, &coordinator_}) {
+      if (p->pid > 0) {
+        const int code = Stop(p, absl::Seconds(15));
+        if (code != 0) {
+          ADD_FAILURE() << p->tag << " exited with " << code << ":\n" << ReadFile(p->err_path);
+        }
+      }
+    }
+  }
+
+  // `p`'s stderr, and how it ended when Exited() reaped it.
+  std::string Dump(const Process& p) {
+    std::string ended;
+    if (p.reaped && WIFEXITED(p.exit_status)) {
+      ended = absl::StrCat(" (exited with ", WEXITSTATUS(p.exit_status), ")");
+    } else if (p.reaped && WIFSIGNALED(p.exit_status)) {
+      ended = absl::StrCat(" (killed by signal ", WTERMSIG(p.exit_status), ")");
+    }
+    return absl::StrCat(p.tag, ended, " stderr:\n", ReadFile(p.err_path));
+  }
+
+  ScratchDir dir_;
+  Process coordinator_;
+  Process server_;
+  Process worker_;
+};
+
+TEST_F(MetricsE2eTest, EveryDaemonServesValidMetrics) {
+  const std::string d = dir_.path();
+  ASSERT_FALSE(d.empty());
+  coordinator_ =
+      Spawn({Bin("tessera-coordinator"), "--listen", "127.0.0.1:0", "--port_file",
+             d + "/coordinator.port", "--data_dir", d + "/coordinator", "--metrics_listen",
+             "127.0.0.1:0", "--metrics_port_file", d + "/coordinator.metrics"},
+            d, "coordinator");
+  const int coordinator_port =
+      WaitForPortFile(d + "/coordinator.port", &coordinator_, absl::Seconds(30));
+  ASSERT_GT(coordinator_port, 0) << Dump(coordinator_);
+  const int coordinator_metrics =
+      WaitForPortFile(d + "/coordinator.metrics", &coordinator_, absl::Seconds(10));
+  ASSERT_GT(coordinator_metrics, 0) << Dump(coordinator_);
+  const std::string coordinator_address = absl::StrCat("127.0.0.1:", coordinator_port);
+
+  server_ =
+      Spawn({Bin("tessera-server"), "--listen", "127.0.0.1:0", "--port_file", d + "/server.port",
+             "--coordinator", coordinator_address, "--shard_index", "0", "--threads", "2",
+             "--metrics_listen", "127.0.0.1:0", "--metrics_port_file", d + "/server.metrics"},
+            d, "server");
+  worker_ = Spawn({Bin("tessera-worker"), "--coordinator", coordinator_address, "--metrics_listen",
+                   "127.0.0.1:0", "--metrics_port_file", d + "/worker.metrics"},
+                  d, "worker");
+  const int server_port = WaitForPortFile(d + "/server.port", &server_, absl::Seconds(30));
+  ASSERT_GT(server_port, 0) << Dump(server_);
+  const int server_metrics = WaitForPortFile(d + "/server.metrics", &server_, absl::Seconds(10));
+  ASSERT_GT(server_metrics, 0) << Dump(server_);
+  const int worker_metrics = WaitForPortFile(d + "/worker.metrics", &worker_, absl::Seconds(30));
+  ASSERT_GT(worker_metrics, 0) << Dump(worker_);
+
+  // A small PushPull straight to the shard: 16 bytes of gradient, weights back.
+  auto stub = v1::ParameterService::NewStub(grpc::CreateChannel(
+      absl::StrCat("127.0.0.1:", server_port), grpc::InsecureChannelCredentials()));
+  {
+    grpc::ClientContext context;
+    context.set_deadline(Deadline());
+    v1::CreateJobStateRequest job;
+    job.set_job_id("metrics-e2e");
+    job.mutable_config()->set_consistency(v1::CONSISTENCY_ASP);
+    job.mutable_config()->set_num_workers(1);
+    job.mutable_config()->mutable_optimizer()->set_kind(v1::OPTIMIZER_KIND_SGD);
+    job.mutable_config()->mutable_optimizer()->set_learning_rate(0.5f);
+    v1::DensePartitionDecl* w = job.add_partitions();
+    w->mutable_key()->set_tensor("w");
+    w->set_num_elements(4);
+    v1::CreateJobStateResponse response;
+    const grpc::Status status = stub->CreateJobState(&context, job, &response);
+    ASSERT_TRUE(status.ok()) << status.error_message();
+  }
+  {
+    grpc::ClientContext context;
+    context.set_deadline(Deadline());
+    auto stream = stub->PushPull(&context);
+    v1::PushPullRequest request;
+    request.set_job_id("metrics-e2e");
+    request.set_incarnation(1);
+    request.set_seq(1);
+    *request.add_push() = Floats("w", {1, 2, 3, 4}, /*want_weights=*/true);
+    ASSERT_TRUE(stream->Write(request));
+    v1::PushPullResponse response;
+    ASSERT_TRUE(stream->Read(&response));
+    EXPECT_EQ(response.status().code(), 0) << response.status().message();
+    EXPECT_EQ(response.weights_size(), 1);
+    stream->WritesDone();
+    EXPECT_TRUE(stream->Finish().ok());
+  }
+
+  {
+    // A push to a job the shard does not hold: NOT_FOUND, counted as an error.
+    grpc::ClientContext context;
+    context.set_deadline(Deadline());
+    v1::PushPullRequest request;
+    request.set_job_id("no-such-job");
+    request.set_incarnation(1);
+    request.set_seq(1);
+    *request.add_push() = Floats("w", {1, 2, 3, 4}, /*want_weights=*/false);
+    v1::PushResponse response;
+    EXPECT_EQ(stub->Push(&context, request, &response).error_code(), grpc::StatusCode::NOT_FOUND);
+  }
+
+  const std::string push_pull =
+      "tessera_rpc_calls_total{method=\"/tessera.v1.ParameterService/PushPull\"}";
+  const std::string server_text = ScrapeUntil(
+      server_metrics,
+      [&](const std::string& t) {
+        return Sample(t, push_pull) >= 1 && Sample(t, "tessera_shard_pushed_bytes_total") >= 16;
+      },
+      absl::Seconds(10));
+  EXPECT_GE(Sample(server_text, push_pull), 1) << server_text;
+  EXPECT_GE(Sample(server_text, "tessera_shard_pushed_bytes_total"), 16);
+  EXPECT_GE(Sample(server_text, "tessera_shard_pulled_bytes_total"), 16);
+  EXPECT_GE(Sample(server_text, "tessera_shard_updates_applied_total"), 1);
+  EXPECT_EQ(Sample(server_text, "tessera_shard_jobs"), 1);
+  EXPECT_EQ(Sample(server_text,
+                   "tessera_rpc_errors_total{code=\"NOT_FOUND\",method=\"/tessera.v1."
+                   "ParameterService/Push\"}"),
+            1);
+  // Latency is for unary calls (Push); the PushPull stream is counted in calls/errors only.
+  EXPECT_GE(Sample(server_text,
+                   "tessera_rpc_latency_seconds_count{method=\"/tessera.v1."
+                   "ParameterService/Push\"}"),
+            1);
+  EXPECT_EQ(Sample(server_text,
+                   "tessera_rpc_latency_seconds_count{method=\"/tessera.v1."
+                   "ParameterService/PushPull\"}"),
+            0);
+  for (const char* family :
+       {"tessera_shard_duplicate_pushes_total", "tessera_shard_gate_wait_seconds",
+        "tessera_shard_ssp_staleness_steps", "tessera_rpc_latency_seconds"}) {
+    EXPECT_TRUE(HasFamily(server_text, family)) << family;
+  }
+
+  // The coordinator sees the shard and the worker register.
+  const std::string shards_ready = "tessera_members{role=\"server\",state=\"ready\"}";
+  const std::string workers_ready = "tessera_members{role=\"worker\",state=\"ready\"}";
+  const std::string coordinator_text = ScrapeUntil(
+      coordinator_metrics,
+      [&](const std::string& t) {
+        return Sample(t, shards_ready) == 1 && Sample(t, workers_ready) == 1;
+      },
+      absl::Seconds(20));
+  EXPECT_EQ(Sample(coordinator_text, shards_ready), 1) << coordinator_text;
+  EXPECT_EQ(Sample(coordinator_text, workers_ready), 1);
+  EXPECT_EQ(Sample(coordinator_text, "tessera_jobs{state=\"running\"}"), 0);
+  EXPECT_GE(Sample(coordinator_text,
+                   "tessera_rpc_calls_total{method=\"/tessera.v1.ClusterService/Register\"}"),
+            2);
+
+  const std::string worker_text = Scrape(worker_metrics);
+  ASSERT_FALSE(worker_text.empty()) << Dump(worker_);
+
+  const struct {
+    const char* daemon;
+    const std::string* text;
+  } scrapes[] = {
+      {"coordinator", &coordinator_text}, {"server", &server_text}, {"worker", &worker_text}};
+  bool have_promtool = true;
+  for (const auto& s : scrapes) {
+    SCOPED_TRACE(s.daemon);
+    const std::string& text = *s.text;
+    EXPECT_EQ(Sample(text, absl::StrCat("tessera_build_info{daemon=\"", s.daemon,
+                                        "\",version=\"0.1.0\"}")),
+              1)
+        << text;
+    EXPECT_GT(Sample(text, "process_resident_memory_bytes"), 0);
+    EXPECT_GT(Sample(text, "process_open_fds"), 0);
+    EXPECT_GT(Sample(text, "process_threads"), 0);
+    EXPECT_GE(Sample(text, "process_cpu_seconds_total"), 0);
+    EXPECT_GT(Sample(text, "process_start_time_seconds"), 0);
+    std::string output;
+    const int status = Promtool(text, d, s.daemon, &output);
+    if (status == -1) {
+      have_promtool = false;
+      continue;
+    }
+    EXPECT_EQ(status, 0) << output << "\n" << text;
+  }
+  if (!have_promtool) GTEST_SKIP() << "/usr/bin/promtool is not installed (Debian `prometheus`)";
+}
+
+}  // namespace
+}  // namespace tessera
