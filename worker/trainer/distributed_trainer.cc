@@ -380,6 +380,10 @@ absl::StatusOr<v1::ProgressReport> DistributedTrainer::Run() {
   // Since the last progress report.
   double interval_loss = 0;
   int64_t interval_correct = 0, interval_seen = 0;
+  // A report right after another (an epoch end, the last one) has an empty interval: it repeats
+  // the previous interval's figures rather than reporting a loss of 0.
+  double last_loss = 0, last_train_accuracy = 0;
+  bool have_last = false;
   Clock::time_point last_report = run_start;
   const auto progress_interval = absl::ToChronoNanoseconds(options_.progress_interval);
 
@@ -392,9 +396,14 @@ absl::StatusOr<v1::ProgressReport> DistributedTrainer::Run() {
     p.set_epoch(epoch);
     p.set_epochs(epochs_done);
     if (interval_seen > 0) {
-      p.set_loss(interval_loss / static_cast<double>(interval_seen));
-      p.set_train_accuracy(static_cast<double>(interval_correct) /
-                           static_cast<double>(interval_seen));
+      last_loss = interval_loss / static_cast<double>(interval_seen);
+      last_train_accuracy =
+          static_cast<double>(interval_correct) / static_cast<double>(interval_seen);
+      have_last = true;
+    }
+    if (have_last) {
+      p.set_loss(last_loss);
+      p.set_train_accuracy(last_train_accuracy);
     }
     const double elapsed = Seconds(Clock::now() - run_start);
     if (elapsed > 0) p.set_samples_per_second(static_cast<double>(samples) / elapsed);

@@ -271,6 +271,7 @@ TEST_F(DistributedTrainerTest, BspRanksEndWithIdenticalWeightsEqualToTheShards) 
     EXPECT_EQ(results[r]->epochs(), 2);
     EXPECT_GT(results[r]->step_times().compute(), 0);
     EXPECT_GT(results[r]->step_times().exchange(), 0);
+    EXPECT_GT(results[r]->loss(), 0) << "rank " << r;
   }
   EXPECT_GE(coordinator.polls(), 1);
 
@@ -295,6 +296,9 @@ TEST_F(DistributedTrainerTest, BspRanksEndWithIdenticalWeightsEqualToTheShards) 
       last = p.step();
       EXPECT_EQ(p.rank(), r);
       EXPECT_EQ(p.phase(), v1::TASK_PHASE_TRAINING);
+      // Every report comes after at least one step: it carries a training loss, also when it
+      // follows another report at once (an epoch end).
+      EXPECT_GT(p.loss(), 0) << "rank " << r << " step " << p.step();
       if (p.evaluated()) {
         ++evaluated;
         EXPECT_EQ(p.step(), kStepsPerEpoch);
