@@ -26,8 +26,10 @@
 #include "CLI/CLI.hpp"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
 #include "common/config.h"
 #include "common/daemon_metrics.h"
+#include "common/grpc_server.h"
 #include "common/metrics.h"
 #include "common/process.h"
 #include "common/security.h"
@@ -59,6 +61,9 @@ struct WorkerFlags {
   std::string log_level = "info";
   tessera::SecurityOptions security;
   tessera::MetricsFlags metrics;
+  // The health and reflection listener; empty: none.
+  std::string listen;
+  std::string port_file;
 };
 
 // The daemon's checks, run by --check-config and before every daemon start (exit 78 on failure);
@@ -69,7 +74,15 @@ absl::Status ValidateDaemon(const WorkerFlags& flags,
   TESSERA_RETURN_IF_ERROR(tessera::ValidateLogLevel(flags.log_level));
   // Before Security::Create, which may log warnings.
   TESSERA_RETURN_IF_ERROR(tessera::InitLogging(flags.log_level));
-  TESSERA_ASSIGN_OR_RETURN(*security, tessera::Security::Create(flags.security));
+  // Only a worker with --listen serves gRPC: then a token also needs its own certificate.
+  tessera::SecurityOptions security_options = flags.security;
+  security_options.serves_grpc = !flags.listen.empty();
+  TESSERA_ASSIGN_OR_RETURN(*security, tessera::Security::Create(security_options));
+  if (!flags.listen.empty()) {
+    TESSERA_RETURN_IF_ERROR((*security)->CheckListenAddress("--listen", flags.listen));
+  } else if (!flags.port_file.empty()) {
+    return absl::InvalidArgumentError("--port_file: needs --listen");
+  }
   return tessera::ValidateMetricsFlags(flags.metrics, flags.security.insecure);
 }
 
@@ -175,15 +188,40 @@ int RunDaemon(const WorkerFlags& flags, const tessera::LayeredConfig& config,
       tessera::worker::WorkerDaemon::Create(options);
   if (!daemon.ok()) return Fail(daemon.status(), false);
   (*daemon)->Start();
+  // grpc.health.v1 and reflection only: the worker's work comes over the channels it dials.
+  absl::StatusOr<tessera::StartedGrpcServer> health;
+  if (!flags.listen.empty()) {
+    tessera::GrpcServerOptions server_options;
+    server_options.listen = flags.listen;
+    server_options.credentials = security->ServerCredentials();
+    server_options.configure = tessera::RpcMetricsHook(metrics->get());
+    health = tessera::StartGrpcServer(server_options);
+    absl::Status written = health.status();
+    if (written.ok() && !flags.port_file.empty()) {
+      written = tessera::WritePortFile(flags.port_file, health->port);
+    }
+    if (!written.ok()) {
+      (*daemon)->Stop();
+      if (health.ok()) health->server->Shutdown();
+      return Fail(written, false);
+    }
+    spdlog::info("tessera-worker: health and reflection on port {}", health->port);
+  }
   // Registration goes on in the background (with retries): the worker is up once started.
   tessera::systemd::NotifyReady(absl::StrCat("worker for ", options.coordinator));
   tessera::systemd::SystemdWatchdog watchdog;
   watchdog.Start();
   const int signal = tessera::WaitForShutdownSignal(
       [&] { tessera::ReloadDaemonConfig(config, security, "tessera-worker"); });
+  if (health.ok() && health->server != nullptr)
+    tessera::SetGrpcServing(health->server.get(), false);
   tessera::systemd::NotifyStopping("stopping");
   spdlog::info("tessera-worker: signal {} received, stopping", signal);
   (*daemon)->Stop();
+  if (health.ok() && health->server != nullptr) {
+    health->server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
+    health->server->Wait();
+  }
   watchdog.Stop();
   spdlog::info("tessera-worker: stopped");
   return 0;
@@ -241,11 +279,15 @@ int main(int argc, char** argv) {
   app.add_option("--target_accuracy", flags.target_accuracy,
                  "Standalone: stop after the first evaluation with at least this test accuracy")
       ->check(CLI::Range(0.0, 1.0));
-  // The worker serves no gRPC: its channels' TLS and token, and --insecure for the metrics
-  // listener only.
-  tessera::AddSecurityFlags(app, &flags.security, /*listener=*/false);
-  app.add_flag("--insecure", flags.security.insecure,
-               "Daemon: allow the plaintext metrics endpoint on a non-loopback --metrics_listen");
+  app.add_option("--listen", flags.listen,
+                 "Daemon: host:port serving grpc.health.v1 and reflection (SERVING while the "
+                 "daemon runs); port 0 picks one (see --port_file); empty: none")
+      ->capture_default_str();
+  app.add_option("--port_file", flags.port_file,
+                 "Daemon: write the bound --listen port here (atomically); empty: don't")
+      ->capture_default_str();
+  // The channels' TLS and token; the listener flags apply to --listen and --metrics_listen.
+  tessera::AddSecurityFlags(app, &flags.security);
   tessera::AddMetricsFlags(app, &flags.metrics, "Daemon: ");
   tessera::LayeredConfig config("tessera-worker");
   config.AddFlags(app);

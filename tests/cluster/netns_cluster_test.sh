@@ -357,9 +357,9 @@ cli cluster || fail "tessera cluster (text) failed"
 HEALTH=("$PYTHON" "$SRC/deploy/tools/tessera-health.py" --ca "$T/host3/etc/tessera/tls/ca.crt"
         --cert "$T/host3/etc/tessera/tls/worker.crt" --key "$T/host3/etc/tessera/tls/worker.key")
 out=$(ip netns exec "${NS[3]}" "${HEALTH[@]}" --token_file "$T/host3/etc/tessera/token" \
-      10.213.0.1:7070 10.213.0.1:7000 10.213.0.2:7000 2>&1) ||
+      10.213.0.1:7070 10.213.0.1:7000 10.213.0.2:7000 10.213.0.3:7080 10.213.0.4:7080 2>&1) ||
   fail "tessera-health from host3: $out"
-[[ $(grep -c ' SERVING$' <<<"$out") -eq 3 ]] || fail "not every daemon is SERVING: $out"
+[[ $(grep -c ' SERVING$' <<<"$out") -eq 5 ]] || fail "not every daemon is SERVING: $out"
 # The token is never sent in plain text: --token_file without --ca is a usage error (64, EX_USAGE).
 rc=0
 out=$(ip netns exec "${NS[3]}" "$PYTHON" "$SRC/deploy/tools/tessera-health.py" \

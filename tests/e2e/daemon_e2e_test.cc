@@ -301,7 +301,9 @@ std::vector<std::string> BaseArgs(const Daemon& daemon, const ScratchDir& dir) {
                                    "--metrics_port_file", dir.File("metrics.port")};
   if (daemon.binary == "tessera-worker") {
     // An unreachable coordinator: the worker retries in the background and serves on.
-    args.insert(args.end(), {"--coordinator", "127.0.0.1:1", "--device", "cpu"});
+    // Its listener serves only health and reflection.
+    args.insert(args.end(), {"--coordinator", "127.0.0.1:1", "--device", "cpu", "--listen",
+                             "127.0.0.1:0", "--port_file", dir.File("grpc.port")});
   } else {
     args.insert(args.end(), {"--listen", "127.0.0.1:0", "--port_file", dir.File("grpc.port"),
                              "--shutdown_grace_seconds", "1"});
@@ -641,7 +643,7 @@ TEST(DaemonUsageTest, UsageErrorsKeepTheirCodesAndStandaloneIgnoresTheDaemonLaye
 INSTANTIATE_TEST_SUITE_P(Daemons, DaemonE2eTest,
                          ::testing::Values(Daemon{"tessera-server", "server", true},
                                            Daemon{"tessera-coordinator", "coordinator", true},
-                                           Daemon{"tessera-worker", "worker", false}),
+                                           Daemon{"tessera-worker", "worker", true}),
                          [](const ::testing::TestParamInfo<Daemon>& info) {
                            std::string name = info.param.daemon_label;
                            return name;

@@ -146,16 +146,20 @@ def run(args, scratch):
         tl.wait_serving(s, client)
     workers = []
     for i in range(2):
+        port_file = os.path.join(scratch.path, "worker-%d.port" % i)
         workers.append(scratch.daemon("worker-%d" % i, [
             args.worker_bin, "--coordinator", coord.address, "--threads", "1",
-            "--log_level", "info"] + sec).start())
+            "--listen", "127.0.0.1:0", "--port_file", port_file,
+            "--log_level", "info"] + sec, port_file).start())
+    for w in workers:
+        w.wait_port()
     members = wait_members(client, coord.address, shards=2, workers=2)
     tl.log("members: " + "; ".join("%s %s %s %s" % (
         m.id, job_pb2.MemberRole.Name(m.role), job_pb2.MemberState.Name(m.state), m.address)
         for m in members))
 
-    # Health on each serving daemon (the workers serve no gRPC).
-    for d in [coord] + shards:
+    # Health on every daemon (a worker serves only health and reflection).
+    for d in [coord] + shards + workers:
         status = tl.health_check(client, d.address)
         c.expect(status == "SERVING", "health Check on %s (%s) is SERVING (got %s)" % (
             d.name, d.address, status))
@@ -166,6 +170,8 @@ def run(args, scratch):
                      ["tessera.v1.JobService", "tessera.v1.ClusterService"] + common)
     for s in shards:
         check_reflection(c, client, s.name, s.address, ["tessera.v1.ParameterService"] + common)
+    for w in workers:
+        check_reflection(c, client, w.name, w.address, common)
 
     # The token is really in force: the same call without it is refused.
     try:
