@@ -353,7 +353,7 @@ absl::Status CheckMetricsListenAddress(const std::string& listen, bool insecure)
     return absl::FailedPreconditionError(
         absl::StrCat("--metrics_listen ", listen,
                      " is not a loopback address and the metrics endpoint is plain HTTP: "
-                     "give --insecure to serve it there, or listen on 127.0.0.1"));
+                     "give --metrics_insecure to serve it there, or listen on 127.0.0.1"));
   }
   return status;
 }

@@ -14,9 +14,13 @@ void AddMetricsFlags(CLI::App& app, MetricsFlags* flags, absl::string_view help_
   app.add_option("--metrics_listen", flags->listen,
                  absl::StrCat(help_prefix,
                               "host:port of the Prometheus endpoint (GET /metrics, plain HTTP: a "
-                              "non-loopback address needs --insecure); port 0 picks one; empty: "
-                              "none"))
+                              "non-loopback address needs --metrics_insecure); port 0 picks one; "
+                              "empty: none"))
       ->capture_default_str();
+  app.add_flag("--metrics_insecure", flags->insecure,
+               absl::StrCat(help_prefix,
+                            "allow the plain-HTTP metrics endpoint on a non-loopback address "
+                            "(the gRPC listener keeps its own rule, --insecure)"));
   app.add_option(
          "--metrics_port_file", flags->port_file,
          absl::StrCat(help_prefix, "write the bound metrics port here (atomically); empty: don't"))
@@ -30,7 +34,7 @@ absl::Status ValidateMetricsFlags(const MetricsFlags& flags, bool insecure) {
     }
     return absl::OkStatus();
   }
-  return CheckMetricsListenAddress(flags.listen, insecure);
+  return CheckMetricsListenAddress(flags.listen, insecure || flags.insecure);
 }
 
 absl::StatusOr<std::unique_ptr<Metrics>> StartMetrics(const std::string& daemon,

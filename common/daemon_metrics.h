@@ -23,14 +23,17 @@ namespace tessera {
 struct MetricsFlags {
   std::string listen;     // --metrics_listen; empty: no endpoint
   std::string port_file;  // --metrics_port_file
+  // --metrics_insecure: a non-loopback plain-HTTP endpoint is allowed (not the gRPC listener).
+  bool insecure = false;
 };
 
-// Adds --metrics_listen and --metrics_port_file to `app`, writing into `flags`; `help_prefix`
-// starts each help text (the worker's "Daemon: ").
+// Adds --metrics_listen, --metrics_port_file and --metrics_insecure to `app`, writing into `flags`;
+// `help_prefix` starts each help text (the worker's "Daemon: ").
 void AddMetricsFlags(CLI::App& app, MetricsFlags* flags, absl::string_view help_prefix = "");
 
 // OK, or why the daemon must not start (exit 78): a non-loopback --metrics_listen without
-// `insecure` (the endpoint is plain HTTP), a malformed address, --metrics_port_file without
+// --metrics_insecure or `insecure` (the process-wide --insecure; the endpoint is plain HTTP), a
+// malformed address, --metrics_port_file without
 // --metrics_listen. Binds nothing.
 absl::Status ValidateMetricsFlags(const MetricsFlags& flags, bool insecure);
 

@@ -180,11 +180,12 @@ setup_host 3 worker
 setup_host 4 worker
 # Only what differs per host goes into the env files, as an operator would write them.
 # host1's coordinator and host2's shard expose their metrics to other hosts as deploy/README.md
-# says (all addresses, `insecure` for the plain-HTTP endpoint); the others keep them on loopback.
+# says (all addresses, `metrics_insecure` for the plain-HTTP endpoint); the others keep them on
+# loopback.
 cat >"$T/host1/etc/tessera/coordinator.env" <<EOF
 # test: host1
 TESSERA_METRICS_LISTEN=0.0.0.0:9470
-TESSERA_INSECURE=true
+TESSERA_METRICS_INSECURE=true
 EOF
 for h in 1 2; do
   cat >"$T/host$h/etc/tessera/server.env" <<EOF
@@ -194,7 +195,7 @@ TESSERA_ADVERTISE_ADDRESS=10.213.0.$h:7000
 TESSERA_THREADS=1
 EOF
 done
-printf 'TESSERA_METRICS_LISTEN=0.0.0.0:9471\nTESSERA_INSECURE=true\n' >>"$T/host2/etc/tessera/server.env"
+printf 'TESSERA_METRICS_LISTEN=0.0.0.0:9471\nTESSERA_METRICS_INSECURE=true\n' >>"$T/host2/etc/tessera/server.env"
 for h in 3 4; do
   cat >"$T/host$h/etc/tessera/worker.env" <<EOF
 # test: host$h (no GPU here: CPU, one thread)

@@ -446,13 +446,26 @@ TEST_P(DaemonE2eTest, RefusesPlaintextOnNonLoopbackWithoutInsecure) {
     kill(p.pid, SIGTERM);
     EXPECT_EQ(Wait(&p, absl::Seconds(10)), 0);
   }
-  // The metrics endpoint is plain HTTP: non-loopback needs --insecure.
-  const std::vector<std::string> args =
-      WithFlag(BaseArgs(daemon, dir), "--metrics_listen", "0.0.0.0:0");
+  // The metrics endpoint is plain HTTP: non-loopback needs --metrics_insecure, which allows only
+  // that endpoint (a plaintext gRPC listener off loopback is still refused).
+  std::vector<std::string> args = WithFlag(BaseArgs(daemon, dir), "--metrics_listen", "0.0.0.0:0");
   const Result refused = RunToEnd(args, {}, dir.path(), "refused-metrics");
   EXPECT_EQ(refused.code, 78) << refused.err;
   EXPECT_TRUE(absl::StrContains(refused.err, "--metrics_listen 0.0.0.0:0")) << refused.err;
-  EXPECT_TRUE(absl::StrContains(refused.err, "--insecure")) << refused.err;
+  EXPECT_TRUE(absl::StrContains(refused.err, "--metrics_insecure")) << refused.err;
+  args.push_back("--metrics_insecure");
+  const Result grpc_refused = RunToEnd(WithFlag(args, "--listen", "0.0.0.0:0"), {}, dir.path(),
+                                       "refused-grpc-with-metrics-insecure");
+  EXPECT_EQ(grpc_refused.code, 78) << grpc_refused.err;
+  EXPECT_TRUE(absl::StrContains(grpc_refused.err, "--listen 0.0.0.0:0")) << grpc_refused.err;
+  const Result checked = RunToEnd(
+      [&] {
+        std::vector<std::string> a = args;
+        a.push_back("--check-config");
+        return a;
+      }(),
+      {}, dir.path(), "metrics-insecure-check");
+  EXPECT_EQ(checked.code, 0) << checked.err;
 }
 
 TEST_P(DaemonE2eTest, CheckConfigListsEverySourceAndBindsNothing) {
