@@ -1,11 +1,14 @@
 #include "common/metrics.h"
 
 #include <dirent.h>
+#include <dlfcn.h>
+#include <pthread.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -31,6 +34,21 @@
 #include "prometheus/histogram.h"
 #include "prometheus/metric_family.h"
 #include "prometheus/text_serializer.h"
+
+// Debian builds civetweb (the HTTP server inside prometheus-cpp's Exposer) with 100 KiB thread
+// stacks (USE_STACK_SIZE=102400). glibc carves a thread's static TLS out of its stack, and the
+// CUDA libraries the worker and the coordinator load (cuBLAS, cuDNN) hold more static TLS than
+// that, so every civetweb pthread_create failed with EINVAL and the endpoint could not start
+// ("null context when constructing CivetServer"). This definition, exported from every binary
+// that links tessera_metrics (see common/CMakeLists.txt), raises requested stack sizes to at
+// least 8 MiB of address space (what a default thread gets) before passing them on to glibc.
+extern "C" int pthread_attr_setstacksize(pthread_attr_t* attr, size_t stacksize) {
+  using Fn = int (*)(pthread_attr_t*, size_t);
+  static const Fn real = reinterpret_cast<Fn>(dlsym(RTLD_NEXT, "pthread_attr_setstacksize"));
+  constexpr size_t kFloor = size_t{8} << 20;
+  if (real == nullptr) return EINVAL;
+  return real(attr, std::max(stacksize, kFloor));
+}
 
 namespace tessera {
 namespace {
