@@ -1,6 +1,7 @@
 #include "common/security.h"
 
 #include <arpa/inet.h>
+#include <openssl/crypto.h>
 #include <sys/stat.h>
 
 #include <cerrno>
@@ -47,15 +48,10 @@ class TokenStore {
   std::string token_ ABSL_GUARDED_BY(mu_);
 };
 
-// Compares in time that depends only on the lengths, not on where the strings differ.
+// Compares in time that depends only on the lengths (OpenSSL's CRYPTO_memcmp), not on where the
+// strings differ.
 bool ConstantTimeEquals(absl::string_view a, absl::string_view b) {
-  volatile unsigned char diff = a.size() == b.size() ? 0 : 1;
-  const size_t n = a.size();
-  for (size_t i = 0; i < n; ++i) {
-    const unsigned char other = i < b.size() ? static_cast<unsigned char>(b[i]) : 0;
-    diff = diff | (static_cast<unsigned char>(a[i]) ^ other);
-  }
-  return diff == 0;
+  return a.size() == b.size() && CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
 }
 
 // Checks `authorization: Bearer <token>` on every call of a TLS listener. Runs inline on the

@@ -92,6 +92,8 @@ class SecurityTest : public ::testing::Test {
     }
     WriteFile(d + "/token", "s3cret-token-1\n");
     WriteFile(d + "/badtoken", "not-the-token\n");
+    // As long as the right one, differing only in its last character.
+    WriteFile(d + "/neartoken", "s3cret-token-2\n");
   }
 
   static void TearDownTestSuite() {
@@ -217,6 +219,9 @@ TEST_F(SecurityTest, MissingOrBadTokenIsUnauthenticated) {
   EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAUTHENTICATED);
   EXPECT_THAT(status.error_message(), HasSubstr("missing bearer token"));
   status = CheckWith(TlsClient("badtoken"));
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_THAT(status.error_message(), HasSubstr("bad bearer token"));
+  status = CheckWith(TlsClient("neartoken"));
   EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAUTHENTICATED);
   EXPECT_THAT(status.error_message(), HasSubstr("bad bearer token"));
 }
