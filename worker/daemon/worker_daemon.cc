@@ -217,6 +217,18 @@ void WorkerDaemon::HandleEvent(const v1::TaskEvent& event) {
   }
   if (!event.has_assign()) return;
   const v1::Task& task = event.assign();
+  // A new task while the previous one only winds down after its terminal report (the coordinator
+  // acts on the report at once): wait for that task's thread, then take the new one.
+  std::thread finishing;
+  {
+    absl::MutexLock lock(&mu_);
+    if (task_running_ && terminal_reported_ &&
+        !(task_.job_id() == task.job_id() && task_.rank() == task.rank() &&
+          task_.incarnation() == task.incarnation())) {
+      finishing = std::move(task_thread_);
+    }
+  }
+  if (finishing.joinable()) finishing.join();
   std::string busy_with;
   {
     absl::MutexLock lock(&mu_);
@@ -231,6 +243,7 @@ void WorkerDaemon::HandleEvent(const v1::TaskEvent& event) {
       // The previous task thread has finished its work; reap it before starting the next.
       if (task_thread_.joinable()) task_thread_.join();
       task_running_ = true;
+      terminal_reported_ = false;
       task_ = task;
       cancel_requested_ = false;
       cancel_reason_.clear();
@@ -334,6 +347,10 @@ void WorkerDaemon::RunTask(v1::Task task) {
                  terminal.step(),
                  terminal.evaluated() ? absl::StrCat(", test accuracy ", terminal.test_accuracy())
                                       : std::string());
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    terminal_reported_ = true;
   }
   // The terminal report matters (the job waits for it): retry it, but only once when stopping.
   const absl::Time give_up = absl::Now() + options_.terminal_report_timeout;

@@ -109,6 +109,9 @@ class WorkerDaemon {
   // The task in hand.
   std::thread task_thread_ ABSL_GUARDED_BY(mu_);
   bool task_running_ ABSL_GUARDED_BY(mu_) = false;
+  // The task in hand is sending (or has sent) its terminal report: the coordinator may already
+  // have freed this worker and assign the next task while the trainer still winds down.
+  bool terminal_reported_ ABSL_GUARDED_BY(mu_) = false;
   v1::Task task_ ABSL_GUARDED_BY(mu_);
   bool cancel_requested_ ABSL_GUARDED_BY(mu_) = false;
   std::string cancel_reason_ ABSL_GUARDED_BY(mu_);
