@@ -67,12 +67,12 @@ class PushPullReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, g
         request_bytes_ += request->bytes;
         pending_.push_back(std::move(request));
         ++in_flight_;
-        RecordPeakLocked(0);
+        RecordPeakLocked();
         if (!draining_) {
           draining_ = true;
           schedule = true;
         }
-        if (!finish_called_ && !cancelled_ && CanReadLocked(0)) {
+        if (!finish_called_ && !cancelled_ && CanReadLocked()) {
           read_again = true;
           starting_read_ = true;
         } else {
@@ -106,7 +106,7 @@ class PushPullReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, g
         writing_ = true;
         next = &writes_.front()->buffer;
       }
-      read_again = ResumeReadLocked(0);
+      read_again = ResumeReadLocked();
       finish = ShouldFinishLocked(&finish_with);
     }
     written.reset();
@@ -193,7 +193,7 @@ class PushPullReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, g
     {
       absl::MutexLock lock(&mu_);
       request_bytes_ -= bytes;
-      read_again = ResumeReadLocked(0);
+      read_again = ResumeReadLocked();
     }
     // draining_ is still set, so the reactor outlives this.
     if (read_again) StartReadAndMaybeFinish();
@@ -243,24 +243,29 @@ class PushPullReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, g
 
     const grpc::ByteBuffer* start = nullptr;
     bool read_again = false;
+    bool answered = false;
     {
       absl::MutexLock lock(&mu_);
       if (!finish_called_ && !cancelled_) {
         write_bytes_ += write->bytes;
         writes_.push_back(std::move(write));
-        RecordPeakLocked(1);
+        // Until Release, in_flight_ still counts this request: answered_ keeps every thread from
+        // counting it twice (as a request and as its response).
+        ++answered_;
+        answered = true;
+        RecordPeakLocked();
         if (!writing_) {
           writing_ = true;
           start = &writes_.front()->buffer;
         }
-        read_again = ResumeReadLocked(1);
+        read_again = ResumeReadLocked();
       }
     }
     write.reset();
     // in_flight_ still counts this request, so the reactor cannot be destroyed here.
     if (start != nullptr) StartWrite(start);
     if (read_again) StartReadAndMaybeFinish();
-    Release();
+    Release(answered);
   }
 
   // Ends the stream with `status` (a request whose seq cannot be read); counts as the answer to
@@ -278,14 +283,16 @@ class PushPullReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, g
     Release();
   }
 
-  // The request that Complete or FailStream answered is no longer in flight.
-  void Release() {
+  // The request that Complete or FailStream answered is no longer in flight; `answered`: its
+  // response was queued (and counted in answered_).
+  void Release(bool answered = false) {
     bool finish;
     bool destroy;
     grpc::Status finish_with;
     {
       absl::MutexLock lock(&mu_);
       --in_flight_;
+      if (answered) --answered_;
       finish = ShouldFinishLocked(&finish_with);
       destroy = CanDestroyLocked();
     }
@@ -309,10 +316,12 @@ class PushPullReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, g
 
   // Whether another request may be read: the stream's requests read but not answered and its
   // responses not yet written stay under kMaxQueuedPerStream and max_queued_bytes_ (one is always
-  // read when nothing is queued). `answering`: requests counted in in_flight_ that are already
-  // queued as responses.
-  bool CanReadLocked(int answering) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    const int64_t queued = in_flight_ - answering + static_cast<int64_t>(writes_.size());
+  // read when nothing is queued). A request whose response is queued counts once.
+  int64_t QueuedLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return in_flight_ - answered_ + static_cast<int64_t>(writes_.size());
+  }
+  bool CanReadLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const int64_t queued = QueuedLocked();
     if (queued == 0) return true;
     return queued < GrpcParameterService::kMaxQueuedPerStream &&
            request_bytes_ + write_bytes_ < max_queued_bytes_;
@@ -320,16 +329,16 @@ class PushPullReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, g
 
   // Resumes reading paused by CanReadLocked once it allows; true when the caller must call
   // StartReadAndMaybeFinish (unlocked).
-  bool ResumeReadLocked(int answering) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  bool ResumeReadLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (!read_paused_ || reads_done_ || finish_called_ || cancelled_) return false;
-    if (!CanReadLocked(answering)) return false;
+    if (!CanReadLocked()) return false;
     read_paused_ = false;
     starting_read_ = true;
     return true;
   }
 
-  void RecordPeakLocked(int answering) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    RaiseTo(&stats_->peak_queued, in_flight_ - answering + static_cast<int64_t>(writes_.size()));
+  void RecordPeakLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    RaiseTo(&stats_->peak_queued, QueuedLocked());
     RaiseTo(&stats_->peak_queued_bytes, static_cast<int64_t>(request_bytes_ + write_bytes_));
   }
 
@@ -374,6 +383,7 @@ class PushPullReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, g
   std::deque<std::unique_ptr<Pending>> pending_ ABSL_GUARDED_BY(mu_);
   std::deque<std::unique_ptr<Write>> writes_ ABSL_GUARDED_BY(mu_);
   int64_t in_flight_ ABSL_GUARDED_BY(mu_) = 0;     // read, not yet answered
+  int64_t answered_ ABSL_GUARDED_BY(mu_) = 0;      // of in_flight_, those whose response is queued
   size_t request_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // of requests read and not yet processed
   size_t write_bytes_ ABSL_GUARDED_BY(mu_) = 0;    // of the responses in writes_
   bool draining_ ABSL_GUARDED_BY(mu_) = false;
