@@ -10,6 +10,7 @@ PACKAGES=(
   libdnnl-dev zlib1g-dev libsqlite3-dev libcli11-dev
   prometheus-cpp-dev libsystemd-dev
   openssl iproute2 systemd prometheus python3-grpcio
+  libisal-dev clang libclang-rt-14-dev
   dataset-fashion-mnist
   python3 python3-numpy
 )

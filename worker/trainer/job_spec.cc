@@ -279,6 +279,11 @@ absl::Status ValidateDistributedFields(const v1::JobSpec& spec) {
     return absl::InvalidArgumentError(
         absl::StrCat("checkpoint_every_steps: must be >= 0, got ", spec.checkpoint_every_steps()));
   }
+  if (spec.keep_checkpoints() < 0 || spec.keep_checkpoints() > 1000) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("keep_checkpoints: must be in [0, 1000] (0 means 3), got ",
+                     spec.keep_checkpoints()));
+  }
   return absl::OkStatus();
 }
 
@@ -376,6 +381,7 @@ v1::JobConfig MakeJobConfig(const v1::JobSpec& spec) {
   config.set_num_workers(static_cast<uint32_t>(NumWorkers(spec)));
   *config.mutable_optimizer() = spec.optimizer();
   *config.mutable_schedule() = spec.schedule();
+  config.set_checkpoint_every_steps(spec.checkpoint_every_steps());
   return config;
 }
 
