@@ -586,8 +586,10 @@ grpc::ServerUnaryReactor* GrpcParameterService::UpdateMembership(
     grpc::CallbackServerContext* context, const v1::UpdateMembershipRequest* request,
     v1::UpdateMembershipResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  pool_->Schedule([this, reactor, request] {
-    reactor->Finish(ToGrpcStatus(store_->UpdateMembership(*request)));
+  pool_->Schedule([this, reactor, request, response] {
+    absl::StatusOr<v1::UpdateMembershipResponse> result = store_->UpdateMembership(*request);
+    if (result.ok()) response->Swap(&*result);
+    reactor->Finish(ToGrpcStatus(result.status()));
   });
   return reactor;
 }
@@ -605,18 +607,25 @@ grpc::ServerUnaryReactor* GrpcParameterService::DropJob(grpc::CallbackServerCont
 grpc::ServerUnaryReactor* GrpcParameterService::Checkpoint(grpc::CallbackServerContext* context,
                                                            const v1::CheckpointRequest* request,
                                                            v1::CheckpointResponse* response) {
-  // TODO(#6): write ckpt-<step>/shard-<i> to --data_dir.
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  reactor->Finish(ToGrpcStatus(absl::UnimplementedError("checkpoints arrive with issue #6")));
+  // The store answers from its writer thread once the file is durable: no thread waits for it.
+  store_->Checkpoint(*request, [reactor, response](absl::StatusOr<v1::CheckpointResponse> result) {
+    if (result.ok()) response->Swap(&*result);
+    reactor->Finish(ToGrpcStatus(result.status()));
+  });
   return reactor;
 }
 
 grpc::ServerUnaryReactor* GrpcParameterService::Restore(grpc::CallbackServerContext* context,
                                                         const v1::RestoreRequest* request,
                                                         v1::RestoreResponse* response) {
-  // TODO(#6): load the newest committed checkpoint of the job.
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  reactor->Finish(ToGrpcStatus(absl::UnimplementedError("checkpoints arrive with issue #6")));
+  // Reading and verifying the file is file I/O: on the pool, never on a gRPC thread.
+  pool_->Schedule([this, reactor, request, response] {
+    absl::StatusOr<v1::RestoreResponse> result = store_->Restore(*request);
+    if (result.ok()) response->Swap(&*result);
+    reactor->Finish(ToGrpcStatus(result.status()));
+  });
   return reactor;
 }
 

@@ -1,7 +1,9 @@
 // Tests through the real gRPC service on 127.0.0.1:0: every validation error with its code and a
 // message that names the key or field, the shard still serving afterwards, PushPull streams with
-// parked pulls, Pull splitting, health and the checkpoint placeholder.
+// parked pulls, Pull splitting, health, and Checkpoint/Restore.
 #include "server/grpc_parameter_service.h"
+
+#include <stdlib.h>
 
 #include <chrono>
 #include <cstring>
@@ -288,14 +290,113 @@ TEST_F(GrpcParameterServiceTest, ControlCallsValidate) {
   EXPECT_EQ(status.error_code(), grpc::StatusCode::NOT_FOUND);
   EXPECT_THAT(status.error_message(), HasSubstr("nope"));
 
+  // This shard has no --data_dir.
   v1::CheckpointRequest checkpoint;
   checkpoint.set_job_id("job");
+  checkpoint.set_step(5);
   status = Checkpoint(checkpoint);
-  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNIMPLEMENTED);
-  EXPECT_EQ(status.error_message(), "checkpoints arrive with issue #6");
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(status.error_message(), HasSubstr("--data_dir not set"));
   status = Restore(v1::RestoreRequest());
-  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNIMPLEMENTED);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
   ExpectStillServing();
+}
+
+TEST(GrpcCheckpointTest, CheckpointAndRestoreThroughGrpc) {
+  std::string dir = ::testing::TempDir() + "/grpcckptXXXXXX";
+  ASSERT_NE(::mkdtemp(dir.data()), nullptr);
+  ShardServerOptions options;
+  options.listen = "127.0.0.1:0";
+  options.threads = 2;
+  options.data_dir = dir;
+  options.shard_index = 1;
+  auto server = ShardServer::Create(options);
+  ASSERT_TRUE(server.ok()) << server.status();
+  ASSERT_TRUE((*server)->Start().ok());
+  auto channel = grpc::CreateChannel((*server)->address(), grpc::InsecureChannelCredentials());
+  auto stub = v1::ParameterService::NewStub(channel);
+  auto deadline = [] { return std::chrono::system_clock::now() + std::chrono::seconds(10); };
+
+  v1::CreateJobStateRequest job;
+  job.set_job_id("job-7");
+  *job.mutable_config() = Config(v1::CONSISTENCY_BSP, 1, 0.5f);
+  *job.add_partitions() = Dense("w", 0, 4, {1, 2, 3, 4});
+  {
+    grpc::ClientContext context;
+    context.set_deadline(deadline());
+    v1::CreateJobStateResponse response;
+    ASSERT_TRUE(stub->CreateJobState(&context, job, &response).ok());
+  }
+  auto push = [&](int64_t step, uint64_t incarnation) {
+    grpc::ClientContext context;
+    context.set_deadline(deadline());
+    v1::PushResponse response;
+    return stub->Push(&context,
+                      Request("job-7", 0, incarnation, step, static_cast<uint64_t>(step + 1),
+                              {GradSlice("w", 0, {2, 2, 2, 2})}),
+                      &response);
+  };
+  ASSERT_TRUE(push(0, 1).ok());
+  {
+    // Step 2 is registered ahead; the call answers once the job reaches it and the file is
+    // durable, while the push below runs on the same shard.
+    grpc::ClientContext context;
+    context.set_deadline(deadline());
+    v1::CheckpointRequest request;
+    request.set_job_id("job-7");
+    request.set_step(2);
+    v1::CheckpointResponse response;
+    std::thread pusher([&] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      EXPECT_TRUE(push(1, 1).ok());
+    });
+    grpc::Status status = stub->Checkpoint(&context, request, &response);
+    pusher.join();
+    ASSERT_TRUE(status.ok()) << status.error_message();
+    EXPECT_EQ(response.path(), dir + "/checkpoints/job-7/ckpt-2/shard-1");
+    EXPECT_EQ(response.step(), 2);
+    EXPECT_GT(response.bytes(), 16u);
+  }
+  ASSERT_TRUE(push(2, 1).ok());
+  {
+    grpc::ClientContext context;
+    context.set_deadline(deadline());
+    v1::UpdateMembershipRequest request;
+    request.set_job_id("job-7");
+    request.add_live_workers(0);
+    request.set_effective_step(3);
+    v1::UpdateMembershipResponse response;
+    ASSERT_TRUE(stub->UpdateMembership(&context, request, &response).ok());
+    EXPECT_EQ(response.completed_steps(), 3);
+  }
+  struct Case {
+    std::string job;
+    int64_t step;
+    grpc::StatusCode code;
+  };
+  for (const Case& c : std::vector<Case>{{"job-7", 2, grpc::StatusCode::OK},
+                                         {"job-7", 9, grpc::StatusCode::NOT_FOUND},
+                                         {"../job-7", 2, grpc::StatusCode::INVALID_ARGUMENT},
+                                         {"job-7", 0, grpc::StatusCode::INVALID_ARGUMENT}}) {
+    grpc::ClientContext context;
+    context.set_deadline(deadline());
+    v1::RestoreRequest request;
+    request.set_job_id(c.job);
+    request.set_step(c.step);
+    request.set_min_incarnation(5);
+    v1::RestoreResponse response;
+    grpc::Status status = stub->Restore(&context, request, &response);
+    EXPECT_EQ(status.error_code(), c.code)
+        << c.job << " " << c.step << ": " << status.error_message();
+    if (status.ok()) {
+      EXPECT_EQ(response.step(), 2);
+      EXPECT_EQ(response.partitions(), 1u);
+    }
+  }
+  // Restored to step 2: the old incarnation is refused, the new one pushes step 2 again.
+  EXPECT_EQ(push(2, 1).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_TRUE(push(2, 5).ok());
+  (*server)->Stop(absl::Seconds(1));
 }
 
 // A parked BSP pull does not hold the stream: a later request on it is answered first, and the

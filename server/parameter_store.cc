@@ -11,7 +11,10 @@
 #include <utility>
 
 #include "absl/container/flat_hash_set.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/encoding.h"
 #include "common/status_macros.h"
 #include "google/protobuf/util/message_differencer.h"
@@ -339,7 +342,9 @@ struct ParameterStore::Partition {
   std::shared_ptr<MemoryBudget> budget;
   std::atomic<int64_t> charged{0};  // bytes reserved in `budget`, given back on destruction
 
-  std::string name;  // "tensor/index", for messages
+  std::string name;    // "tensor/index", for messages
+  std::string tensor;  // the key: tensor (or table) name and index (0 for a table)
+  uint32_t index = 0;
   bool sparse = false;
   int64_t num_elements = 0;  // dense
   uint32_t dim = 0;          // sparse
@@ -366,6 +371,11 @@ struct ParameterStore::Partition {
   absl::flat_hash_map<int64_t, Row> rows ABSL_GUARDED_BY(mu);
   std::vector<SparseGrad> staged_rows ABSL_GUARDED_BY(mu);     // per worker
   std::vector<int64_t> staged_rows_bytes ABSL_GUARDED_BY(mu);  // per worker, reserved for it
+  // Checkpoints: the next step this partition must be captured at (INT64_MAX: none), and BSP's
+  // exactly-once table as it was at the current step boundary (copied when the step's first
+  // push is staged, so a capture registered mid-step still gets the boundary's table).
+  int64_t next_capture ABSL_GUARDED_BY(mu) = std::numeric_limits<int64_t>::max();
+  std::vector<Seq> boundary_seqs ABSL_GUARDED_BY(mu);
 
   Row& RowLocked(int64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     auto [it, inserted] = rows.try_emplace(id);
@@ -492,7 +502,7 @@ struct ParameterStore::Counters {
   StoreHistogram ssp_staleness{{0, 1, 2, 3, 4, 5, 6, 8, 10, 15, 20, 30, 50, 100}};
 };
 
-struct ParameterStore::Job {
+struct ParameterStore::Job : std::enable_shared_from_this<ParameterStore::Job> {
   Job(std::string job_id, const v1::JobConfig& cfg, absl::StatusOr<kernels::OptimizerParams> p,
       std::shared_ptr<MemoryBudget> b, int64_t bytes, std::shared_ptr<Counters> c)
       : id(std::move(job_id)),
@@ -527,6 +537,22 @@ struct ParameterStore::Job {
   std::atomic<int64_t> duplicates{0};
   std::atomic<int64_t> skipped_non_finite{0};
   std::atomic<int64_t> updates_applied{0};
+
+  // Pushes of an incarnation below this are refused (set by Restore).
+  std::atomic<uint64_t> min_incarnation{0};
+  // Partitions and tables held (dense.size() + tables.size()), read without mu by captures.
+  std::atomic<size_t> num_partitions{0};
+  // Serializes UpdateMembership so that the gate and membership_log change in the same order.
+  absl::Mutex membership_mu;
+  // The membership changes applied to the gate, with the gate's own truncation (an entry replaces
+  // those at or after its step), so replaying them on a fresh gate gives the same history.
+  mutable absl::Mutex log_mu;
+  std::vector<v1::CheckpointMembership> membership_log ABSL_GUARDED_BY(log_mu);
+  // Captures by step: pending, being written, and the few newest written ones.
+  absl::Mutex ckpt_mu;
+  std::map<int64_t, std::shared_ptr<Capture>> captures ABSL_GUARDED_BY(ckpt_mu);
+  // Set when the job is dropped or replaced: later captures are refused.
+  bool retired ABSL_GUARDED_BY(ckpt_mu) = false;
 
   bool bsp() const { return gate.mode() == v1::CONSISTENCY_BSP; }
 
@@ -628,10 +654,19 @@ ParameterStore::ParameterStore(ParameterStoreOptions options)
     : options_(std::move(options)),
       budget_(std::make_shared<MemoryBudget>(
           options_.max_memory_bytes > 0 ? options_.max_memory_bytes : DefaultMemoryLimit())),
-      counters_(std::make_shared<Counters>()) {}
+      counters_(std::make_shared<Counters>()) {
+  if (!options_.checkpoint_dir.empty()) writer_ = std::thread([this] { WriterLoop(); });
+}
 
 ParameterStore::~ParameterStore() {
   CloseAll(absl::CancelledError("the parameter store is shutting down"));
+  if (writer_.joinable()) {
+    {
+      absl::MutexLock lock(&writer_mu_);
+      writer_stop_ = true;
+    }
+    writer_.join();
+  }
 }
 
 absl::StatusOr<std::shared_ptr<ParameterStore::Job>> ParameterStore::FindJob(
@@ -644,9 +679,14 @@ absl::StatusOr<std::shared_ptr<ParameterStore::Job>> ParameterStore::FindJob(
   return it->second;
 }
 
-absl::StatusOr<v1::CreateJobStateResponse> ParameterStore::CreateJobState(
-    const v1::CreateJobStateRequest& request) {
-  if (request.job_id().empty()) return absl::InvalidArgumentError("job_id: must not be empty");
+namespace {
+
+// The checks of CreateJobState (and of a restored checkpoint) before any state is touched; fills
+// the job's dense optimizer (or why it has none) and each table's optimizer.
+absl::Status ValidateJobRequest(const v1::CreateJobStateRequest& request,
+                                absl::StatusOr<kernels::OptimizerParams>* dense_params_out,
+                                std::vector<kernels::OptimizerParams>* table_params_out) {
+  TESSERA_RETURN_IF_ERROR(ValidateJobId(request.job_id()));
   const v1::JobConfig& config = request.config();
   if (config.num_workers() < 1 || config.num_workers() > kMaxWorkers) {
     return absl::InvalidArgumentError(absl::StrCat("config.num_workers: must be in [1, ",
@@ -754,6 +794,24 @@ absl::StatusOr<v1::CreateJobStateResponse> ParameterStore::CreateJobState(
     }
     table_params.push_back(*params);
   }
+  if (config.checkpoint_every_steps() < 0 || config.checkpoint_every_steps() > kMaxStep) {
+    return absl::InvalidArgumentError(absl::StrCat("config.checkpoint_every_steps: must be in [0, ",
+                                                   kMaxStep, "], got ",
+                                                   config.checkpoint_every_steps()));
+  }
+  *dense_params_out = std::move(dense_params);
+  *table_params_out = std::move(table_params);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<v1::CreateJobStateResponse> ParameterStore::CreateJobState(
+    const v1::CreateJobStateRequest& request) {
+  const v1::JobConfig& config = request.config();
+  absl::StatusOr<kernels::OptimizerParams> dense_params = absl::UnknownError("unset");
+  std::vector<kernels::OptimizerParams> table_params;
+  TESSERA_RETURN_IF_ERROR(ValidateJobRequest(request, &dense_params, &table_params));
 
   std::shared_ptr<Job> job;
   bool created = false;
@@ -864,11 +922,14 @@ absl::StatusOr<v1::CreateJobStateResponse> ParameterStore::AddToJob(
 
   // 2. Without it: allocate and fill (up to gigabytes), while the job's pushes and pulls go on.
   // Each partition owns its share of the reservation and gives it back if it is not inserted.
+  const int64_t next_capture = NextCaptureAfter(job, 0);
   std::vector<std::shared_ptr<Partition>> dense;
   for (int i : new_dense) {
     const v1::DensePartitionDecl& d = request.partitions(i);
     auto p = std::make_shared<Partition>();
     p->name = KeyName(d.key());
+    p->tensor = d.key().tensor();
+    p->index = d.key().index();
     p->budget = budget_;
     p->charged = dense_bytes(d);
     p->num_elements = d.num_elements();
@@ -880,6 +941,7 @@ absl::StatusOr<v1::CreateJobStateResponse> ParameterStore::AddToJob(
     p->contributed.assign(workers, 0);
     p->skipped.assign(workers, 0);
     p->staged.resize(workers);
+    p->next_capture = next_capture;
     p->weights.assign(static_cast<size_t>(d.num_elements()), 0.0f);
     if (!d.initial_values().empty()) {
       std::memcpy(p->weights.data(), d.initial_values().data(), d.initial_values().size());
@@ -895,6 +957,7 @@ absl::StatusOr<v1::CreateJobStateResponse> ParameterStore::AddToJob(
     const v1::SparseTableDecl& t = request.tables(i);
     auto p = std::make_shared<Partition>();
     p->name = absl::StrCat(t.name(), "/0");
+    p->tensor = t.name();
     p->budget = budget_;
     p->charged = table_bytes(t);
     p->sparse = true;
@@ -910,6 +973,7 @@ absl::StatusOr<v1::CreateJobStateResponse> ParameterStore::AddToJob(
     p->skipped.assign(workers, 0);
     p->staged_rows.resize(workers);
     p->staged_rows_bytes.assign(workers, 0);
+    p->next_capture = next_capture;
     tables.push_back(std::move(p));
   }
 
@@ -924,30 +988,58 @@ absl::StatusOr<v1::CreateJobStateResponse> ParameterStore::AddToJob(
   for (size_t k = 0; k < new_tables.size(); ++k) {
     job.tables.try_emplace(request.tables(new_tables[k]).name(), std::move(tables[k]));
   }
+  job.num_partitions.store(job.dense.size() + job.tables.size(), std::memory_order_release);
   v1::CreateJobStateResponse response;
   response.set_partitions(static_cast<uint32_t>(job.dense.size()));
   response.set_tables(static_cast<uint32_t>(job.tables.size()));
   return response;
 }
 
-absl::Status ParameterStore::UpdateMembership(const v1::UpdateMembershipRequest& request) {
+absl::StatusOr<v1::UpdateMembershipResponse> ParameterStore::UpdateMembership(
+    const v1::UpdateMembershipRequest& request) {
   TESSERA_ASSIGN_OR_RETURN(std::shared_ptr<Job> job, FindJob(request.job_id()));
   if (request.effective_step() > kMaxStep) {
     return absl::InvalidArgumentError(
         absl::StrCat("effective_step: must be <= ", kMaxStep, ", got ", request.effective_step()));
   }
   std::vector<uint32_t> live(request.live_workers().begin(), request.live_workers().end());
-  TESSERA_RETURN_IF_ERROR(job->gate.UpdateMembership(live, request.effective_step()));
-  if (job->bsp()) {
-    // A step that waited only for removed workers is complete now.
-    bool applied = false;
-    for (const std::shared_ptr<Partition>& p : job->AllPartitions()) {
-      absl::MutexLock lock(&p->mu);
-      applied |= job->CompleteBspStepLocked(*p);
+  {
+    absl::MutexLock lock(&job->membership_mu);
+    TESSERA_RETURN_IF_ERROR(job->gate.UpdateMembership(live, request.effective_step()));
+    absl::MutexLock log_lock(&job->log_mu);
+    std::vector<v1::CheckpointMembership>& log = job->membership_log;
+    while (!log.empty() && log.back().effective_step() >= request.effective_step()) {
+      log.pop_back();
     }
-    if (applied) job->gate.Notify();
+    v1::CheckpointMembership entry;
+    entry.set_effective_step(request.effective_step());
+    for (uint32_t w : live) entry.add_live_workers(w);
+    log.push_back(std::move(entry));
   }
-  return absl::OkStatus();
+  // A BSP step that waited only for removed workers is complete now; an SSP/ASP partition whose
+  // slowest live worker was removed may have reached a capture step.
+  bool applied = false;
+  int64_t completed = 0;
+  const std::vector<bool> live_now = job->gate.LiveSet(kMaxStep);
+  for (const std::shared_ptr<Partition>& p : job->AllPartitions()) {
+    absl::MutexLock lock(&p->mu);
+    if (job->bsp()) {
+      if (job->CompleteBspStepLocked(*p)) {
+        applied = true;
+        MaybeCaptureLocked(*job, *p);
+      }
+      completed = std::max(completed, p->version.load(std::memory_order_relaxed));
+    } else {
+      MaybeCaptureLocked(*job, *p);
+      for (size_t w = 0; w < live_now.size() && w < p->clocks.size(); ++w) {
+        if (live_now[w]) completed = std::max(completed, p->clocks[w].load());
+      }
+    }
+  }
+  if (applied) job->gate.Notify();
+  v1::UpdateMembershipResponse response;
+  response.set_completed_steps(completed);
+  return response;
 }
 
 absl::Status ParameterStore::DropJob(absl::string_view job_id) {
@@ -962,6 +1054,7 @@ absl::Status ParameterStore::DropJob(absl::string_view job_id) {
     jobs_.erase(it);
   }
   job->gate.Close(absl::AbortedError(absl::StrCat("job '", job_id, "' was dropped")));
+  RetireCaptures(*job, absl::AbortedError(absl::StrCat("job '", job_id, "' was dropped")));
   return absl::OkStatus();
 }
 
@@ -984,6 +1077,12 @@ absl::StatusOr<PushAck> ParameterStore::PushToJob(Job& job, const PushPullView& 
   }
   PushAck ack;
   if (request.push.empty()) return ack;
+  const uint64_t min_incarnation = job.min_incarnation.load(std::memory_order_acquire);
+  if (request.incarnation < min_incarnation) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "incarnation: ", request.incarnation, " of worker ", worker, " is older than ",
+        min_incarnation, ", the oldest job '", job.id, "' accepts since it was restored"));
+  }
   if (!job.gate.IsLive(worker, step)) {
     return absl::FailedPreconditionError(absl::StrCat(
         "worker_id: worker ", worker, " is not live in job '", job.id, "' at step ", step));
@@ -1162,6 +1261,7 @@ absl::StatusOr<PushAck> ParameterStore::PushToJob(Job& job, const PushPullView& 
       ++ack.duplicates;
       continue;
     }
+    if (bsp && p.contributors == 0) p.boundary_seqs = p.last_applied;
     p.last_applied[worker] = Partition::Seq{true, incarnation, seq};
     // Only bytes applied or staged: a slice skipped for NaN/Inf counts in skipped_non_finite.
     if (item.skip) {
@@ -1183,7 +1283,10 @@ absl::StatusOr<PushAck> ParameterStore::PushToJob(Job& job, const PushPullView& 
           p.staged_rows_bytes[worker] = item.staging_bytes;
         }
       }
-      version_changed |= job.CompleteBspStepLocked(p);
+      if (job.CompleteBspStepLocked(p)) {
+        version_changed = true;
+        MaybeCaptureLocked(job, p);
+      }
       continue;
     }
     if (item.skip) continue;
@@ -1204,6 +1307,14 @@ absl::StatusOr<PushAck> ParameterStore::PushToJob(Job& job, const PushPullView& 
     job.counters->updates_applied.fetch_add(1, std::memory_order_relaxed);
     if (ssp) job.counters->ssp_staleness.Observe(std::max<int64_t>(0, step - item.ssp_slowest));
     version_changed = true;
+  }
+  if (!bsp) {
+    // SSP/ASP: the clocks moved; a partition whose slowest live worker reached a capture step is
+    // captured now, with this push applied.
+    for (Item& item : items) {
+      item.partition->mu.AssertHeld();
+      MaybeCaptureLocked(job, *item.partition);
+    }
   }
   unlock_all();
 
@@ -1507,7 +1618,742 @@ void ParameterStore::CloseAll(const absl::Status& status) {
     if (closed_.ok()) closed_ = status;
     for (const auto& [id, job] : jobs_) jobs.push_back(job);
   }
-  for (const std::shared_ptr<Job>& job : jobs) job->gate.Close(status);
+  for (const std::shared_ptr<Job>& job : jobs) {
+    job->gate.Close(status);
+    // A Checkpoint call waiting for a step that will never come is answered now; files being
+    // written are still answered by the writer.
+    RetireCaptures(*job, status);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Checkpoints.
+
+// One partition's state copied at its step boundary.
+struct ParameterStore::PartitionSnapshot {
+  v1::PartitionCheckpoint meta;  // everything but the ranges, filled when the file is laid out
+  std::vector<float> weights;
+  std::vector<std::vector<float>> slots;
+  std::vector<int64_t> row_ids;
+  std::vector<int64_t> row_updates;
+  std::vector<float> row_values;
+};
+
+struct ParameterStore::Capture {
+  enum class State { kCapturing, kWriting, kDone };
+
+  explicit Capture(int64_t s, std::shared_ptr<MemoryBudget> b) : step(s), budget(std::move(b)) {}
+  ~Capture() { ReleaseMemory(); }
+  void ReleaseMemory() {
+    budget->Release(charged);
+    charged = 0;
+    snapshots.clear();
+    snapshots.shrink_to_fit();
+  }
+
+  const int64_t step;
+  const std::shared_ptr<MemoryBudget> budget;
+  State state = State::kCapturing;
+  absl::Status status;  // the first error; a failed capture is answered with it
+  int64_t retain_from_step = 0;
+  int64_t charged = 0;  // bytes of the copies, reserved in `budget`
+  absl::flat_hash_set<const Partition*> captured;
+  std::vector<PartitionSnapshot> snapshots;
+  v1::CheckpointResponse response;
+  std::vector<CheckpointDone> waiters;
+};
+
+namespace {
+
+// Written captures kept in Job::captures to answer a repeated Checkpoint of the same step.
+constexpr size_t kKeptWrittenCaptures = 8;
+constexpr int64_t kNoCapture = std::numeric_limits<int64_t>::max();
+// Checkpoint calls that may wait for steps not reached yet: distinct steps per job, and calls per
+// step.
+constexpr size_t kMaxPendingCaptures = 16;
+constexpr size_t kMaxCheckpointWaiters = 64;
+
+bool IsAutoStep(const v1::JobConfig& config, int64_t step) {
+  return config.checkpoint_every_steps() > 0 && step > 0 &&
+         step % config.checkpoint_every_steps() == 0;
+}
+
+}  // namespace
+
+int64_t ParameterStore::NextCaptureAfter(Job& job, int64_t boundary) {
+  if (options_.checkpoint_dir.empty()) return kNoCapture;
+  int64_t next = kNoCapture;
+  const int64_t every = job.config.checkpoint_every_steps();
+  if (every > 0 && boundary < kMaxStep) next = (boundary / every + 1) * every;
+  absl::MutexLock lock(&job.ckpt_mu);
+  for (auto it = job.captures.upper_bound(boundary); it != job.captures.end(); ++it) {
+    if (it->second->state == Capture::State::kCapturing && it->second->status.ok()) {
+      next = std::min(next, it->first);
+      break;
+    }
+  }
+  return next;
+}
+
+void ParameterStore::MaybeCaptureLocked(Job& job, Partition& p) {
+  while (p.next_capture != kNoCapture) {
+    const int64_t step = p.next_capture;
+    const bool reached = job.bsp() ? p.version.load(std::memory_order_relaxed) >= step
+                                   : job.gate.SlowestClock(p.clocks, step) >= step;
+    if (!reached) return;
+    CaptureLocked(job, p, step);
+    p.next_capture = NextCaptureAfter(job, step);
+  }
+}
+
+void ParameterStore::CaptureLocked(Job& job, Partition& p, int64_t step) {
+  const int slots = p.num_slots;
+  int64_t bytes = static_cast<int64_t>(p.last_applied.size()) * 32;
+  if (!p.sparse) {
+    bytes += p.num_elements * 4 * (1 + slots);
+  } else {
+    bytes += static_cast<int64_t>(p.rows.size()) * (int64_t{p.dim} * 4 * (1 + slots) + 16);
+  }
+  std::shared_ptr<Capture> capture;
+  {
+    absl::MutexLock lock(&job.ckpt_mu);
+    if (job.retired) return;
+    auto it = job.captures.find(step);
+    if (it == job.captures.end()) {
+      if (!IsAutoStep(job.config, step)) return;  // a registration that failed meanwhile
+      it = job.captures.emplace(step, std::make_shared<Capture>(step, budget_)).first;
+    }
+    capture = it->second;
+    if (capture->state != Capture::State::kCapturing || !capture->status.ok() ||
+        capture->captured.contains(&p)) {
+      return;
+    }
+    if (!budget_->TryReserve(bytes)) {
+      capture->status = budget_->Exhausted(absl::StrCat("the checkpoint of job '", job.id,
+                                                        "' at step ", step, " (key ", p.name, ")"),
+                                           bytes);
+      capture->ReleaseMemory();
+      // Answered by the registration or the next written capture; nothing more is copied.
+      std::vector<CheckpointDone> waiters;
+      waiters.swap(capture->waiters);
+      const absl::Status status = capture->status;
+      if (!waiters.empty()) {
+        EnqueueWrite([waiters = std::move(waiters), status](bool) {
+          for (const CheckpointDone& w : waiters) w(status);
+        });
+      }
+      return;
+    }
+    capture->charged += bytes;
+  }
+  // Copy without ckpt_mu (only p.mu): the partition cannot change meanwhile.
+  PartitionSnapshot snap;
+  v1::PartitionCheckpoint& meta = snap.meta;
+  meta.mutable_key()->set_tensor(p.tensor);
+  meta.mutable_key()->set_index(p.index);
+  meta.set_sparse(p.sparse);
+  const int64_t version = p.version.load(std::memory_order_relaxed);
+  meta.set_version(version);
+  const bool bsp = job.bsp();
+  for (size_t w = 0; w < p.clocks.size(); ++w) {
+    const int64_t clock = p.clocks[w].load(std::memory_order_relaxed);
+    // BSP: a worker that already staged its push of step S has clock S + 1; at the boundary
+    // it had S.
+    meta.add_clocks(bsp ? std::min(clock, version) : clock);
+  }
+  const std::vector<Partition::Seq>& seqs =
+      bsp && p.contributors > 0 ? p.boundary_seqs : p.last_applied;
+  for (size_t w = 0; w < seqs.size(); ++w) {
+    if (!seqs[w].seen) continue;
+    v1::CheckpointSeq* seq = meta.add_last_applied();
+    seq->set_worker(static_cast<uint32_t>(w));
+    seq->set_incarnation(seqs[w].incarnation);
+    seq->set_seq(seqs[w].seq);
+  }
+  if (!p.sparse) {
+    meta.set_num_elements(p.num_elements);
+    snap.weights = p.weights;
+    snap.slots = p.slots;
+  } else {
+    if (!meta.mutable_table()->ParseFromString(p.table_decl)) {
+      meta.mutable_table()->set_name(p.tensor);  // the declaration was serialized by us
+    }
+    snap.row_ids.reserve(p.rows.size());
+    for (const auto& [id, row] : p.rows) snap.row_ids.push_back(id);
+    std::sort(snap.row_ids.begin(), snap.row_ids.end());
+    const size_t width = static_cast<size_t>(p.dim) * (1 + slots);
+    snap.row_values.resize(snap.row_ids.size() * width);
+    snap.row_updates.reserve(snap.row_ids.size());
+    for (size_t i = 0; i < snap.row_ids.size(); ++i) {
+      const Partition::Row& row = p.rows.find(snap.row_ids[i])->second;
+      snap.row_updates.push_back(row.updates);
+      std::copy_n(row.values.data(), width, snap.row_values.data() + i * width);
+    }
+    meta.set_num_rows(snap.row_ids.size());
+  }
+
+  std::shared_ptr<Job> job_ref;
+  {
+    absl::MutexLock lock(&job.ckpt_mu);
+    if (job.retired || capture->state != Capture::State::kCapturing || !capture->status.ok()) {
+      return;
+    }
+    capture->captured.insert(&p);
+    capture->snapshots.push_back(std::move(snap));
+    if (capture->captured.size() < job.num_partitions.load(std::memory_order_acquire)) return;
+    capture->state = Capture::State::kWriting;
+  }
+  // The writer holds the job until the file is written (every Job is owned by a shared_ptr).
+  job_ref = job.shared_from_this();
+  EnqueueWrite([this, job_ref, capture](bool cancelled) {
+    if (cancelled) {
+      CancelCapture(*job_ref, *capture);
+      return;
+    }
+    WriteCapture(job_ref, capture);
+  });
+}
+
+void ParameterStore::EnqueueWrite(std::function<void(bool cancelled)> task) {
+  {
+    absl::MutexLock lock(&writer_mu_);
+    if (!writer_stop_ && writer_.joinable()) {
+      writer_queue_.push_back(std::move(task));
+      return;
+    }
+  }
+  task(/*cancelled=*/true);
+}
+
+void ParameterStore::WriterLoop() {
+  // Runs every queued task, also after the stop request, so every write is answered.
+  for (;;) {
+    std::function<void(bool)> task;
+    {
+      absl::MutexLock lock(&writer_mu_);
+      writer_mu_.Await(absl::Condition(
+          +[](ParameterStore* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->writer_mu_) {
+            return s->writer_stop_ || !s->writer_queue_.empty();
+          },
+          this));
+      if (writer_queue_.empty()) return;
+      task = std::move(writer_queue_.front());
+      writer_queue_.pop_front();
+    }
+    task(/*cancelled=*/false);
+  }
+}
+
+void ParameterStore::WriteCapture(const std::shared_ptr<Job>& job,
+                                  const std::shared_ptr<Capture>& capture) {
+  // The capture is kWriting: nothing else touches its snapshots.
+  v1::CheckpointHeader header;
+  header.set_format_version(1);
+  header.set_job_id(job->id);
+  header.set_step(capture->step);
+  header.set_shard_index(options_.shard_index);
+  header.set_time_unix_ms(absl::ToUnixMillis(absl::Now()));
+  *header.mutable_config() = job->config;
+  header.set_min_incarnation(job->min_incarnation.load(std::memory_order_acquire));
+  {
+    absl::MutexLock lock(&job->log_mu);
+    for (const v1::CheckpointMembership& m : job->membership_log) *header.add_membership() = m;
+  }
+  std::vector<PartitionSnapshot>& snaps = capture->snapshots;
+  std::sort(snaps.begin(), snaps.end(), [](const PartitionSnapshot& a, const PartitionSnapshot& b) {
+    return std::make_pair(a.meta.key().tensor(), a.meta.key().index()) <
+           std::make_pair(b.meta.key().tensor(), b.meta.key().index());
+  });
+  std::vector<absl::string_view> pieces;
+  uint64_t offset = 0;
+  auto add = [&](const void* data, size_t bytes, v1::CheckpointRange* range) {
+    range->set_offset(offset);
+    range->set_length(bytes);
+    offset += bytes;
+    if (bytes > 0) pieces.emplace_back(static_cast<const char*>(data), bytes);
+  };
+  for (PartitionSnapshot& snap : snaps) {
+    v1::PartitionCheckpoint* meta = header.add_partitions();
+    *meta = snap.meta;
+    if (!snap.meta.sparse()) {
+      add(snap.weights.data(), snap.weights.size() * 4, meta->mutable_weights());
+      for (const std::vector<float>& slot : snap.slots) {
+        add(slot.data(), slot.size() * 4, meta->add_slots());
+      }
+    } else {
+      add(snap.row_ids.data(), snap.row_ids.size() * 8, meta->mutable_row_ids());
+      add(snap.row_updates.data(), snap.row_updates.size() * 8, meta->mutable_row_updates());
+      add(snap.row_values.data(), snap.row_values.size() * 4, meta->mutable_row_values());
+    }
+  }
+  const std::string path =
+      CheckpointPath(options_.checkpoint_dir, job->id, capture->step, options_.shard_index);
+  absl::StatusOr<WrittenCheckpoint> written = absl::UnknownError("unset");
+  absl::Status dirs = MakeDurableDirs(path.substr(0, path.rfind('/')));
+  if (dirs.ok()) {
+    written = WriteCheckpointFile(path, header, pieces);
+  } else {
+    written = dirs;
+  }
+  int64_t retain = 0;
+  std::vector<CheckpointDone> waiters;
+  absl::Status status;
+  v1::CheckpointResponse response;
+  {
+    absl::MutexLock lock(&job->ckpt_mu);
+    capture->ReleaseMemory();
+    capture->state = Capture::State::kDone;
+    if (written.ok()) {
+      response.set_path(path);
+      response.set_bytes(written->bytes);
+      response.set_crc32c(written->crc32c);
+      response.set_step(capture->step);
+      capture->response = response;
+    } else {
+      capture->status = absl::Status(written.status().code(),
+                                     absl::StrCat("checkpoint of job '", job->id, "' at step ",
+                                                  capture->step, ": ", written.status().message()));
+    }
+    status = capture->status;
+    retain = capture->retain_from_step;
+    waiters.swap(capture->waiters);
+    // Captures older than this one that are still incomplete can no longer complete; forget
+    // them, and keep only the newest written ones.
+    std::vector<CheckpointDone> superseded;
+    absl::Status gone = absl::FailedPreconditionError(
+        absl::StrCat("checkpoint of job '", job->id, "': the partitions passed this step without ",
+                     "all of them being captured (step ", capture->step, " was written since)"));
+    size_t done = 0;
+    for (auto it = job->captures.end(); it != job->captures.begin();) {
+      --it;
+      Capture& c = *it->second;
+      const bool stale = it->first < capture->step && c.state == Capture::State::kCapturing;
+      if (c.state == Capture::State::kDone) ++done;
+      if (stale || (c.state == Capture::State::kDone && done > kKeptWrittenCaptures)) {
+        for (CheckpointDone& w : c.waiters) superseded.push_back(std::move(w));
+        c.waiters.clear();
+        it = job->captures.erase(it);
+      }
+    }
+    for (CheckpointDone& w : superseded) {
+      waiters.push_back(
+          [w = std::move(w), gone](absl::StatusOr<v1::CheckpointResponse>) { w(gone); });
+    }
+  }
+  if (status.ok() && retain > 0) ApplyRetention(*job, retain);
+  for (const CheckpointDone& w : waiters) {
+    if (status.ok()) {
+      w(response);
+    } else {
+      w(status);
+    }
+  }
+}
+
+void ParameterStore::ApplyRetention(const Job& job, int64_t retain_from_step) {
+  const std::string job_dir = absl::StrCat(options_.checkpoint_dir, "/", job.id);
+  absl::StatusOr<std::vector<int64_t>> steps = ListCheckpointSteps(job_dir, options_.shard_index);
+  if (!steps.ok()) return;
+  bool removed = false;
+  for (int64_t step : *steps) {
+    if (step >= retain_from_step) break;
+    const std::string path =
+        CheckpointPath(options_.checkpoint_dir, job.id, step, options_.shard_index);
+    if (::unlink(path.c_str()) == 0) removed = true;
+    const std::string dir = path.substr(0, path.rfind('/'));
+    ::unlink((path + ".tmp").c_str());
+    ::rmdir(dir.c_str());  // only when no other shard's file is left in it
+  }
+  if (removed) SyncDirectory(job_dir).IgnoreError();
+}
+
+void ParameterStore::CancelCapture(Job& job, Capture& capture) {
+  std::vector<CheckpointDone> waiters;
+  const absl::Status status = absl::CancelledError("the parameter store is shutting down");
+  {
+    absl::MutexLock lock(&job.ckpt_mu);
+    capture.ReleaseMemory();
+    capture.state = Capture::State::kDone;
+    capture.status = status;
+    waiters.swap(capture.waiters);
+  }
+  for (const CheckpointDone& w : waiters) w(status);
+}
+
+void ParameterStore::RetireCaptures(Job& job, const absl::Status& status) {
+  std::vector<CheckpointDone> waiters;
+  {
+    absl::MutexLock lock(&job.ckpt_mu);
+    job.retired = true;
+    for (auto& [step, capture] : job.captures) {
+      if (capture->state != Capture::State::kCapturing) continue;
+      for (CheckpointDone& w : capture->waiters) waiters.push_back(std::move(w));
+      capture->waiters.clear();
+      capture->ReleaseMemory();
+    }
+  }
+  for (const CheckpointDone& w : waiters) w(status);
+}
+
+void ParameterStore::Checkpoint(const v1::CheckpointRequest& request, CheckpointDone done) {
+  if (options_.checkpoint_dir.empty()) {
+    done(absl::FailedPreconditionError(
+        "checkpoints need a data directory: --data_dir not set on this shard"));
+    return;
+  }
+  absl::Status valid = ValidateJobId(request.job_id());
+  if (valid.ok() && (request.step() < 1 || request.step() > kMaxStep)) {
+    valid = absl::InvalidArgumentError(
+        absl::StrCat("step: must be in [1, ", kMaxStep, "], got ", request.step()));
+  }
+  if (valid.ok() &&
+      (request.retain_from_step() < 0 || request.retain_from_step() > request.step())) {
+    valid = absl::InvalidArgumentError(absl::StrCat("retain_from_step: must be in [0, step ",
+                                                    request.step(), "], got ",
+                                                    request.retain_from_step()));
+  }
+  if (!valid.ok()) {
+    done(valid);
+    return;
+  }
+  absl::StatusOr<std::shared_ptr<Job>> found = FindJob(request.job_id());
+  if (!found.ok()) {
+    done(found.status());
+    return;
+  }
+  std::shared_ptr<Job> job = *std::move(found);
+  const int64_t step = request.step();
+  std::shared_ptr<Capture> capture;
+  {
+    absl::MutexLock lock(&job->ckpt_mu);
+    if (job->retired) {
+      done(absl::AbortedError(absl::StrCat("job '", job->id, "' was dropped or restored")));
+      return;
+    }
+    auto it = job->captures.find(step);
+    if (it != job->captures.end() && it->second->state == Capture::State::kDone) {
+      // Written already: answer from the writer (retention is file I/O).
+      std::shared_ptr<Capture> c = it->second;
+      const int64_t retain = request.retain_from_step();
+      EnqueueWrite([this, job, c, retain, done = std::move(done)](bool cancelled) {
+        if (cancelled) {
+          done(absl::CancelledError("the parameter store is shutting down"));
+          return;
+        }
+        if (!c->status.ok()) {
+          done(c->status);
+          return;
+        }
+        if (retain > 0) ApplyRetention(*job, retain);
+        done(c->response);
+      });
+      return;
+    }
+    if (it != job->captures.end() && !it->second->status.ok()) {
+      done(it->second->status);
+      return;
+    }
+    // Each waiting call holds an open RPC until its step comes: bound them, so that requests for
+    // far-away steps cannot pile up.
+    size_t pending = 0;
+    for (const auto& [s, c] : job->captures) {
+      if (c->state == Capture::State::kCapturing) ++pending;
+    }
+    const bool is_new = it == job->captures.end();
+    if ((is_new && pending >= kMaxPendingCaptures) ||
+        (!is_new && it->second->waiters.size() >= kMaxCheckpointWaiters)) {
+      done(absl::ResourceExhaustedError(
+          absl::StrCat("step: job '", job->id, "' already has ", pending,
+                       " checkpoints waiting for their step (at most ", kMaxPendingCaptures,
+                       ", each with at most ", kMaxCheckpointWaiters, " calls waiting)")));
+      return;
+    }
+    if (is_new) {
+      it = job->captures.emplace(step, std::make_shared<Capture>(step, budget_)).first;
+    }
+    capture = it->second;
+    capture->retain_from_step = std::max(capture->retain_from_step, request.retain_from_step());
+    capture->waiters.push_back(std::move(done));
+  }
+  // Per partition: capture now when it sits at the boundary, remember the step when it is before
+  // it, and fail the capture when it is past it.
+  int64_t completed = 0;
+  std::string past;
+  const std::vector<std::shared_ptr<Partition>> partitions = job->AllPartitions();
+  for (const std::shared_ptr<Partition>& p : partitions) {
+    absl::MutexLock lock(&p->mu);
+    const int64_t reached = job->bsp() ? p->version.load(std::memory_order_relaxed)
+                                       : job->gate.SlowestClock(p->clocks, step);
+    completed = std::max(completed, reached);
+    if (reached > step) {
+      bool captured;
+      {
+        absl::MutexLock ckpt_lock(&job->ckpt_mu);
+        captured = capture->captured.contains(p.get());
+      }
+      if (!captured && past.empty()) past = p->name;
+      continue;
+    }
+    if (reached == step) {
+      CaptureLocked(*job, *p, step);
+    } else {
+      p->next_capture = std::min(p->next_capture, step);
+    }
+  }
+  std::vector<CheckpointDone> failed;
+  absl::Status status;
+  bool write_empty = false;
+  {
+    absl::MutexLock lock(&job->ckpt_mu);
+    if (!past.empty() && capture->state == Capture::State::kCapturing) {
+      status = absl::FailedPreconditionError(absl::StrCat(
+          "step: job '", job->id, "' has already passed step ", step, " on this shard (key ", past,
+          " has completed ", completed, " steps); checkpoint a later step"));
+      capture->status = status;
+      capture->ReleaseMemory();
+      failed.swap(capture->waiters);
+      auto it = job->captures.find(step);
+      if (it != job->captures.end() && it->second == capture) job->captures.erase(it);
+    } else if (partitions.empty() && capture->state == Capture::State::kCapturing) {
+      capture->state = Capture::State::kWriting;
+      write_empty = true;
+    }
+  }
+  for (const CheckpointDone& w : failed) w(status);
+  if (write_empty) {
+    EnqueueWrite([this, job, capture](bool cancelled) {
+      if (cancelled) {
+        CancelCapture(*job, *capture);
+        return;
+      }
+      WriteCapture(job, capture);
+    });
+  }
+}
+
+absl::StatusOr<v1::RestoreResponse> ParameterStore::Restore(const v1::RestoreRequest& request) {
+  if (options_.checkpoint_dir.empty()) {
+    return absl::FailedPreconditionError(
+        "checkpoints need a data directory: --data_dir not set on this shard");
+  }
+  TESSERA_RETURN_IF_ERROR(ValidateJobId(request.job_id()));
+  if (request.step() < 1 || request.step() > kMaxStep) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("step: must be in [1, ", kMaxStep, "], got ", request.step()));
+  }
+  const std::string path = CheckpointPath(options_.checkpoint_dir, request.job_id(), request.step(),
+                                          options_.shard_index);
+  TESSERA_ASSIGN_OR_RETURN(CheckpointContents contents, ReadCheckpointFile(path));
+  const v1::CheckpointHeader& h = contents.header;
+  if (h.job_id() != request.job_id() || h.step() != request.step() ||
+      h.shard_index() != options_.shard_index) {
+    return absl::DataLossError(absl::StrCat(
+        "checkpoint file ", path, " holds job '", absl::CHexEscape(h.job_id().substr(0, 160)),
+        "' step ", h.step(), " shard ", h.shard_index(), ", not what its name says"));
+  }
+  absl::StatusOr<v1::RestoreResponse> restored =
+      RestoreJobFromCheckpoint(contents, request.min_incarnation());
+  if (!restored.ok() && restored.status().code() == absl::StatusCode::kDataLoss) {
+    return absl::DataLossError(
+        absl::StrCat("checkpoint file ", path, ": ", restored.status().message()));
+  }
+  return restored;
+}
+
+absl::StatusOr<v1::RestoreResponse> ParameterStore::RestoreJobFromCheckpoint(
+    const CheckpointContents& contents, uint64_t min_incarnation) {
+  const v1::CheckpointHeader& h = contents.header;
+  const absl::string_view data = contents.data;
+  auto loss = [&](absl::string_view what) {
+    return absl::DataLossError(absl::StrCat("checkpoint of step ", h.step(), ": ", what));
+  };
+  if (h.format_version() != 1) {
+    return loss(absl::StrCat("unknown format_version ", h.format_version()));
+  }
+  if (h.step() < 0 || h.step() > kMaxStep) return loss(absl::StrCat("bad step ", h.step()));
+  v1::CreateJobStateRequest request;
+  request.set_job_id(h.job_id());
+  *request.mutable_config() = h.config();
+  for (const v1::PartitionCheckpoint& pc : h.partitions()) {
+    if (!pc.sparse()) {
+      v1::DensePartitionDecl* d = request.add_partitions();
+      *d->mutable_key() = pc.key();
+      d->set_num_elements(pc.num_elements());
+    } else {
+      if (pc.key().tensor() != pc.table().name() || pc.key().index() != 0) {
+        return loss(absl::StrCat("table ", pc.table().name(), " has key ", KeyName(pc.key())));
+      }
+      *request.add_tables() = pc.table();
+    }
+  }
+  absl::StatusOr<kernels::OptimizerParams> dense_params = absl::UnknownError("unset");
+  std::vector<kernels::OptimizerParams> table_params;
+  absl::Status valid = ValidateJobRequest(request, &dense_params, &table_params);
+  if (!valid.ok()) return loss(valid.message());
+  const uint32_t workers = h.config().num_workers();
+  // Each entry becomes a bit per worker in the gate: no more than the header's own size justifies.
+  if (static_cast<uint64_t>(h.membership_size()) * ((workers + 7) / 8) >
+      h.ByteSizeLong() * 8 + (uint64_t{1} << 20)) {
+    return loss(absl::StrCat(h.membership_size(), " membership entries for ", workers, " workers"));
+  }
+  for (const v1::CheckpointMembership& m : h.membership()) {
+    if (m.effective_step() < 0 || m.effective_step() > kMaxStep || m.live_workers().empty()) {
+      return loss(absl::StrCat("bad membership entry at step ", m.effective_step()));
+    }
+    for (uint32_t w : m.live_workers()) {
+      if (w >= workers) return loss(absl::StrCat("membership names worker ", w));
+    }
+  }
+  // A range of exactly `bytes` bytes inside the data section.
+  auto check_range = [&](const v1::CheckpointRange& r, uint64_t bytes,
+                         absl::string_view what) -> absl::Status {
+    if (r.length() != bytes || r.offset() > data.size() || r.length() > data.size() - r.offset()) {
+      return loss(absl::StrCat(what, ": range [", r.offset(), ", +", r.length(), ") of a ",
+                               data.size(), "-byte data section, expected ", bytes, " bytes"));
+    }
+    return absl::OkStatus();
+  };
+  size_t table_i = 0;
+  for (const v1::PartitionCheckpoint& pc : h.partitions()) {
+    const std::string name = KeyName(pc.key());
+    if (pc.version() < 0 || pc.version() > kMaxStep) {
+      return loss(absl::StrCat(name, ": bad version ", pc.version()));
+    }
+    if (pc.clocks_size() != static_cast<int>(workers)) {
+      return loss(absl::StrCat(name, ": ", pc.clocks_size(), " clocks for ", workers, " workers"));
+    }
+    for (int64_t c : pc.clocks()) {
+      if (c < 0 || c > kMaxStep) return loss(absl::StrCat(name, ": bad clock ", c));
+    }
+    for (const v1::CheckpointSeq& seq : pc.last_applied()) {
+      if (seq.worker() >= workers)
+        return loss(absl::StrCat(name, ": seq of worker ", seq.worker()));
+    }
+    if (!pc.sparse()) {
+      const int slots = kernels::NumSlots(dense_params->kind);
+      const uint64_t bytes = static_cast<uint64_t>(pc.num_elements()) * 4;
+      TESSERA_RETURN_IF_ERROR(check_range(pc.weights(), bytes, absl::StrCat(name, " weights")));
+      if (pc.slots_size() != slots) {
+        return loss(absl::StrCat(name, ": ", pc.slots_size(), " slots, the optimizer has ", slots));
+      }
+      for (const v1::CheckpointRange& r : pc.slots()) {
+        TESSERA_RETURN_IF_ERROR(check_range(r, bytes, absl::StrCat(name, " slot")));
+      }
+    } else {
+      const kernels::OptimizerParams& params = table_params[table_i++];
+      const uint64_t rows = pc.num_rows();
+      if (rows > data.size() / 8) return loss(absl::StrCat(name, ": ", rows, " rows"));
+      const uint64_t width = uint64_t{pc.table().dim()} * (1 + kernels::NumSlots(params.kind));
+      if (width != 0 && rows > data.size() / 4 / width) {
+        return loss(absl::StrCat(name, ": ", rows, " rows of ", width, " values"));
+      }
+      TESSERA_RETURN_IF_ERROR(check_range(pc.row_ids(), rows * 8, absl::StrCat(name, " row_ids")));
+      TESSERA_RETURN_IF_ERROR(
+          check_range(pc.row_updates(), rows * 8, absl::StrCat(name, " row_updates")));
+      TESSERA_RETURN_IF_ERROR(
+          check_range(pc.row_values(), rows * width * 4, absl::StrCat(name, " row_values")));
+    }
+  }
+
+  // Build the new job aside; nothing of the current one changes until the swap.
+  const int64_t fixed = Job::FixedBytes(workers, h.job_id().size());
+  if (!budget_->TryReserve(fixed)) {
+    return budget_->Exhausted(absl::StrCat("restoring job '", h.job_id(), "'"), fixed);
+  }
+  auto job = std::make_shared<Job>(h.job_id(), h.config(), dense_params, budget_, fixed, counters_);
+  {
+    absl::MutexLock lock(&job->ckpt_mu);
+    job->retired = true;  // no captures until it is swapped in and its partitions are set
+  }
+  TESSERA_RETURN_IF_ERROR(AddToJob(*job, request, table_params).status());
+  for (const v1::CheckpointMembership& m : h.membership()) {
+    std::vector<uint32_t> live(m.live_workers().begin(), m.live_workers().end());
+    absl::Status s = job->gate.UpdateMembership(live, m.effective_step());
+    if (!s.ok()) return loss(s.message());
+    absl::MutexLock lock(&job->log_mu);
+    std::vector<v1::CheckpointMembership>& log = job->membership_log;
+    while (!log.empty() && log.back().effective_step() >= m.effective_step()) log.pop_back();
+    log.push_back(m);
+  }
+  job->min_incarnation.store(std::max(min_incarnation, h.min_incarnation()));
+  auto at = [&](const v1::CheckpointRange& r) { return data.data() + r.offset(); };
+  for (const v1::PartitionCheckpoint& pc : h.partitions()) {
+    std::shared_ptr<Partition> p;
+    {
+      absl::ReaderMutexLock lock(&job->mu);
+      if (!pc.sparse()) {
+        p = job->dense.at(std::make_pair(pc.key().tensor(), pc.key().index()));
+      } else {
+        p = job->tables.at(pc.key().tensor());
+      }
+    }
+    absl::MutexLock lock(&p->mu);
+    p->version.store(pc.version(), std::memory_order_relaxed);
+    for (uint32_t w = 0; w < workers; ++w) p->clocks[w].store(pc.clocks(static_cast<int>(w)));
+    for (const v1::CheckpointSeq& seq : pc.last_applied()) {
+      p->last_applied[seq.worker()] = Partition::Seq{true, seq.incarnation(), seq.seq()};
+    }
+    if (!pc.sparse()) {
+      std::memcpy(p->weights.data(), at(pc.weights()), pc.weights().length());
+      for (int s = 0; s < pc.slots_size(); ++s) {
+        std::memcpy(p->slots[s].data(), at(pc.slots(s)), pc.slots(s).length());
+      }
+    } else {
+      const size_t rows = pc.num_rows();
+      const size_t width = static_cast<size_t>(p->dim) * (1 + p->num_slots);
+      const int64_t bytes = static_cast<int64_t>(rows) * p->RowBytes();
+      if (!budget_->TryReserve(bytes)) {
+        return budget_->Exhausted(absl::StrCat("restoring table ", p->name), bytes);
+      }
+      p->charged.fetch_add(bytes, std::memory_order_relaxed);
+      const char* ids = at(pc.row_ids());
+      const char* updates = at(pc.row_updates());
+      const char* values = at(pc.row_values());
+      p->rows.reserve(rows);
+      for (size_t i = 0; i < rows; ++i) {
+        int64_t id;
+        std::memcpy(&id, ids + 8 * i, 8);
+        Partition::Row& row = p->rows[id];
+        if (!row.values.empty()) return loss(absl::StrCat(p->name, ": row ", id, " twice"));
+        std::memcpy(&row.updates, updates + 8 * i, 8);
+        row.values.resize(width);
+        std::memcpy(row.values.data(), values + 4 * width * i, 4 * width);
+      }
+    }
+  }
+  // Captures continue after the restored step.
+  {
+    absl::MutexLock lock(&job->ckpt_mu);
+    job->retired = false;
+  }
+  const int64_t next = NextCaptureAfter(*job, h.step());
+  for (const std::shared_ptr<Partition>& p : job->AllPartitions()) {
+    absl::MutexLock lock(&p->mu);
+    p->next_capture = next;
+  }
+
+  std::shared_ptr<Job> old;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!closed_.ok()) job->gate.Close(closed_);
+    std::shared_ptr<Job>& slot = jobs_[h.job_id()];
+    old = std::move(slot);
+    slot = job;
+  }
+  if (old != nullptr) {
+    const absl::Status replaced = absl::AbortedError(
+        absl::StrCat("job '", h.job_id(), "' was restored from its checkpoint of step ", h.step()));
+    old->gate.Close(replaced);
+    RetireCaptures(*old, replaced);
+  }
+  v1::RestoreResponse response;
+  response.set_step(h.step());
+  {
+    absl::ReaderMutexLock lock(&job->mu);
+    response.set_partitions(static_cast<uint32_t>(job->dense.size()));
+    response.set_tables(static_cast<uint32_t>(job->tables.size()));
+  }
+  return response;
 }
 
 }  // namespace tessera::server

@@ -20,14 +20,30 @@
 //      Every pushed partition's clock for the worker becomes max(clock, step + 1).
 //   4. Unlock and release the pulls this opens.
 // The pull half waits on the gate (see consistency_gate.h) and never blocks a thread.
+//
+// Checkpoints (docs/checkpoints.md). A capture of step S is due at every k * checkpoint_every_steps
+// and at every step a Checkpoint call registers. Each partition is copied under its own lock at
+// the moment it reaches boundary S (BSP: its version becomes S, before any update of step S; SSP
+// and ASP: the slowest live worker's clock on it reaches S), so pushes never wait for other
+// partitions. Once every partition and table of the job is copied, the store's writer thread
+// writes <checkpoint_dir>/<job_id>/ckpt-<S>/shard-<shard_index> (server/checkpoint_file.h): the
+// push path never does file I/O. The copy counts against max_memory_bytes until it is written.
+// Restore reads and verifies a whole file, builds a fresh job from it, and only then swaps it in.
+//
+// Lock order: Job::membership_mu > ConsistencyGate's lock; Partition::mu > ConsistencyGate's lock;
+// Partition::mu > Job::ckpt_mu > Job::log_mu and the writer's lock. Nothing takes a partition's
+// lock while holding ckpt_mu.
 #ifndef TESSERA_SERVER_PARAMETER_STORE_H_
 #define TESSERA_SERVER_PARAMETER_STORE_H_
 
 #include <atomic>
 #include <cstdint>
+#include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -39,6 +55,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
 #include "kernels/optimizer.h"
+#include "server/checkpoint_file.h"
 #include "server/consistency_gate.h"
 #include "tessera/v1/parameter.pb.h"
 
@@ -146,6 +163,10 @@ struct ParameterStoreOptions {
   // Largest answer: each pulled slice, and the whole answer of a PushPull, must fit, or the
   // request fails with RESOURCE_EXHAUSTED before anything is read. 0: no limit.
   size_t max_message_bytes = 0;
+  // Where checkpoint files go: <checkpoint_dir>/<job_id>/ckpt-<step>/shard-<shard_index>. Empty:
+  // nothing is captured and Checkpoint and Restore answer FAILED_PRECONDITION.
+  std::string checkpoint_dir;
+  uint32_t shard_index = 0;
 };
 
 // Thread-safe. Never blocks on a gate: waiting pulls park and finish through their callback.
@@ -153,16 +174,20 @@ class ParameterStore {
  public:
   using PushPullDone = std::function<void(absl::StatusOr<v1::PushPullResponse>)>;
   using PullDone = std::function<void(absl::StatusOr<std::vector<v1::Slice>>)>;
+  using CheckpointDone = std::function<void(absl::StatusOr<v1::CheckpointResponse>)>;
 
+  // Starts the checkpoint writer thread when options.checkpoint_dir is set.
   explicit ParameterStore(ParameterStoreOptions options = {});
-  // Fails every parked pull with CANCELLED.
+  // Fails every parked pull and every unanswered Checkpoint with CANCELLED; joins the writer
+  // (a file being written is finished first).
   ~ParameterStore();
 
   ParameterStore(const ParameterStore&) = delete;
   ParameterStore& operator=(const ParameterStore&) = delete;
 
   // Creates the job or adds partitions and tables to it; additive and idempotent. INVALID_ARGUMENT
-  // for a bad config or declaration (the message names the field); FAILED_PRECONDITION when the
+  // for a bad config or declaration (the message names the field), or a job_id that is not a safe
+  // file name (see ValidateJobId); FAILED_PRECONDITION when the
   // job exists with another config, or a partition or table exists with another size or
   // declaration; RESOURCE_EXHAUSTED when the new state would exceed max_memory_bytes. All or
   // nothing.
@@ -170,8 +195,36 @@ class ParameterStore {
       const v1::CreateJobStateRequest& request);
 
   // Changes the live workers from request.effective_step on; completes a BSP step that no longer
-  // waits for anyone. NOT_FOUND for an unknown job, INVALID_ARGUMENT for bad ids or steps.
-  absl::Status UpdateMembership(const v1::UpdateMembershipRequest& request);
+  // waits for anyone. Answers completed_steps (see the proto). NOT_FOUND for an unknown job,
+  // INVALID_ARGUMENT for bad ids or steps.
+  absl::StatusOr<v1::UpdateMembershipResponse> UpdateMembership(
+      const v1::UpdateMembershipRequest& request);
+
+  // Makes sure the job's snapshot at request.step is written (registering the capture when the
+  // step is not captured anyway), then applies retention (retain_from_step). `done` runs exactly
+  // once, on the writer thread once the file is durable, or inline on an error found at once:
+  // INVALID_ARGUMENT for a bad job_id, step (< 1 or huge) or retain_from_step (< 0 or > step);
+  // FAILED_PRECONDITION without checkpoint_dir or when a partition is already past the step (the
+  // message says the completed steps); NOT_FOUND for an unknown job; RESOURCE_EXHAUSTED when the
+  // copy does not fit max_memory_bytes, or when 16 steps (or 64 calls for this step) already
+  // wait; INTERNAL for I/O errors; ABORTED when the job is dropped
+  // or restored first. Never blocks on file I/O. Thread-safe.
+  void Checkpoint(const v1::CheckpointRequest& request, CheckpointDone done);
+
+  // Replaces the job's state (creating the job when absent) with the file of request.step, all or
+  // nothing; parked pulls of the replaced state fail with ABORTED, and pushes of an incarnation
+  // below request.min_incarnation fail with FAILED_PRECONDITION from now on. NOT_FOUND when the
+  // file does not exist, DATA_LOSS when it does not verify or holds another job, step or shard
+  // (the job is left as it was), FAILED_PRECONDITION without checkpoint_dir, INVALID_ARGUMENT for
+  // bad fields, RESOURCE_EXHAUSTED when the restored state does not fit next to the old one.
+  // Blocks on file I/O: call it off latency-sensitive threads. Thread-safe.
+  absl::StatusOr<v1::RestoreResponse> Restore(const v1::RestoreRequest& request);
+
+  // The part of Restore after the file is read: builds a fresh job from `contents` (every field
+  // and range checked first: DATA_LOSS naming what is wrong) and swaps it in under the header's
+  // job_id. Needs no checkpoint_dir or file (the fuzz target calls it). Thread-safe.
+  absl::StatusOr<v1::RestoreResponse> RestoreJobFromCheckpoint(const CheckpointContents& contents,
+                                                               uint64_t min_incarnation);
 
   // Removes the job; its parked pulls fail with ABORTED. NOT_FOUND for an unknown job.
   absl::Status DropJob(absl::string_view job_id);
@@ -214,6 +267,8 @@ class ParameterStore {
   ShardStats GetShardStats() const;
 
   // Fails every parked pull with `status` (server shutdown). Later pulls that must wait fail too.
+  // Checkpoint calls still waiting for their step fail with `status` too (a file being written
+  // is still finished and answered by the writer).
   void CloseAll(const absl::Status& status);
 
  private:
@@ -222,6 +277,8 @@ class ParameterStore {
   struct PullItem;
   struct Counters;
   class MemoryBudget;
+  struct PartitionSnapshot;
+  struct Capture;
 
   absl::StatusOr<std::shared_ptr<Job>> FindJob(absl::string_view job_id) const;
   // FindJob, then the checks every pull makes: a known `encoding` (INVALID_ARGUMENT naming
@@ -243,6 +300,24 @@ class ParameterStore {
                       std::function<void(absl::StatusOr<std::vector<v1::Slice>>)> done,
                       std::function<std::string()> weights_buffer = nullptr);
 
+  // Checkpoints. Captures p at its next capture step when it has reached it. REQUIRES: p.mu held
+  // (not annotated: clang cannot name a member of the incomplete Partition here).
+  void MaybeCaptureLocked(Job& job, Partition& p);
+  // Copies p into the capture of `step` (created for an automatic step); hands a complete capture
+  // to the writer. REQUIRES: p.mu held.
+  void CaptureLocked(Job& job, Partition& p, int64_t step);
+  // The next step after `boundary` that p must be captured at (INT64_MAX: none).
+  int64_t NextCaptureAfter(Job& job, int64_t boundary);
+  // Writer thread: writes the capture's file, applies retention, answers its waiters.
+  void WriteCapture(const std::shared_ptr<Job>& job, const std::shared_ptr<Capture>& capture);
+  void ApplyRetention(const Job& job, int64_t retain_from_step);
+  void EnqueueWrite(std::function<void(bool cancelled)> task);
+  // Answers a capture the writer will not write (shutdown) with CANCELLED.
+  void CancelCapture(Job& job, Capture& capture);
+  // Fails the job's unwritten captures with `status` and refuses later ones (drop, restore).
+  void RetireCaptures(Job& job, const absl::Status& status);
+  void WriterLoop();
+
   const ParameterStoreOptions options_;
   // Shared with every job and partition, which give their bytes back when destroyed.
   const std::shared_ptr<MemoryBudget> budget_;
@@ -251,6 +326,13 @@ class ParameterStore {
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<Job>> jobs_ ABSL_GUARDED_BY(mu_);
   absl::Status closed_ ABSL_GUARDED_BY(mu_);
+
+  // The checkpoint writer: one thread running file writes in order. Its tasks get true when the
+  // store is being destroyed before they ran.
+  absl::Mutex writer_mu_;
+  std::deque<std::function<void(bool)>> writer_queue_ ABSL_GUARDED_BY(writer_mu_);
+  bool writer_stop_ ABSL_GUARDED_BY(writer_mu_) = false;
+  std::thread writer_;
 };
 
 }  // namespace tessera::server

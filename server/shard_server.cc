@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/grpc_server.h"
 #include "common/status_macros.h"
+#include "server/checkpoint_file.h"
 #include "spdlog/spdlog.h"
 
 namespace tessera::server {
@@ -25,6 +26,8 @@ ShardServer::ShardServer(const ShardServerOptions& options) : options_(options) 
   store_options.executor = [pool](std::function<void()> task) { pool->Schedule(std::move(task)); };
   store_options.max_memory_bytes = options.max_memory_bytes;
   store_options.max_message_bytes = options.max_message_bytes;
+  if (!options.data_dir.empty()) store_options.checkpoint_dir = options.data_dir + "/checkpoints";
+  store_options.shard_index = static_cast<uint32_t>(options.shard_index);
   store_ = std::make_unique<ParameterStore>(std::move(store_options));
   service_ =
       std::make_unique<GrpcParameterService>(store_.get(), pool_.get(), options.max_message_bytes);
@@ -59,7 +62,22 @@ absl::Status ShardServer::Validate(const ShardServerOptions& options) {
 absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Create(
     const ShardServerOptions& options) {
   TESSERA_RETURN_IF_ERROR(Validate(options));
-  if (!options.data_dir.empty()) TESSERA_RETURN_IF_ERROR(MakeDirs(options.data_dir, "--data_dir"));
+  if (!options.data_dir.empty()) {
+    TESSERA_RETURN_IF_ERROR(MakeDirs(options.data_dir, "--data_dir"));
+    const std::string checkpoints = options.data_dir + "/checkpoints";
+    absl::Status made = MakeDurableDirs(checkpoints);
+    if (!made.ok()) {
+      return absl::FailedPreconditionError(absl::StrCat("--data_dir: ", made.message()));
+    }
+    // Writes a crash interrupted left <file>.tmp behind; they are never loaded.
+    absl::StatusOr<int> removed = RemoveTemporaryCheckpointFiles(checkpoints, options.shard_index);
+    if (!removed.ok()) {
+      spdlog::warn("tessera-server: {}", removed.status().ToString());
+    } else if (*removed > 0) {
+      spdlog::info("tessera-server: removed {} unfinished checkpoint files in {}", *removed,
+                   checkpoints);
+    }
+  }
   return std::unique_ptr<ShardServer>(new ShardServer(options));
 }
 

@@ -27,7 +27,8 @@ namespace tessera::server {
 struct ShardServerOptions {
   // host:port to bind; port 0 picks a free one (see ShardServer::port()).
   std::string listen = "127.0.0.1:0";
-  // Where checkpoints go (issue #6). Created when missing; empty means none.
+  // Checkpoint files go to <data_dir>/checkpoints (issue #6, docs/checkpoints.md). Created when
+  // missing; empty means none (Checkpoint and Restore answer FAILED_PRECONDITION).
   std::string data_dir;
   int shard_index = 0;
   // Largest message received or sent, in bytes.
