@@ -293,6 +293,20 @@ int RunCancel(const GlobalOptions& global, const std::string& job_id) {
   return kExitOk;
 }
 
+int RunCheckpoint(const GlobalOptions& global, const std::string& job_id) {
+  absl::StatusOr<std::unique_ptr<CoordinatorClient>> client = Connect(global);
+  if (!client.ok()) return Fail(global, client.status());
+  absl::StatusOr<v1::CheckpointRecord> record = (*client)->CheckpointJob(job_id);
+  if (!record.ok()) return Fail(global, record.status(), absl::StrCat("checkpoint ", job_id));
+  if (global.json) {
+    std::printf("%s\n", CheckpointJson(*record).c_str());
+  } else {
+    std::printf("%s\n", CheckpointLine(*record).c_str());
+  }
+  std::fflush(stdout);
+  return kExitOk;
+}
+
 int RunCluster(const GlobalOptions& global) {
   absl::StatusOr<std::unique_ptr<CoordinatorClient>> client = Connect(global);
   if (!client.ok()) return Fail(global, client.status());

@@ -67,6 +67,9 @@ int RunList(const GlobalOptions& global);
 int RunGet(const GlobalOptions& global, const std::string& job_id);
 int RunWatch(const GlobalOptions& global, const std::string& job_id);
 int RunCancel(const GlobalOptions& global, const std::string& job_id);
+// Prints "checkpoint <step> of <job> committed (<n> shards, <size>)" once the coordinator has
+// committed it.
+int RunCheckpoint(const GlobalOptions& global, const std::string& job_id);
 int RunCluster(const GlobalOptions& global);
 int RunExport(const GlobalOptions& global, const ExportOptionsFlags& options);
 // REQUIRES: SIGINT and SIGTERM blocked in every thread (BlockShutdownSignals() first thing in

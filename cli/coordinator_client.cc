@@ -80,6 +80,18 @@ absl::StatusOr<v1::Job> CoordinatorClient::CancelJob(const std::string& job_id) 
   return job;
 }
 
+absl::StatusOr<v1::CheckpointRecord> CoordinatorClient::CheckpointJob(
+    const std::string& job_id) const {
+  v1::CheckpointJobRequest request;
+  request.set_job_id(job_id);
+  v1::CheckpointRecord record;
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + options_.checkpoint_timeout));
+  grpc::Status status = jobs_->CheckpointJob(&context, request, &record);
+  if (!status.ok()) return Error(status);
+  return record;
+}
+
 absl::StatusOr<std::vector<v1::Member>> CoordinatorClient::ListMembers() const {
   v1::ListMembersRequest request;
   v1::ListMembersResponse response;

@@ -34,6 +34,9 @@ class CoordinatorClient {
     absl::Duration rpc_timeout = absl::Seconds(10);
     // How the channel is made: TLS, the bearer token (default: plaintext, no token).
     ClientCredentials credentials;
+    // Deadline of CheckpointJob, which waits for the job to reach the step and the shards to
+    // write it.
+    absl::Duration checkpoint_timeout = absl::Minutes(10);
   };
 
   // Creates the channel (no RPC is made). INVALID_ARGUMENT for an empty address.
@@ -47,6 +50,9 @@ class CoordinatorClient {
   absl::StatusOr<std::vector<v1::Job>> ListJobs() const;
   absl::StatusOr<v1::Job> CancelJob(const std::string& job_id) const;
   absl::StatusOr<std::vector<v1::Member>> ListMembers() const;
+  // Takes a checkpoint of a RUNNING job now; blocks until it is committed (at most
+  // checkpoint_timeout). FAILED_PRECONDITION for a job that is not RUNNING or is recovering.
+  absl::StatusOr<v1::CheckpointRecord> CheckpointJob(const std::string& job_id) const;
 
   // Follows a job until it ends. Calls `on_update` (on this thread) with every WatchJobResponse:
   // first the current record, then each event in order with the record after it. Returns OK once

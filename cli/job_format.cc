@@ -101,6 +101,30 @@ std::string MemberListJson(const std::vector<v1::Member>& members) {
   return ToJson(response);
 }
 
+std::string HumanBytes(uint64_t bytes) {
+  if (bytes < 1024) return absl::StrCat(bytes, " bytes");
+  const char* units[] = {"KiB", "MiB", "GiB", "TiB"};
+  double value = static_cast<double>(bytes) / 1024;
+  size_t unit = 0;
+  while (value >= 1024 && unit + 1 < sizeof(units) / sizeof(units[0])) {
+    value /= 1024;
+    ++unit;
+  }
+  return absl::StrFormat("%.1f %s", value, units[unit]);
+}
+
+std::string CheckpointLine(const v1::CheckpointRecord& record) {
+  uint64_t bytes = 0;
+  for (const v1::ShardCheckpoint& shard : record.shards()) bytes += shard.bytes();
+  return absl::StrCat("checkpoint ", record.step(), " of ", record.job_id(), " committed (",
+                      record.shards_size(), record.shards_size() == 1 ? " shard, " : " shards, ",
+                      HumanBytes(bytes), ")");
+}
+
+std::string CheckpointJson(const v1::CheckpointRecord& record) {
+  return absl::StrCat("{\"checkpoint\":", ToJson(record), "}");
+}
+
 std::string Ago(int64_t time_ms, absl::Time now) {
   if (time_ms <= 0) return "never";
   const double s = std::max(0.0, absl::ToDoubleSeconds(now - absl::FromUnixMillis(time_ms)));

@@ -3,6 +3,7 @@
 #ifndef TESSERA_CLI_JOB_FORMAT_H_
 #define TESSERA_CLI_JOB_FORMAT_H_
 
+#include <cstdint>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -40,6 +41,12 @@ std::string MemberTable(const std::vector<v1::Member>& members, absl::Time now);
 // One line for the end of a run: "job fashion-mlp-1 SUCCEEDED: 938 steps, 2 epochs, test
 // accuracy 0.8612, test loss 0.3921, 5123 samples/s, 0:23".
 std::string JobResultLine(const v1::Job& job);
+// "checkpoint 150 of fashion-mlp-1 committed (2 shards, 1.4 MiB)".
+std::string CheckpointLine(const v1::CheckpointRecord& record);
+// The record as one JSON line: {"checkpoint":{...}}.
+std::string CheckpointJson(const v1::CheckpointRecord& record);
+// "812 bytes", "4.0 KiB", "1.4 MiB", "2.0 GiB".
+std::string HumanBytes(uint64_t bytes);
 // "3s ago", "2m ago", "never".
 std::string Ago(int64_t time_ms, absl::Time now);
 

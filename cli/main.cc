@@ -26,6 +26,7 @@ constexpr char kDescription[] =
     "  tessera get fashion-mlp-1 --output json\n"
     "  tessera watch fashion-mlp-1\n"
     "  tessera cancel fashion-mlp-1\n"
+    "  tessera checkpoint fashion-mlp-1\n"
     "  tessera cluster\n"
     "  tessera export fashion-mlp-1 --out model.safetensors\n"
     "  TESSERA_COORDINATOR=10.0.0.5:7070 tessera list\n"
@@ -111,6 +112,15 @@ int main(int argc, char** argv) {
   watch_cmd->add_option("ID", job_id, "Job id")->required();
   CLI::App* cancel_cmd = app.add_subcommand("cancel", "Cancel a pending or running job");
   cancel_cmd->add_option("ID", job_id, "Job id")->required();
+  CLI::App* checkpoint_cmd = app.add_subcommand(
+      "checkpoint",
+      "Checkpoint a running job now and wait until it is committed.\n"
+      "The coordinator picks a step a little ahead of the job (about 2 s of steps, at least 10),\n"
+      "every shard snapshots the job at that step boundary and writes its file, and the\n"
+      "checkpoint is committed once all have. It counts towards the spec's keep_checkpoints and\n"
+      "is what a shard crash rewinds the job to. Prints \"checkpoint <step> of <job> committed\n"
+      "(<n> shards, <size>)\". Exit 1 if the job is not RUNNING or is recovering.");
+  checkpoint_cmd->add_option("ID", job_id, "Job id")->required();
   CLI::App* cluster_cmd =
       app.add_subcommand("cluster", "List the shards and workers with their state and last seen");
 
@@ -139,8 +149,8 @@ int main(int argc, char** argv) {
   local_cmd->add_flag("--keep_dir", local.keep_dir,
                       "Keep the temporary directory (logs, the coordinator's database)");
 
-  for (CLI::App* sub :
-       {submit_cmd, list_cmd, get_cmd, watch_cmd, cancel_cmd, cluster_cmd, export_cmd, local_cmd}) {
+  for (CLI::App* sub : {submit_cmd, list_cmd, get_cmd, watch_cmd, cancel_cmd, checkpoint_cmd,
+                        cluster_cmd, export_cmd, local_cmd}) {
     sub->fallthrough();
   }
 
@@ -192,6 +202,7 @@ int main(int argc, char** argv) {
   if (*get_cmd) return tessera::cli::RunGet(global, job_id);
   if (*watch_cmd) return tessera::cli::RunWatch(global, job_id);
   if (*cancel_cmd) return tessera::cli::RunCancel(global, job_id);
+  if (*checkpoint_cmd) return tessera::cli::RunCheckpoint(global, job_id);
   if (*cluster_cmd) return tessera::cli::RunCluster(global);
   if (*export_cmd) return tessera::cli::RunExport(global, export_flags);
   std::fprintf(stderr, "tessera: no command given; run `tessera --help`\n");

@@ -2,24 +2,46 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/status_macros.h"
 #include "spdlog/spdlog.h"
 #include "worker/trainer/job_spec.h"
 
 namespace tessera::coordinator {
+
 namespace {
+
+// The longest backoff between two registration attempts of a daemon (MemberAgent's default
+// max_backoff). It bounds how late a daemon registers again after a coordinator restart: its
+// channel (ClientCredentials::CreateChannel, common/security.cc) reconnects with a backoff
+// capped at 2 s, below this, instead of gRPC's default that grows to 120 s.
+constexpr absl::Duration kDaemonMaxBackoff = absl::Seconds(5);
 
 constexpr int64_t kProgressEventIntervalMs = 1000;
 constexpr int64_t kRecordWriteIntervalMs = 500;
 constexpr absl::Duration kTickInterval = absl::Milliseconds(500);
 constexpr char kWeightsDropped[] = "weights dropped from the shards";
+// CheckpointJob places its step further ahead this many times before it gives up.
+constexpr int kCheckpointAttempts = 5;
+
+// Committed checkpoints kept per job: JobSpec.keep_checkpoints, 0 meaning 3.
+size_t KeepCheckpoints(const v1::JobSpec& spec) {
+  return spec.keep_checkpoints() > 0 ? static_cast<size_t>(spec.keep_checkpoints()) : 3;
+}
+
+// Restore errors that mean "this checkpoint is unusable": try the next older one.
+bool CheckpointUnusable(const absl::Status& status) {
+  return status.code() == absl::StatusCode::kDataLoss ||
+         status.code() == absl::StatusCode::kNotFound;
+}
 
 bool IsTerminal(v1::JobState state) {
   return state == v1::JOB_STATE_SUCCEEDED || state == v1::JOB_STATE_FAILED ||
@@ -38,6 +60,31 @@ int64_t IdNumber(const std::string& id) {
 }
 
 std::string SecondsText(absl::Duration d) { return absl::StrCat(absl::ToDoubleSeconds(d), " s"); }
+
+// The ranks of a stored RUNNING job that were handed over at a step the job has not reached, with
+// that step (JobEntry::joins, which is not stored). A start and a rewind give every rank
+// base + rank as its incarnation; a hand-over gives its rank one above all of them, so the ranks
+// with incarnation - rank above the smallest were handed over since. Such a rank's step is its
+// join step until it reports, and above it after (in BSP at most one step ahead of the others):
+// never below it, so the join is never re-sent earlier than it was made.
+std::map<int, int64_t> DerivedJoins(const v1::Job& job) {
+  std::map<int, int64_t> joins;
+  int64_t base = std::numeric_limits<int64_t>::max();
+  for (int rank = 0; rank < job.workers_size(); ++rank) {
+    const v1::JobWorker& worker = job.workers(rank);
+    if (worker.lost()) continue;
+    if (worker.incarnation() == 0) return joins;  // a job from before hand-overs existed
+    base = std::min(base, static_cast<int64_t>(worker.incarnation()) - rank);
+  }
+  for (int rank = 0; rank < job.workers_size(); ++rank) {
+    const v1::JobWorker& worker = job.workers(rank);
+    if (!worker.lost() && static_cast<int64_t>(worker.incarnation()) - rank > base &&
+        worker.step() > job.step()) {
+      joins[rank] = worker.step();
+    }
+  }
+  return joins;
+}
 
 }  // namespace
 
@@ -159,6 +206,19 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(const Coordinat
   if (options.max_watch_queue == 0) {
     return absl::InvalidArgumentError("max_watch_queue: must be > 0");
   }
+  if (options.recovery_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "recovery_timeout: must be > 0, got ", absl::ToDoubleSeconds(options.recovery_timeout)));
+  }
+  if (options.checkpoint_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("checkpoint_timeout: must be > 0, got ",
+                     absl::ToDoubleSeconds(options.checkpoint_timeout)));
+  }
+  if (options.max_recoveries < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_recoveries: must be >= 0, got ", options.max_recoveries));
+  }
   if (store == nullptr || shards == nullptr) {
     return absl::InvalidArgumentError("a store and a shard control are required");
   }
@@ -186,6 +246,13 @@ absl::Status Coordinator::Load() {
         store_->ReadEvents(stored.job.id(), stored.last_seq - 1, stored.last_seq));
     weights[stored.job.id()] =
         last.empty() || !absl::StartsWith(last.back().message(), kWeightsDropped);
+  }
+  // The committed checkpoints of the jobs that may still need them.
+  std::map<std::string, std::vector<v1::CheckpointRecord>> checkpoints;
+  for (const StoredJob& stored : jobs) {
+    if (stored.job.state() != v1::JOB_STATE_RUNNING) continue;
+    TESSERA_ASSIGN_OR_RETURN(checkpoints[stored.job.id()],
+                             store_->LoadCheckpoints(stored.job.id()));
   }
   const int64_t now = NowMs();
   absl::MutexLock lock(&mu_);
@@ -215,8 +282,17 @@ absl::Status Coordinator::Load() {
     entry.job = std::move(stored.job);
     entry.last_write_ms = now;
     if (entry.job.state() == v1::JOB_STATE_RUNNING) {
-      entry.restart_deadline_ms = now + absl::ToInt64Milliseconds(options_.lease);
+      // The daemons retry their registration with a backoff capped at 5 s (MemberAgent), so
+      // each rank gets that on top of one lease to come back.
+      entry.restart_deadline_ms =
+          now + absl::ToInt64Milliseconds(options_.lease + kDaemonMaxBackoff);
       entry.rank_seen.assign(entry.job.workers_size(), false);
+      entry.checkpoints = std::move(checkpoints[entry.job.id()]);
+      // A recovery that was under way goes on (its timeout starts again); a membership change
+      // may not have reached the shards.
+      if (!entry.job.recovery().empty()) entry.recovery_since_ms = now;
+      entry.membership_dirty = true;
+      entry.joins = DerivedJoins(entry.job);
       ++running;
     }
     if (entry.job.state() == v1::JOB_STATE_SUCCEEDED)
@@ -228,7 +304,8 @@ absl::Status Coordinator::Load() {
     spdlog::info(
         "coordinator: loaded {} jobs ({} running, waiting {} for their workers) and {} "
         "members ({} marked LOST until they register again)",
-        jobs_.size(), running, SecondsText(options_.lease), members_.size(), lost);
+        jobs_.size(), running, SecondsText(options_.lease + kDaemonMaxBackoff), members_.size(),
+        lost);
   }
   return absl::OkStatus();
 }
@@ -246,7 +323,11 @@ void Coordinator::Stop() {
     if (stopping_ && !thread_.joinable()) return;
     stopping_ = true;
   }
+  // The shard calls in flight (a Checkpoint long-polls for up to checkpoint_timeout, a Restore
+  // reads a file) end now, so the joins below do not wait for their deadlines.
+  shards_->CancelAll();
   if (thread_.joinable()) thread_.join();
+  ReapActions(/*all=*/true);
   (void)FlushWrites();
   absl::MutexLock lock(&mu_);
   const absl::Status down = absl::UnavailableError("the coordinator is shutting down");
@@ -285,10 +366,7 @@ absl::Status Coordinator::FlushWrites() {
   {
     absl::MutexLock lock(&mu_);
     if (!store_error_.ok()) return store_error_;
-    if (pending_.jobs.empty() && pending_.events.empty() && pending_.members.empty() &&
-        pending_.removed_members.empty()) {
-      return absl::OkStatus();
-    }
+    if (pending_.empty()) return absl::OkStatus();
     std::swap(batch, pending_);
   }
   // Unlocked: SQLite I/O. write_mu_ keeps batches in the order they were queued.
@@ -393,7 +471,8 @@ void Coordinator::EndJob(JobEntry& entry, v1::JobState state, const std::string&
         member->member.job_id() != job.id()) {
       continue;
     }
-    if (member->stream != nullptr && member->member.state() == v1::MEMBER_STATE_BUSY) {
+    if (member->stream != nullptr && member->member.state() == v1::MEMBER_STATE_BUSY &&
+        entry.stopped_members.count(member->member.id()) == 0) {
       // It stays BUSY until it reports a terminal phase or its stream ends.
       v1::TaskEvent cancel;
       cancel.mutable_cancel()->set_job_id(job.id());
@@ -403,9 +482,12 @@ void Coordinator::EndJob(JobEntry& entry, v1::JobState state, const std::string&
       ReleaseWorker(*member, job.id());
     }
   }
+  entry.stopped_members.clear();
   if (was_running) {
     for (const std::string& address : job.shard_addresses()) drops_.push_back({address, job.id()});
+    ForgetCheckpoints(entry);
   }
+  job.clear_recovery();
   const char* verb = state == v1::JOB_STATE_FAILED ? "failed" : "cancelled";
   spdlog::info("coordinator: job {} {}: {}", job.id(), verb, reason);
   AddEvent(entry, state == v1::JOB_STATE_CANCELLED && reason == "cancelled by the user"
@@ -428,11 +510,10 @@ void Coordinator::MemberGone(MemberEntry& member, v1::MemberState state, const s
   if (member.member.role() == v1::MEMBER_ROLE_WORKER && !member.member.job_id().empty()) {
     JobEntry* entry = FindJob(member.member.job_id());
     if (entry != nullptr && entry->job.state() == v1::JOB_STATE_RUNNING) {
-      for (const v1::JobWorker& worker : entry->job.workers()) {
-        if (worker.member_id() != member.member.id()) continue;
-        EndJob(*entry, v1::JOB_STATE_FAILED,
-               absl::StrCat("worker rank ", worker.rank(), " (", WorkerName(worker), ") ", why),
-               member.member.id());
+      for (int rank = 0; rank < entry->job.workers_size(); ++rank) {
+        const v1::JobWorker& worker = entry->job.workers(rank);
+        if (worker.member_id() != member.member.id() || worker.lost()) continue;
+        LoseRank(*entry, rank, why);
         break;
       }
     }
@@ -446,8 +527,7 @@ void Coordinator::MemberGone(MemberEntry& member, v1::MemberState state, const s
           entry.job.shard_addresses(index) != member.member.address()) {
         continue;
       }
-      EndJob(entry, v1::JOB_STATE_FAILED,
-             absl::StrCat("shard ", index, " (", member.member.address(), ") ", why), "");
+      StartRecovery(entry, absl::StrCat("shard ", index, " (", member.member.address(), ") ", why));
     }
   }
   QueueMember(member);
@@ -622,10 +702,22 @@ absl::StatusOr<v1::RegisterResponse> Coordinator::Register(const v1::RegisterReq
       for (const auto& [id, other] : members_) {
         if (other.member.role() == v1::MEMBER_ROLE_SERVER &&
             other.member.state() == v1::MEMBER_STATE_READY &&
-            other.member.shard_index() == request.shard_index()) {
+            other.member.shard_index() == request.shard_index() &&
+            other.member.address() != request.address()) {
           return absl::AlreadyExistsError(absl::StrCat("shard_index: shard ", request.shard_index(),
                                                        " is already served by ", id, " at ",
                                                        other.member.address()));
+        }
+      }
+    }
+    if (role == v1::MEMBER_ROLE_SERVER) {
+      // The same index at the same address while the old member is live: the shard restarted
+      // (its state is gone), so the old member is lost at once.
+      for (auto& [id, other] : members_) {
+        if (other.member.role() == v1::MEMBER_ROLE_SERVER &&
+            other.member.state() == v1::MEMBER_STATE_READY &&
+            other.member.shard_index() == request.shard_index()) {
+          MemberGone(other, v1::MEMBER_STATE_LOST, "restarted (registered again)");
         }
       }
     }
@@ -758,6 +850,8 @@ CoordinatorMetricsSnapshot Coordinator::MetricsSnapshot() const {
     p.train_accuracy = job.train_accuracy();
     p.evaluated = job.evaluated();
     p.test_accuracy = job.test_accuracy();
+    p.checkpoint_step = job.last_checkpoint_step();
+    p.recoveries = job.recoveries();
     return p;
   };
   absl::MutexLock lock(&mu_);
@@ -831,7 +925,13 @@ absl::StatusOr<v1::ProgressAck> Coordinator::ReportProgress(const v1::ProgressRe
       const int rank = report.rank();
       v1::JobWorker& worker = *job.mutable_workers(rank);
       bool accepted = true;
-      if (worker.member_id() != report.member_id()) {
+      if (worker.lost() || (report.incarnation() != 0 && worker.incarnation() != 0 &&
+                            report.incarnation() != worker.incarnation())) {
+        // A report of an earlier assignment of the rank (before a rewind or a hand-over), or of
+        // a rank that was given up: ignored.
+        accepted = false;
+        ack.set_cancel(true);
+      } else if (worker.member_id() != report.member_id()) {
         // After a coordinator restart an idle live worker may report a rank: it is rebound to it.
         // Anyone else (a shard, an unknown or departed member, a worker with another task)
         // would wedge the member or the rank.
@@ -865,6 +965,7 @@ absl::StatusOr<v1::ProgressAck> Coordinator::ReportProgress(const v1::ProgressRe
         worker.set_step(report.step());
         worker.set_samples_per_second(report.samples_per_second());
         if (report.total_steps() > 0) job.set_total_steps(report.total_steps());
+        if (report.steps_per_epoch() > 0) job.set_steps_per_epoch(report.steps_per_epoch());
         const int old_epoch = job.epoch();
         if (rank == 0) {
           job.set_loss(report.loss());
@@ -889,6 +990,7 @@ absl::StatusOr<v1::ProgressAck> Coordinator::ReportProgress(const v1::ProgressRe
         int64_t min_step = worker.step();
         double samples_per_second = 0;
         for (const v1::JobWorker& w : job.workers()) {
+          if (w.lost()) continue;
           min_step = std::min(min_step, w.step());
           samples_per_second += w.samples_per_second();
         }
@@ -896,13 +998,24 @@ absl::StatusOr<v1::ProgressAck> Coordinator::ReportProgress(const v1::ProgressRe
         job.set_samples_per_second(samples_per_second);
 
         switch (report.phase()) {
-          case v1::TASK_PHASE_FAILED:
-            EndJob(*entry, v1::JOB_STATE_FAILED,
-                   absl::StrCat("worker rank ", rank, " (", WorkerName(worker),
-                                "): ", report.error().empty() ? "unknown error" : report.error()),
-                   report.member_id());
-            if (member != nullptr) ReleaseWorker(*member, job.id());
+          case v1::TASK_PHASE_FAILED: {
+            const std::string cause =
+                absl::StrCat("worker rank ", rank, " (", WorkerName(worker),
+                             "): ", report.error().empty() ? "unknown error" : report.error());
+            if (!job.recovery().empty()) {
+              // The recovery assigns the rank again; its worker stays BUSY with the job.
+              spdlog::info("coordinator: job {} is recovering; ignoring the failure of {}",
+                           job.id(), cause);
+              entry->stopped_members.insert(report.member_id());
+              entry->dirty = true;
+            } else if (report.shard_error() && !entry->checkpoints.empty()) {
+              StartRecovery(*entry, cause);
+            } else {
+              EndJob(*entry, v1::JOB_STATE_FAILED, cause, report.member_id());
+              if (member != nullptr) ReleaseWorker(*member, job.id());
+            }
             break;
+          }
           case v1::TASK_PHASE_SUCCEEDED:
             worker.set_done(true);
             job.set_state(v1::JOB_STATE_SUCCEEDED);
@@ -945,7 +1058,8 @@ absl::StatusOr<v1::ProgressAck> Coordinator::ReportProgress(const v1::ProgressRe
         }
         if (job.state() == v1::JOB_STATE_RUNNING || job.state() == v1::JOB_STATE_SUCCEEDED) {
           bool all_done = job.workers_size() > 0;
-          for (const v1::JobWorker& w : job.workers()) all_done = all_done && w.done();
+          for (const v1::JobWorker& w : job.workers())
+            all_done = all_done && (w.done() || w.lost());
           ack.set_all_workers_done(all_done);
         }
       }
@@ -969,6 +1083,7 @@ void Coordinator::ApplyRetention() {
     for (const std::string& address : old.job.shard_addresses()) {
       drops_.push_back({address, old.job.id()});
     }
+    ForgetCheckpoints(old);
     AddEvent(old, absl::StrCat(kWeightsDropped, " (--retain_models ", options_.retain_models, ")"));
     Wake();
   }
@@ -988,10 +1103,13 @@ void Coordinator::CheckLeases() {
       entry.restart_deadline_ms = 0;
       for (int rank = 0; rank < entry.job.workers_size(); ++rank) {
         const bool seen = rank < static_cast<int>(entry.rank_seen.size()) && entry.rank_seen[rank];
-        if (!seen && !entry.job.workers(rank).done()) {
-          EndJob(entry, v1::JOB_STATE_FAILED,
-                 absl::StrCat("worker rank ", rank, " lost while the coordinator restarted"), "");
-          break;
+        const v1::JobWorker& worker = entry.job.workers(rank);
+        if (!seen && !worker.done() && !worker.lost()) {
+          if (MemberEntry* member = FindMember(worker.member_id())) {
+            ReleaseWorker(*member, entry.job.id());
+          }
+          LoseRank(entry, rank, "lost while the coordinator restarted");
+          if (entry.job.state() != v1::JOB_STATE_RUNNING) break;
         }
       }
     }
@@ -1196,6 +1314,7 @@ bool Coordinator::Schedule() {
           worker->set_rank(static_cast<int>(rank));
           worker->set_member_id(member.member.id());
           worker->set_hostname(member.member.hostname());
+          worker->set_incarnation(static_cast<uint64_t>(now) * 1024 + rank);
         }
         AddEvent(*entry, absl::StrCat("started on ", picked.size(), " workers and ",
                                       addresses.size(), " shards"));
@@ -1210,7 +1329,7 @@ bool Coordinator::Schedule() {
           task->set_world_size(static_cast<int>(picked.size()));
           for (const std::string& address : addresses) task->add_shard_addresses(address);
           *task->mutable_spec() = job.spec();
-          task->set_incarnation(static_cast<uint64_t>(now) * 1024 + rank);
+          task->set_incarnation(job.workers(static_cast<int>(rank)).incarnation());
           assigns.emplace_back(member.stream, std::move(event));
         }
       }
@@ -1233,17 +1352,764 @@ bool Coordinator::Schedule() {
 void Coordinator::Tick() {
   absl::MutexLock tick_lock(&tick_mu_);
   RunShardDrops();
+  ReapActions(/*all=*/false);
+  std::vector<std::function<void()>> actions;
   {
     absl::MutexLock lock(&mu_);
     ReapStreams();
     CheckLeases();
     ForgetDepartedMembers();
+    actions = PlanActions();
   }
+  (void)FlushWrites();
+  for (std::function<void()>& action : actions) RunAction(std::move(action));
   // Start as many queued jobs as fit, oldest first; each pass starts at most one.
   for (size_t passes = 0; passes < 1000 && Schedule(); ++passes) {
   }
   RunShardDrops();
   (void)FlushWrites();
+}
+
+// --- Fault tolerance -----------------------------------------------------------------------------
+
+void Coordinator::RunAction(std::function<void()> action) {
+  if (options_.inline_actions) {
+    action();
+    return;
+  }
+  absl::MutexLock lock(&actions_mu_);
+  if (actions_stopped_) return;
+  auto done = std::make_shared<bool>(false);
+  std::thread thread([this, done, action = std::move(action)] {
+    action();
+    absl::MutexLock lock(&actions_mu_);
+    *done = true;
+  });
+  actions_.push_back({std::move(thread), std::move(done)});
+}
+
+void Coordinator::ReapActions(bool all) {
+  std::vector<ActionThread> finished;
+  {
+    absl::MutexLock lock(&actions_mu_);
+    if (all) actions_stopped_ = true;
+    std::vector<ActionThread> running;
+    for (ActionThread& action : actions_) {
+      (all || *action.done ? finished : running).push_back(std::move(action));
+    }
+    actions_.swap(running);
+  }
+  // Unlocked: an action takes actions_mu_ as it ends.
+  for (ActionThread& action : finished) action.thread.join();
+}
+
+int64_t Coordinator::MaxRankStep(const v1::Job& job) const {
+  int64_t max_step = 0;
+  for (const v1::JobWorker& worker : job.workers()) {
+    if (!worker.lost()) max_step = std::max(max_step, worker.step());
+  }
+  return max_step;
+}
+
+int64_t Coordinator::StepMargin(const JobEntry& entry, int attempt) const {
+  const v1::Job& job = entry.job;
+  int live = 0;
+  for (const v1::JobWorker& worker : job.workers()) live += worker.lost() ? 0 : 1;
+  const double per_step = static_cast<double>(job.spec().batch_size()) * std::max(1, live);
+  const double rate = per_step > 0 ? job.samples_per_second() / per_step : 0;  // steps/s a rank
+  // One second of steps: the reports trail the workers by at most one progress interval
+  // (0.5 s). Doubled after each attempt that came too late.
+  int64_t margin = std::max<int64_t>(10, static_cast<int64_t>(std::ceil(rate)));
+  for (int i = 0; i < attempt && margin < (int64_t{1} << 40); ++i) margin *= 2;
+  if (job.total_steps() > 0) margin = std::min(margin, job.total_steps());
+  return margin;
+}
+
+uint64_t Coordinator::NextIncarnation(const v1::Job& job) const {
+  uint64_t next = static_cast<uint64_t>(NowMs()) * 1024;
+  next = std::max(next, static_cast<uint64_t>(job.start_time_ms()) * 1024 +
+                            static_cast<uint64_t>(job.workers_size()));
+  for (const v1::JobWorker& worker : job.workers()) {
+    next = std::max(next, worker.incarnation() + 1);
+  }
+  return next;
+}
+
+v1::DataPosition Coordinator::PositionAt(const v1::Job& job, int64_t step) const {
+  // The trainer derives the pass itself (it knows its split's size) and checks the rest.
+  v1::DataPosition position;
+  const int64_t spe = job.steps_per_epoch();
+  position.set_epoch(spe > 0 ? static_cast<int32_t>(step / spe) : 0);
+  position.set_batch_offset(spe > 0 ? step % spe : step);
+  position.set_pass(0);
+  position.set_seed(job.spec().seed());
+  return position;
+}
+
+void Coordinator::ForgetCheckpoints(JobEntry& entry) {
+  if (entry.checkpoints.empty() && entry.job.last_checkpoint_step() == 0) return;
+  entry.checkpoints.clear();
+  pending_.removed_checkpoints.push_back({entry.job.id(), -1});
+}
+
+void Coordinator::StartRecovery(JobEntry& entry, const std::string& cause) {
+  v1::Job& job = entry.job;
+  if (!job.recovery().empty()) {
+    spdlog::info("coordinator: job {} is already recovering; also: {}", job.id(), cause);
+    return;
+  }
+  if (entry.checkpoints.empty()) {
+    EndJob(entry, v1::JOB_STATE_FAILED, cause, "");
+    return;
+  }
+  if (job.recoveries() >= options_.max_recoveries) {
+    EndJob(entry, v1::JOB_STATE_FAILED,
+           absl::StrCat(cause, " (recovered ", job.recoveries(), " times already; giving up)"), "");
+    return;
+  }
+  job.set_recovery(
+      absl::StrCat(cause, ": recovering from checkpoint ", entry.checkpoints.front().step()));
+  entry.recovery_since_ms = NowMs();
+  spdlog::info("coordinator: job {}: {}", job.id(), job.recovery());
+  AddEvent(entry, job.recovery());
+  Wake();
+}
+
+void Coordinator::LoseRank(JobEntry& entry, int rank, const std::string& why) {
+  v1::Job& job = entry.job;
+  v1::JobWorker& worker = *job.mutable_workers(rank);
+  const std::string what = absl::StrCat("worker rank ", rank, " (", WorkerName(worker), ") ", why);
+  worker.set_lost(true);
+  worker.set_samples_per_second(0);
+  int live = 0;
+  for (const v1::JobWorker& w : job.workers()) live += w.lost() ? 0 : 1;
+  if (live == 0) {
+    EndJob(entry, v1::JOB_STATE_FAILED, what, "");
+    return;
+  }
+  entry.membership_dirty = true;
+  spdlog::info("coordinator: job {}: {}; continuing with {} workers", job.id(), what, live);
+  AddEvent(entry, absl::StrCat(what, "; continuing with ", live, " workers"));
+  Wake();
+}
+
+std::vector<std::function<void()>> Coordinator::PlanActions() {
+  std::vector<std::function<void()>> actions;
+  const int64_t now = NowMs();
+  std::map<int, std::string> live_shards;  // index -> address
+  std::vector<MemberEntry*> idle;
+  for (auto& [id, member] : members_) {
+    const v1::Member& m = member.member;
+    if (m.role() == v1::MEMBER_ROLE_SERVER) {
+      if (m.state() == v1::MEMBER_STATE_READY) live_shards[m.shard_index()] = m.address();
+    } else if (m.state() == v1::MEMBER_STATE_READY && m.job_id().empty() &&
+               member.stream != nullptr && !member.stream->closed()) {
+      idle.push_back(&member);
+    }
+  }
+  std::sort(idle.begin(), idle.end(),
+            [](const MemberEntry* a, const MemberEntry* b) { return a->n < b->n; });
+  size_t next_idle = 0;
+  for (auto& [n, entry] : jobs_) {
+    v1::Job& job = entry.job;
+    if (job.state() != v1::JOB_STATE_RUNNING || entry.restart_deadline_ms > 0) continue;
+    // Automatic checkpoints have a slot of their own: the call waits on the shards until the step
+    // is written, and membership changes and recoveries must not queue behind it.
+    const int64_t every = job.spec().checkpoint_every_steps();
+    if (every > 0 && !entry.checkpoint_running && job.recovery().empty()) {
+      // The next multiple to commit: the newest one the job has reached if it is not committed
+      // yet, else the first one after the newest commit (a manual one may lie between two
+      // multiples), and never one that failed (the one after it instead). The call is made ahead
+      // of time (a long poll: a shard answers once that step's file is durable), so the commit
+      // follows the write at once instead of the workers' next progress report.
+      const int64_t last = job.last_checkpoint_step();
+      const int64_t reached = job.step() / every * every;
+      int64_t next = reached > last ? reached : (last / every + 1) * every;
+      if (next <= entry.checkpoint_failed_step) {
+        next = (entry.checkpoint_failed_step / every + 1) * every;
+      }
+      // Ahead of the job only while total_steps is known (the workers report it): a step past
+      // the end never comes, and its call would hold a thread until its deadline.
+      const int64_t limit = job.total_steps() > 0 ? job.total_steps() : job.step();
+      if (next <= limit) {
+        absl::StatusOr<CheckpointPlan> plan = PlanCheckpoint(entry, next, /*manual=*/false);
+        if (plan.ok()) {
+          entry.checkpoint_running = true;
+          actions.push_back([this, plan = *plan] { AutoCheckpoint(plan); });
+        }
+      }
+    }
+    if (entry.action_running) continue;
+    std::vector<uint32_t> live_ranks;
+    int lost_rank = -1;
+    for (int rank = 0; rank < job.workers_size(); ++rank) {
+      if (!job.workers(rank).lost()) {
+        live_ranks.push_back(static_cast<uint32_t>(rank));
+      } else if (lost_rank < 0) {
+        lost_rank = rank;
+      }
+    }
+    const std::string job_id = job.id();
+
+    if (!job.recovery().empty()) {
+      // Recovery: every shard index of the job needs a live shard.
+      std::vector<std::string> addresses;
+      int missing = -1;
+      for (int i = 0; i < job.shard_addresses_size() && missing < 0; ++i) {
+        auto it = live_shards.find(i);
+        if (it == live_shards.end()) {
+          missing = i;
+        } else {
+          addresses.push_back(it->second);
+        }
+      }
+      if (now - entry.recovery_since_ms >= absl::ToInt64Milliseconds(options_.recovery_timeout)) {
+        EndJob(entry, v1::JOB_STATE_FAILED,
+               absl::StrCat("not recovered within ", SecondsText(options_.recovery_timeout), " (",
+                            job.recovery(), ")"),
+               "");
+        continue;
+      }
+      if (missing >= 0) continue;
+      for (int i = 0; i < job.shard_addresses_size(); ++i) {
+        if (job.shard_addresses(i) != addresses[i]) {
+          spdlog::info("coordinator: job {}: shard {} is now at {}", job_id, i, addresses[i]);
+          job.set_shard_addresses(i, addresses[i]);
+        }
+      }
+      RecoveryPlan plan;
+      plan.job_id = job_id;
+      for (const v1::CheckpointRecord& record : entry.checkpoints)
+        plan.steps.push_back(record.step());
+      plan.addresses = std::move(addresses);
+      plan.live_ranks = live_ranks;
+      plan.incarnation_base = NextIncarnation(job);
+      entry.action_running = true;
+      QueueJob(entry);
+      actions.push_back([this, plan] { Recover(plan); });
+      continue;
+    }
+
+    const std::vector<std::string> addresses(job.shard_addresses().begin(),
+                                             job.shard_addresses().end());
+    // Joins the job has reached are history (and a rank lost again has left anyway).
+    for (auto it = entry.joins.begin(); it != entry.joins.end();) {
+      const bool over = it->second <= job.step() || it->first >= job.workers_size() ||
+                        job.workers(it->first).lost();
+      it = over ? entry.joins.erase(it) : std::next(it);
+    }
+    // A lost rank leaves the shards' membership first (so the steps in between do not wait for
+    // it), then joins again with an idle worker at a step ahead of the job. The live ranks are
+    // sent from the job's step on, except that a rank handed over at a later step joins there
+    // again (the shards replace their history from each update's step on).
+    const bool send_membership = entry.membership_dirty;
+    MembershipLayers layers;
+    if (send_membership) layers = LayeredMembership(entry, live_ranks, job.step());
+    if (lost_rank >= 0 && next_idle < idle.size()) {
+      MemberEntry& member = *idle[next_idle++];
+      member.member.set_state(v1::MEMBER_STATE_BUSY);
+      member.member.set_job_id(job_id);
+      member.member.set_rank(lost_rank);
+      QueueMember(member);
+      HandoverPlan plan;
+      plan.job_id = job_id;
+      plan.rank = lost_rank;
+      plan.member_id = member.member.id();
+      // After a join that came too late, the shards' answer (the steps they had done) is a
+      // fresher floor than the workers' reports, which trail by up to one progress interval.
+      const int64_t margin = StepMargin(entry, entry.handover_attempts);
+      plan.start_step = std::max(MaxRankStep(job), entry.handover_floor) + margin;
+      if (job.total_steps() > 0) plan.start_step = std::min(plan.start_step, job.total_steps());
+      plan.addresses = addresses;
+      plan.live_ranks = live_ranks;
+      plan.resend = std::move(layers);
+      entry.membership_dirty = false;
+      entry.action_running = true;
+      actions.push_back([this, plan] {
+        if (!plan.resend.empty()) SendMembership(plan.job_id, plan.addresses, plan.resend);
+        Handover(plan);
+      });
+      continue;
+    }
+    if (send_membership) {
+      entry.membership_dirty = false;
+      entry.action_running = true;
+      actions.push_back([this, job_id, addresses, layers = std::move(layers)] {
+        SendMembership(job_id, addresses, layers);
+        absl::MutexLock lock(&mu_);
+        if (JobEntry* e = FindJob(job_id)) e->action_running = false;
+        Wake();
+      });
+      continue;
+    }
+  }
+  return actions;
+}
+
+absl::StatusOr<Coordinator::CheckpointPlan> Coordinator::PlanCheckpoint(JobEntry& entry,
+                                                                        int64_t step, bool manual) {
+  const v1::Job& job = entry.job;
+  if (job.state() != v1::JOB_STATE_RUNNING) {
+    return absl::FailedPreconditionError(absl::StrCat("job ", job.id(), " is ",
+                                                      v1::JobState_Name(job.state()),
+                                                      "; only a RUNNING job takes checkpoints"));
+  }
+  if (!job.recovery().empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job ", job.id(), " is recovering (", job.recovery(), "); try again later"));
+  }
+  CheckpointPlan plan;
+  plan.job_id = job.id();
+  plan.step = step;
+  plan.addresses.assign(job.shard_addresses().begin(), job.shard_addresses().end());
+  plan.recoveries = job.recoveries();
+  plan.manual = manual;
+  // The shards delete the files older than the K-th newest COMMITTED checkpoint once they have
+  // written this one: the one being written does not count, because it may still fail on another
+  // shard and then the committed ones are all the job has.
+  std::vector<int64_t> steps;
+  for (const v1::CheckpointRecord& record : entry.checkpoints) {
+    if (record.step() != step) steps.push_back(record.step());
+  }
+  std::sort(steps.rbegin(), steps.rend());
+  const size_t keep = KeepCheckpoints(job.spec());
+  plan.retain_from_step = steps.size() >= keep ? steps[keep - 1] : 0;
+  return plan;
+}
+
+absl::StatusOr<std::vector<v1::CheckpointResponse>> Coordinator::CallCheckpoint(
+    const CheckpointPlan& plan) {
+  // Every shard at once: each call answers only once that shard has written the step, and the
+  // shards train in lockstep, so a shard asked after another one answered would be past the step.
+  const size_t n = plan.addresses.size();
+  std::vector<absl::StatusOr<v1::CheckpointResponse>> results(
+      n, absl::StatusOr<v1::CheckpointResponse>(absl::UnknownError("not called")));
+  auto call = [this, &plan, &results](size_t i) {
+    v1::CheckpointRequest request;
+    request.set_job_id(plan.job_id);
+    request.set_step(plan.step);
+    request.set_retain_from_step(plan.retain_from_step);
+    results[i] = shards_->Checkpoint(plan.addresses[i], request, options_.checkpoint_timeout);
+  };
+  std::vector<std::thread> threads;
+  threads.reserve(n);
+  for (size_t i = 1; i < n; ++i) threads.emplace_back(call, i);
+  if (n > 0) call(0);  // shard 0 on this thread
+  for (std::thread& thread : threads) thread.join();
+  std::vector<v1::CheckpointResponse> responses;
+  for (size_t i = 0; i < n; ++i) {
+    if (!results[i].ok()) {
+      return absl::Status(
+          results[i].status().code(),
+          absl::StrCat("shard ", i, " (", plan.addresses[i], "): ", results[i].status().message()));
+    }
+    responses.push_back(*std::move(results[i]));
+  }
+  return responses;
+}
+
+absl::StatusOr<v1::CheckpointRecord> Coordinator::CommitCheckpoint(
+    const CheckpointPlan& plan, const std::vector<v1::CheckpointResponse>& responses) {
+  v1::CheckpointRecord record;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!store_error_.ok()) return store_error_;
+    JobEntry* entry = FindJob(plan.job_id);
+    if (entry == nullptr || entry->job.state() != v1::JOB_STATE_RUNNING ||
+        entry->job.recoveries() != plan.recoveries || !entry->job.recovery().empty()) {
+      return absl::AbortedError(absl::StrCat("job ", plan.job_id,
+                                             " ended or recovered while checkpoint ", plan.step,
+                                             " was written; not committed"));
+    }
+    v1::Job& job = entry->job;
+    record.set_job_id(job.id());
+    record.set_step(plan.step);
+    record.set_time_ms(NowMs());
+    record.set_manual(plan.manual);
+    uint64_t bytes = 0;
+    for (size_t i = 0; i < responses.size(); ++i) {
+      v1::ShardCheckpoint* shard = record.add_shards();
+      shard->set_shard_index(static_cast<int32_t>(i));
+      shard->set_address(plan.addresses[i]);
+      shard->set_path(responses[i].path());
+      shard->set_bytes(responses[i].bytes());
+      shard->set_crc32c(responses[i].crc32c());
+      bytes += responses[i].bytes();
+    }
+    for (int rank = 0; rank < job.workers_size(); ++rank) {
+      *record.add_positions() = PositionAt(job, plan.step);
+    }
+    std::vector<v1::CheckpointRecord>& kept = entry->checkpoints;
+    kept.erase(std::remove_if(kept.begin(), kept.end(),
+                              [&](const v1::CheckpointRecord& r) { return r.step() == plan.step; }),
+               kept.end());
+    kept.insert(std::upper_bound(
+                    kept.begin(), kept.end(), plan.step,
+                    [](int64_t step, const v1::CheckpointRecord& r) { return step > r.step(); }),
+                record);
+    const size_t keep = KeepCheckpoints(job.spec());
+    while (kept.size() > keep) {
+      pending_.removed_checkpoints.push_back({job.id(), kept.back().step()});
+      kept.pop_back();
+    }
+    pending_.checkpoints.push_back(record);
+    job.set_last_checkpoint_step(kept.front().step());
+    if (plan.step == entry->checkpoint_failed_step) entry->checkpoint_failed_step = 0;
+    spdlog::info("coordinator: job {}: checkpoint {} committed ({} shards, {} bytes)", job.id(),
+                 plan.step, responses.size(), bytes);
+    AddEvent(*entry,
+             absl::StrCat("checkpoint ", plan.step, " committed", plan.manual ? " (by hand)" : "",
+                          ": ", responses.size(), " shards, ", bytes, " bytes"));
+  }
+  TESSERA_RETURN_IF_ERROR(FlushWrites());
+  return record;
+}
+
+void Coordinator::AutoCheckpoint(const CheckpointPlan& plan) {
+  absl::StatusOr<std::vector<v1::CheckpointResponse>> responses = CallCheckpoint(plan);
+  absl::Status status = responses.status();
+  if (responses.ok()) status = CommitCheckpoint(plan, *responses).status();
+  absl::MutexLock lock(&mu_);
+  JobEntry* entry = FindJob(plan.job_id);
+  if (entry == nullptr) return;
+  entry->checkpoint_running = false;
+  // A call cut short (its deadline, a shutdown, or the job restored or dropped under it) is
+  // simply made again on a later tick when it still makes sense. So is one that a recovery
+  // overtook: its error is most likely the lost shard's, and the step is still worth taking
+  // from the restored state.
+  const bool interrupted = status.code() == absl::StatusCode::kDeadlineExceeded ||
+                           status.code() == absl::StatusCode::kAborted ||
+                           status.code() == absl::StatusCode::kCancelled ||
+                           entry->job.recoveries() != plan.recoveries ||
+                           !entry->job.recovery().empty();
+  if (!status.ok() && !interrupted && entry->job.state() == v1::JOB_STATE_RUNNING) {
+    // Nothing is committed; the job goes on, and the next multiple is tried.
+    entry->checkpoint_failed_step = plan.step;
+    spdlog::warn("coordinator: job {}: checkpoint {} failed: {}", plan.job_id, plan.step,
+                 status.ToString());
+    AddEvent(*entry, absl::StrCat("checkpoint ", plan.step, " failed: ", status.message()));
+  }
+  Wake();
+}
+
+absl::StatusOr<v1::CheckpointRecord> Coordinator::CheckpointJob(const std::string& job_id) {
+  if (job_id.empty()) return absl::InvalidArgumentError("job_id: must be set");
+  absl::Status last;
+  for (int attempt = 0; attempt < kCheckpointAttempts; ++attempt) {
+    CheckpointPlan plan;
+    {
+      absl::MutexLock lock(&mu_);
+      if (!store_error_.ok()) return store_error_;
+      if (stopping_) return absl::UnavailableError("the coordinator is shutting down");
+      JobEntry* entry = FindJob(job_id);
+      if (entry == nullptr) return absl::NotFoundError(absl::StrCat("job_id: no job ", job_id));
+      if (entry->restart_deadline_ms > 0) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "job ", job_id, " waits for its workers after a coordinator restart; try again later"));
+      }
+      const v1::Job& job = entry->job;
+      const int64_t max_step = MaxRankStep(job);
+      int64_t step = max_step + StepMargin(*entry, attempt);
+      if (job.total_steps() > 0) step = std::min(step, job.total_steps());
+      if (job.state() == v1::JOB_STATE_RUNNING && step <= max_step) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "job ", job_id, " has done its ", job.total_steps(), " steps; nothing to checkpoint"));
+      }
+      TESSERA_ASSIGN_OR_RETURN(plan, PlanCheckpoint(*entry, step, /*manual=*/true));
+    }
+    // Unlocked: the shards answer once the job has reached the step and the files are durable.
+    absl::StatusOr<std::vector<v1::CheckpointResponse>> responses = CallCheckpoint(plan);
+    if (responses.ok()) return CommitCheckpoint(plan, *responses);
+    if (responses.status().code() != absl::StatusCode::kFailedPrecondition) {
+      return responses.status();
+    }
+    last = responses.status();
+    spdlog::info("coordinator: job {}: checkpoint {} came too late ({}); trying further ahead",
+                 job_id, plan.step, std::string(last.message()));
+  }
+  return absl::FailedPreconditionError(absl::StrCat("job ", job_id, ": no checkpoint after ",
+                                                    kCheckpointAttempts,
+                                                    " tries, each too late: ", last.message()));
+}
+
+Coordinator::MembershipLayers Coordinator::LayeredMembership(
+    const JobEntry& entry, const std::vector<uint32_t>& live_ranks, int64_t effective_step) const {
+  std::map<int64_t, std::vector<uint32_t>> joining;  // join step -> the ranks joining there
+  std::set<uint32_t> pending;
+  for (const auto& [rank, step] : entry.joins) {
+    const uint32_t r = static_cast<uint32_t>(rank);
+    if (step > effective_step &&
+        std::find(live_ranks.begin(), live_ranks.end(), r) != live_ranks.end()) {
+      joining[step].push_back(r);
+      pending.insert(r);
+    }
+  }
+  MembershipLayers layers;
+  std::vector<uint32_t> live;
+  for (uint32_t rank : live_ranks) {
+    if (pending.count(rank) == 0) live.push_back(rank);
+  }
+  // Without a rank live before the first join (the others are all lost) that layer cannot be
+  // sent (the shards refuse an empty set); the joins still are.
+  if (!live.empty()) layers.emplace_back(effective_step, live);
+  for (auto& [step, ranks] : joining) {
+    live.insert(live.end(), ranks.begin(), ranks.end());
+    std::sort(live.begin(), live.end());
+    layers.emplace_back(step, live);
+  }
+  return layers;
+}
+
+void Coordinator::SendMembership(const std::string& job_id,
+                                 const std::vector<std::string>& addresses,
+                                 const MembershipLayers& layers) {
+  bool failed = false;
+  for (size_t i = 0; i < addresses.size(); ++i) {
+    // In order: each update replaces the shard's history from its step on.
+    for (const auto& [effective_step, live_ranks] : layers) {
+      v1::UpdateMembershipRequest request;
+      request.set_job_id(job_id);
+      for (uint32_t rank : live_ranks) request.add_live_workers(rank);
+      request.set_effective_step(effective_step);
+      absl::StatusOr<v1::UpdateMembershipResponse> response =
+          shards_->UpdateMembership(addresses[i], request);
+      if (!response.ok()) {
+        failed = true;
+        spdlog::warn("coordinator: job {}: UpdateMembership at step {} on shard {} ({}) failed: {}",
+                     job_id, effective_step, i, addresses[i], response.status().ToString());
+        break;
+      }
+    }
+  }
+  if (failed) {
+    // Tried again on a later tick; a shard that is gone is noticed by its lease.
+    absl::MutexLock lock(&mu_);
+    if (JobEntry* entry = FindJob(job_id)) entry->membership_dirty = true;
+  }
+}
+
+void Coordinator::Recover(const RecoveryPlan& plan) {
+  // Unlocked: Restore on every shard (the live ones too, so the cut is consistent), newest
+  // checkpoint first.
+  int64_t restored = -1;
+  absl::Status retry;  // a failure that is not the checkpoint's fault: try again later
+  std::vector<std::string> unusable;
+  for (int64_t step : plan.steps) {
+    bool usable = true;
+    for (size_t i = 0; i < plan.addresses.size() && usable && retry.ok(); ++i) {
+      v1::RestoreRequest request;
+      request.set_job_id(plan.job_id);
+      request.set_step(step);
+      request.set_min_incarnation(plan.incarnation_base);
+      absl::StatusOr<v1::RestoreResponse> response = shards_->Restore(plan.addresses[i], request);
+      if (response.ok()) continue;
+      const std::string what = absl::StrCat("checkpoint ", step, " on shard ", i, " (",
+                                            plan.addresses[i], "): ", response.status().message());
+      if (CheckpointUnusable(response.status())) {
+        usable = false;
+        unusable.push_back(what);
+        spdlog::warn("coordinator: job {}: {}; trying an older checkpoint", plan.job_id, what);
+      } else {
+        retry = absl::Status(response.status().code(), what);
+      }
+    }
+    if (!retry.ok()) break;
+    if (usable) {
+      restored = step;
+      break;
+    }
+  }
+  if (restored >= 0) {
+    v1::UpdateMembershipRequest request;
+    request.set_job_id(plan.job_id);
+    for (uint32_t rank : plan.live_ranks) request.add_live_workers(rank);
+    request.set_effective_step(restored);
+    for (size_t i = 0; i < plan.addresses.size() && retry.ok(); ++i) {
+      absl::StatusOr<v1::UpdateMembershipResponse> response =
+          shards_->UpdateMembership(plan.addresses[i], request);
+      if (!response.ok()) {
+        retry = absl::Status(response.status().code(),
+                             absl::StrCat("UpdateMembership on shard ", i, " (", plan.addresses[i],
+                                          "): ", response.status().message()));
+      }
+    }
+  }
+
+  std::vector<std::pair<std::shared_ptr<TaskStream>, v1::TaskEvent>> assigns;
+  {
+    absl::MutexLock lock(&mu_);
+    JobEntry* entry = FindJob(plan.job_id);
+    if (entry == nullptr) return;
+    entry->action_running = false;
+    Wake();
+    v1::Job& job = entry->job;
+    if (job.state() != v1::JOB_STATE_RUNNING) {
+      // Ended meanwhile: what Restore created on the shards goes too.
+      for (const std::string& address : plan.addresses) drops_.push_back({address, job.id()});
+      return;
+    }
+    if (!retry.ok()) {
+      spdlog::warn("coordinator: job {}: recovery attempt failed, trying again: {}", job.id(),
+                   retry.ToString());
+      return;
+    }
+    if (restored < 0) {
+      EndJob(*entry, v1::JOB_STATE_FAILED,
+             absl::StrCat("no checkpoint could be restored: ", absl::StrJoin(unusable, "; ")), "");
+    } else {
+      // Checkpoints newer than the restored one are unusable: forget them.
+      std::vector<v1::CheckpointRecord>& kept = entry->checkpoints;
+      while (!kept.empty() && kept.front().step() > restored) {
+        pending_.removed_checkpoints.push_back({job.id(), kept.front().step()});
+        kept.erase(kept.begin());
+      }
+      job.set_last_checkpoint_step(restored);
+      const int64_t from = job.step();
+      job.set_step(restored);
+      job.set_recoveries(job.recoveries() + 1);
+      job.clear_recovery();
+      // The shards have just heard plan.live_ranks, every one from the checkpoint on: no join is
+      // pending any more. A rank of them lost while the restore ran is still live there, so
+      // they must hear the live ranks again.
+      entry->joins.clear();
+      entry->membership_dirty = false;
+      for (uint32_t rank : plan.live_ranks) {
+        if (job.workers(static_cast<int>(rank)).lost()) entry->membership_dirty = true;
+      }
+      entry->checkpoint_failed_step = 0;
+      entry->stopped_members.clear();
+      AddEvent(*entry, absl::StrCat("restored checkpoint ", restored,
+                                    "; workers rewound from step ", from, " to ", restored));
+      spdlog::info("coordinator: job {}: restored checkpoint {}; workers rewound from step {}",
+                   job.id(), restored, from);
+      for (uint32_t rank : plan.live_ranks) {
+        v1::JobWorker& worker = *job.mutable_workers(static_cast<int>(rank));
+        if (worker.lost()) continue;  // lost meanwhile: its membership change is pending
+        MemberEntry* member = FindMember(worker.member_id());
+        const bool usable =
+            member != nullptr && IsLive(member->member) && member->stream != nullptr &&
+            !member->stream->closed() &&
+            (member->member.job_id() == job.id() || member->member.job_id().empty());
+        if (!usable) {
+          LoseRank(*entry, static_cast<int>(rank), "is gone (no live worker with a task stream)");
+          if (job.state() != v1::JOB_STATE_RUNNING) return;
+          continue;
+        }
+        worker.set_step(restored);
+        worker.set_done(false);
+        worker.set_incarnation(plan.incarnation_base + rank);
+        member->member.set_state(v1::MEMBER_STATE_BUSY);
+        member->member.set_job_id(job.id());
+        member->member.set_rank(static_cast<int>(rank));
+        QueueMember(*member);
+        v1::TaskEvent event;
+        v1::Task* task = event.mutable_assign();
+        task->set_job_id(job.id());
+        task->set_rank(static_cast<int>(rank));
+        task->set_world_size(job.workers_size());
+        for (const std::string& address : job.shard_addresses()) task->add_shard_addresses(address);
+        *task->mutable_spec() = job.spec();
+        task->set_incarnation(worker.incarnation());
+        task->set_start_step(restored);
+        *task->mutable_data_position() = PositionAt(job, restored);
+        assigns.emplace_back(member->stream, std::move(event));
+      }
+      QueueJob(*entry);
+    }
+  }
+  // As in Schedule: the tasks go out once the rewind is durable.
+  if (!FlushWrites().ok()) return;
+  for (auto& [stream, event] : assigns) stream->Send(event);
+}
+
+void Coordinator::Handover(const HandoverPlan& plan) {
+  // Unlocked: the join, and its undo when a shard is already past the start step.
+  v1::UpdateMembershipRequest join;
+  join.set_job_id(plan.job_id);
+  for (uint32_t rank : plan.live_ranks) join.add_live_workers(rank);
+  join.add_live_workers(static_cast<uint32_t>(plan.rank));
+  std::sort(join.mutable_live_workers()->begin(), join.mutable_live_workers()->end());
+  join.set_effective_step(plan.start_step);
+  absl::Status failed;
+  int64_t completed = 0;
+  for (size_t i = 0; i < plan.addresses.size() && failed.ok(); ++i) {
+    absl::StatusOr<v1::UpdateMembershipResponse> response =
+        shards_->UpdateMembership(plan.addresses[i], join);
+    if (!response.ok()) {
+      failed = response.status();
+    } else {
+      completed = std::max(completed, response->completed_steps());
+    }
+  }
+  const bool too_late = failed.ok() && completed > plan.start_step;
+  if (!failed.ok() || too_late) {
+    SendMembership(plan.job_id, plan.addresses, {{plan.start_step, plan.live_ranks}});
+  }
+
+  std::vector<std::pair<std::shared_ptr<TaskStream>, v1::TaskEvent>> assigns;
+  {
+    absl::MutexLock lock(&mu_);
+    JobEntry* entry = FindJob(plan.job_id);
+    MemberEntry* member = FindMember(plan.member_id);
+    if (entry == nullptr) return;
+    entry->action_running = false;
+    Wake();
+    v1::Job& job = entry->job;
+    const bool reserved = member != nullptr && IsLive(member->member) &&
+                          member->member.job_id() == job.id() && member->member.rank() == plan.rank;
+    const bool usable = reserved && member->stream != nullptr && !member->stream->closed();
+    if (!failed.ok() || too_late || !usable || job.state() != v1::JOB_STATE_RUNNING ||
+        !job.recovery().empty() || !job.workers(plan.rank).lost()) {
+      if (reserved) ReleaseWorker(*member, job.id());
+      if (job.state() != v1::JOB_STATE_RUNNING) return;
+      if (too_late) {
+        ++entry->handover_attempts;
+        entry->handover_floor = std::max(entry->handover_floor, completed);
+        spdlog::info(
+            "coordinator: job {}: handing rank {} over at step {} came too late (a shard has "
+            "done {} steps); trying further ahead",
+            job.id(), plan.rank, plan.start_step, completed);
+      } else if (!failed.ok()) {
+        spdlog::warn("coordinator: job {}: handing rank {} over failed: {}", job.id(), plan.rank,
+                     failed.ToString());
+      } else {
+        // The join reached the shards but the rank cannot be handed over now: the shards hear
+        // the live ranks again.
+        entry->membership_dirty = true;
+      }
+      return;
+    }
+    v1::JobWorker& worker = *job.mutable_workers(plan.rank);
+    const std::string old = WorkerName(worker);
+    worker.set_lost(false);
+    worker.set_member_id(member->member.id());
+    worker.set_hostname(member->member.hostname());
+    worker.set_step(plan.start_step);
+    worker.set_done(false);
+    worker.set_samples_per_second(0);
+    worker.set_incarnation(NextIncarnation(job));
+    entry->handover_attempts = 0;
+    entry->handover_floor = 0;
+    // Live on the shards from start_step only, until the job gets there.
+    entry->joins[plan.rank] = plan.start_step;
+    AddEvent(*entry, absl::StrCat("rank ", plan.rank, " handed to ", member->member.id(),
+                                  " from step ", plan.start_step));
+    spdlog::info("coordinator: job {}: rank {} (was {}) handed to {} from step {}", job.id(),
+                 plan.rank, old, member->member.id(), plan.start_step);
+    v1::TaskEvent event;
+    v1::Task* task = event.mutable_assign();
+    task->set_job_id(job.id());
+    task->set_rank(plan.rank);
+    task->set_world_size(job.workers_size());
+    for (const std::string& address : job.shard_addresses()) task->add_shard_addresses(address);
+    *task->mutable_spec() = job.spec();
+    task->set_incarnation(worker.incarnation());
+    task->set_start_step(plan.start_step);
+    *task->mutable_data_position() = PositionAt(job, plan.start_step);
+    assigns.emplace_back(member->stream, std::move(event));
+  }
+  if (!FlushWrites().ok()) return;
+  for (auto& [stream, event] : assigns) stream->Send(event);
 }
 
 }  // namespace tessera::coordinator

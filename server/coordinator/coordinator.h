@@ -10,11 +10,24 @@
 //
 // Tick() does the periodic work: the DropJob calls queued by cancels and failures, one scheduling
 // pass (strict FIFO gang scheduling of the oldest PENDING job), lease expiry, the restart grace
-// for RUNNING jobs, and throttled progress writes. Start() runs it on a thread that wakes on every
-// change and at least every 500 ms; tests call it by hand.
+// for RUNNING jobs, throttled progress writes, and the fault-tolerance actions (DESIGN.md §7,
+// docs/coordinator.md "Fault tolerance"): committing the automatic checkpoints, recovering a job
+// whose shard was lost (Restore on every shard, UpdateMembership, new Tasks), removing a lost
+// worker's rank from the shards' membership, and handing a lost rank to an idle worker. Start()
+// runs Tick on a thread that wakes on every change and at least every 500 ms; tests call it by
+// hand.
 //
-// Life cycle: Create() -> kNew; Start() -> kRunning (the tick thread); Stop() -> kStopped. Every
-// other method works in every state (tests never Start()).
+// Shard calls never run under mu_. The fault-tolerance actions may block for an RPC deadline, so
+// Tick runs each on a thread of its own (CoordinatorOptions::inline_actions: on the calling
+// thread, for tests); a job has at most one action (recovery, membership change, hand-over) and
+// one automatic checkpoint call in flight, so a change of membership never waits for a checkpoint
+// call that long-polls a step ahead of the job; every action re-checks the job's state under the
+// lock before it changes anything (a checkpoint planned before a recovery is never committed).
+//
+// Life cycle: Create() -> kNew; Start() -> kRunning (the tick thread); Stop() -> kStopped (cancels
+// the shard calls in flight with ShardControl::CancelAll, then joins the tick thread and every
+// action thread). Every other method works in every state (tests never
+// Start()).
 // Thread-safety: every method may be called from any thread.
 #ifndef TESSERA_SERVER_COORDINATOR_COORDINATOR_H_
 #define TESSERA_SERVER_COORDINATOR_COORDINATOR_H_
@@ -24,6 +37,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
 #include <utility>
@@ -50,6 +64,23 @@ class ShardControl {
                                       const v1::JobConfig& config) = 0;
   // DropJob(job_id) on the shard at `address`. Blocks.
   virtual absl::Status DropJob(const std::string& address, const std::string& job_id) = 0;
+  // Checkpoint (see parameter.proto): answers once the shard's file of `request.step` is durable,
+  // or with the shard's error (FAILED_PRECONDITION: the step boundary passed without a snapshot).
+  // Blocks for at most `timeout`.
+  virtual absl::StatusOr<v1::CheckpointResponse> Checkpoint(const std::string& address,
+                                                            const v1::CheckpointRequest& request,
+                                                            absl::Duration timeout) = 0;
+  // Restore (see parameter.proto): DATA_LOSS for a torn or corrupt file, NOT_FOUND for a missing
+  // one. Blocks (the implementation's deadline).
+  virtual absl::StatusOr<v1::RestoreResponse> Restore(const std::string& address,
+                                                      const v1::RestoreRequest& request) = 0;
+  // UpdateMembership (see parameter.proto). Blocks (the implementation's deadline).
+  virtual absl::StatusOr<v1::UpdateMembershipResponse> UpdateMembership(
+      const std::string& address, const v1::UpdateMembershipRequest& request) = 0;
+  // Ends the calls in flight (they return CANCELLED) so that a stopping coordinator does not wait
+  // out their deadlines; the coordinator calls it from Stop() before it joins its threads. May
+  // make later calls fail at once too. Never blocks. The default does nothing.
+  virtual void CancelAll() {}
 };
 
 // A worker's WatchTasks stream as the coordinator sees it. Implementations never block: Send
@@ -119,6 +150,16 @@ struct CoordinatorOptions {
   // LOST and LEFT members kept (per role) for ListMembers; older ones are forgotten, so daemons
   // that come and go forever do not grow the member list and the database without bound.
   size_t max_departed_members = 256;
+  // A recovering job whose lost shard has not come back (or whose restore keeps failing) for this
+  // long fails. > 0.
+  absl::Duration recovery_timeout = absl::Seconds(300);
+  // Deadline of each Checkpoint call to a shard (it waits for the step and the write). > 0.
+  absl::Duration checkpoint_timeout = absl::Seconds(120);
+  // Recoveries per job; the next loss fails it. >= 0.
+  int max_recoveries = 10;
+  // Run the fault-tolerance actions on the thread that calls Tick() (tests, with a fake
+  // ShardControl), instead of a thread per action.
+  bool inline_actions = false;
 };
 
 // What the coordinator's metrics read at scrape time (Coordinator::MetricsSnapshot).
@@ -139,6 +180,8 @@ struct CoordinatorMetricsSnapshot {
     double train_accuracy = 0;
     bool evaluated = false;
     double test_accuracy = 0;
+    int64_t checkpoint_step = 0;  // the newest committed checkpoint; 0: none
+    int64_t recoveries = 0;       // rewinds to a checkpoint so far
   };
   // The RUNNING jobs and the kMetricsRecentJobs newest (by creation) ended ones, oldest first.
   std::vector<JobProgress> progress;
@@ -150,14 +193,17 @@ class Coordinator {
   static constexpr size_t kMetricsRecentJobs = 20;
 
   // Validates `options`, loads every job and member from `store` (members become LOST; RUNNING
-  // jobs get one lease period for their ranks to report). `store` and `shards` must outlive the
+  // jobs get one lease period plus 5 s, the daemons' longest registration backoff, for their ranks
+  // to report). `store` and `shards` must outlive the
   // coordinator. INVALID_ARGUMENT naming the option; the store's errors.
   static absl::StatusOr<std::unique_ptr<Coordinator>> Create(const CoordinatorOptions& options,
                                                              JobStore* store, ShardControl* shards);
   ~Coordinator();  // Stop()
 
-  // Starts the tick thread. Stop() joins it and ends every watch and task stream with
-  // UNAVAILABLE. Idempotent.
+  // Starts the tick thread. Stop() cancels the shard calls in flight (ShardControl::CancelAll),
+  // joins the tick and action threads, and ends every watch and task stream with UNAVAILABLE; a
+  // CheckpointJob in progress returns (CANCELLED or UNAVAILABLE) without trying again.
+  // Idempotent.
   void Start();
   void Stop();
 
@@ -170,6 +216,13 @@ class Coordinator {
   // The watch starts with the current record, then the stored events after `after_seq`, then
   // live ones; it ends OK after the terminal event. Blocks on one SQLite read.
   absl::StatusOr<std::shared_ptr<JobWatch>> WatchJob(const v1::WatchJobRequest& request);
+  // Takes a checkpoint of a RUNNING job at a step a little ahead of its progress (enough for 2 s
+  // of steps, at least 10, at most total_steps) and returns the committed record. A shard that
+  // answers FAILED_PRECONDITION (the step passed before it was registered) makes it try again
+  // further ahead, up to 5 times. Blocks on shard calls (each up to checkpoint_timeout) and SQLite.
+  // FAILED_PRECONDITION for a job that is not RUNNING, is recovering or has no step left;
+  // ABORTED when the job recovered meanwhile; a shard's error with its index and address.
+  absl::StatusOr<v1::CheckpointRecord> CheckpointJob(const std::string& job_id);
 
   // --- ClusterService.
   absl::StatusOr<v1::RegisterResponse> Register(const v1::RegisterRequest& request);
@@ -207,6 +260,53 @@ class Coordinator {
     int64_t restart_deadline_ms = 0;
     std::vector<bool> rank_seen;
     std::vector<std::shared_ptr<JobWatch>> watchers;
+    // Committed checkpoints, newest first (RUNNING and SUCCEEDED jobs).
+    std::vector<v1::CheckpointRecord> checkpoints;
+    bool action_running = false;      // a fault-tolerance action of the job is in flight
+    bool checkpoint_running = false;  // an automatic checkpoint call is in flight
+    // The last automatic checkpoint that failed (not interrupted); later plans skip past it.
+    int64_t checkpoint_failed_step = 0;
+    int64_t recovery_since_ms = 0;  // when the current recovery began
+    bool membership_dirty = false;  // the shards must hear the live ranks again
+    // Ranks handed over at a step the job has not reached yet: rank -> the step it joined at (the
+    // shards have it live from there, not before). Kept until the job's step reaches it, so that
+    // a later membership update never makes such a rank live before its join (its new worker
+    // starts there). Cleared by a recovery (every rank restarts at the checkpoint); re-derived
+    // after a restart (Load).
+    std::map<int, int64_t> joins;
+    int handover_attempts = 0;  // hand-overs that came too late, since the last success
+    int64_t handover_floor = 0;  // the most steps a shard said it had done in such an answer
+    // Workers of the job whose trainer ended (they reported FAILED while the job recovered): they
+    // stay BUSY for the recovery's new Task, and are released, not cancelled, if the job ends.
+    std::set<std::string> stopped_members;
+  };
+  // A membership as the shards must hear it: (effective_step, live ranks) in ascending steps, to
+  // be sent in this order (each replaces the shards' history from its step on).
+  using MembershipLayers = std::vector<std::pair<int64_t, std::vector<uint32_t>>>;
+  // What a checkpoint asks of the shards, planned under the lock.
+  struct CheckpointPlan {
+    std::string job_id;
+    int64_t step = 0;
+    int64_t retain_from_step = 0;
+    std::vector<std::string> addresses;
+    int recoveries = 0;  // the job's count when planned: a recovery in between voids it
+    bool manual = false;
+  };
+  struct RecoveryPlan {
+    std::string job_id;
+    std::vector<int64_t> steps;  // committed checkpoints, newest first
+    std::vector<std::string> addresses;
+    std::vector<uint32_t> live_ranks;
+    uint64_t incarnation_base = 0;
+  };
+  struct HandoverPlan {
+    std::string job_id;
+    int rank = 0;
+    std::string member_id;
+    int64_t start_step = 0;
+    std::vector<std::string> addresses;
+    std::vector<uint32_t> live_ranks;  // without `rank`
+    MembershipLayers resend;           // sent before the join (empty: none)
   };
   struct ShardDrop {
     std::string address;
@@ -242,6 +342,51 @@ class Coordinator {
   void MemberGone(MemberEntry& member, v1::MemberState state, const std::string& why)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ApplyRetention() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // --- Fault tolerance (docs/coordinator.md "Fault tolerance").
+  // Runs `action` on a thread of its own (or inline, see CoordinatorOptions::inline_actions).
+  void RunAction(std::function<void()> action) ABSL_LOCKS_EXCLUDED(mu_);
+  // Joins the action threads that have finished (all of them when `all`).
+  void ReapActions(bool all) ABSL_LOCKS_EXCLUDED(mu_);
+  // Plans this tick's actions (checkpoint, recovery, membership, hand-over), at most one per job.
+  std::vector<std::function<void()>> PlanActions() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A RUNNING job lost a shard (or a rank hit a data-plane error): recovers it from its newest
+  // checkpoint, or fails it with `cause` when it has none or has recovered too often.
+  void StartRecovery(JobEntry& entry, const std::string& cause) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Rank `rank` of a RUNNING job has no worker any more: it is marked lost and leaves the shards'
+  // membership; the job fails when no rank is left.
+  void LoseRank(JobEntry& entry, int rank, const std::string& why)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<CheckpointPlan> PlanCheckpoint(JobEntry& entry, int64_t step, bool manual)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Checkpoint on every shard of the plan; the first error, naming the shard.
+  absl::StatusOr<std::vector<v1::CheckpointResponse>> CallCheckpoint(const CheckpointPlan& plan)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Commits a checkpoint every shard confirmed (record, retention, event); then flushes.
+  absl::StatusOr<v1::CheckpointRecord> CommitCheckpoint(
+      const CheckpointPlan& plan, const std::vector<v1::CheckpointResponse>& responses)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  void AutoCheckpoint(const CheckpointPlan& plan) ABSL_LOCKS_EXCLUDED(mu_);
+  void Recover(const RecoveryPlan& plan) ABSL_LOCKS_EXCLUDED(mu_);
+  // The job's live ranks `live_ranks` from `effective_step` on, as layers: the ranks of
+  // entry.joins whose join step lies beyond `effective_step` join again at their own step.
+  MembershipLayers LayeredMembership(const JobEntry& entry, const std::vector<uint32_t>& live_ranks,
+                                     int64_t effective_step) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // UpdateMembership of every layer, in order, on every shard; a failure sets membership_dirty.
+  void SendMembership(const std::string& job_id, const std::vector<std::string>& addresses,
+                      const MembershipLayers& layers) ABSL_LOCKS_EXCLUDED(mu_);
+  void Handover(const HandoverPlan& plan) ABSL_LOCKS_EXCLUDED(mu_);
+  // Steps a rank can be expected to do within a second (at least 10), doubled per earlier
+  // `attempt`.
+  int64_t StepMargin(const JobEntry& entry, int attempt) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The largest step reported by a rank that is not lost.
+  int64_t MaxRankStep(const v1::Job& job) const;
+  // An incarnation above every one the job has handed out (>= now_ms * 1024).
+  uint64_t NextIncarnation(const v1::Job& job) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  v1::DataPosition PositionAt(const v1::Job& job, int64_t step) const;
+  // Drops the job's checkpoint records (its weights left the shards).
+  void ForgetCheckpoints(JobEntry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CheckLeases() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Forgets the oldest departed members beyond options_.max_departed_members per role. The newest
   // member of each role stays, so ids are not handed out again after a restart.
@@ -273,6 +418,14 @@ class Coordinator {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool started_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;
+
+  struct ActionThread {
+    std::thread thread;
+    std::shared_ptr<bool> done;  // guarded by actions_mu_
+  };
+  absl::Mutex actions_mu_;
+  std::vector<ActionThread> actions_ ABSL_GUARDED_BY(actions_mu_);
+  bool actions_stopped_ ABSL_GUARDED_BY(actions_mu_) = false;
 };
 
 }  // namespace tessera::coordinator

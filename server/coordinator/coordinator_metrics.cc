@@ -64,8 +64,19 @@ class CoordinatorCollectable final : public prometheus::Collectable {
         Gauges("tessera_job_accuracy",
                "Accuracy: split=train over the last interval, split=test at "
                "the last evaluation.");
+    prometheus::MetricFamily checkpoint = Gauges(
+        "tessera_job_checkpoint_step", "Step of the job's newest committed checkpoint (0: none).");
+    prometheus::MetricFamily recoveries;
+    recoveries.name = "tessera_job_recoveries_total";
+    recoveries.help = "Times the job was rewound to a checkpoint after a shard was lost.";
+    recoveries.type = prometheus::MetricType::Counter;
     for (const CoordinatorMetricsSnapshot::JobProgress& p : s.progress) {
       const prometheus::ClientMetric::Label job{"job", p.job_id};
+      Add(&checkpoint, {job}, static_cast<double>(p.checkpoint_step));
+      prometheus::ClientMetric count;
+      count.label = {job};
+      count.counter.value = static_cast<double>(p.recoveries);
+      recoveries.metric.push_back(std::move(count));
       Add(&step, {job}, static_cast<double>(p.step));
       Add(&total, {job}, static_cast<double>(p.total_steps));
       Add(&rate, {job}, p.step_rate);
@@ -76,7 +87,8 @@ class CoordinatorCollectable final : public prometheus::Collectable {
     std::vector<prometheus::MetricFamily> out;
     out.push_back(std::move(jobs));
     out.push_back(std::move(members));
-    for (prometheus::MetricFamily* f : {&step, &total, &rate, &loss, &accuracy}) {
+    for (prometheus::MetricFamily* f :
+         {&step, &total, &rate, &loss, &accuracy, &checkpoint, &recoveries}) {
       if (!f->metric.empty()) out.push_back(std::move(*f));
     }
     return out;

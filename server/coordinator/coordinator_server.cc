@@ -17,6 +17,11 @@ absl::Status CoordinatorServer::Validate(const CoordinatorServerOptions& options
   if (options.shard_rpc_timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("shard_rpc_timeout: must be > 0");
   }
+  if (options.coordinator.recovery_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--recovery_timeout: must be > 0 seconds, got ",
+                     absl::ToDoubleSeconds(options.coordinator.recovery_timeout)));
+  }
   return absl::OkStatus();
 }
 
@@ -68,7 +73,9 @@ void CoordinatorServer::Stop(absl::Duration grace) {
   if (stopped_) return;
   stopped_ = true;
   SetGrpcServing(server_.get(), false);
-  // Ends the streams first, so Shutdown does not wait for them.
+  // Shard calls in flight (a Checkpoint may wait minutes) end at once, then the streams, so
+  // neither Stop nor Shutdown waits for them.
+  if (shards_ != nullptr) shards_->CancelAll();
   if (coordinator_ != nullptr) coordinator_->Stop();
   if (server_ != nullptr) {
     server_->Shutdown(absl::ToChronoTime(absl::Now() + grace));

@@ -2,11 +2,17 @@
 
 #include <stdlib.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
+#include <thread>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -14,6 +20,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "server/coordinator/coordinator_metrics.h"
 #include "server/coordinator/job_store.h"
@@ -39,11 +47,121 @@ class FakeShards : public ShardControl {
     dropped.push_back(address + " " + job_id);
     return absl::OkStatus();
   }
+  absl::StatusOr<v1::CheckpointResponse> Checkpoint(const std::string& address,
+                                                    const v1::CheckpointRequest& request,
+                                                    absl::Duration timeout) override {
+    std::function<absl::Status(const std::string&, const v1::CheckpointRequest&)> hook;
+    {
+      absl::MutexLock lock(&mu);
+      checkpoints.push_back(request);
+      checkpoint_addresses.push_back(address);
+      timeouts.push_back(timeout);
+      hook = checkpoint_hook;
+    }
+    // Unlocked: a hook may block (a call that hangs) while the coordinator makes other calls.
+    if (hook) {
+      absl::Status status = hook(address, request);
+      if (!status.ok()) return status;
+    }
+    absl::MutexLock lock(&mu);
+    if (model_files) {
+      // The shard writes the step, then deletes its files older than retain_from_step.
+      std::set<int64_t>& steps = files[address];
+      steps.insert(request.step());
+      steps.erase(steps.begin(), steps.lower_bound(request.retain_from_step()));
+    }
+    if (request.step() > durable_through) {
+      // A real shard would hold the call until the step is written; with the actions inline the
+      // fake answers as the call's deadline would.
+      return absl::DeadlineExceededError(
+          absl::StrCat("checkpoint ", request.step(), " not written before the deadline"));
+    }
+    v1::CheckpointResponse response;
+    response.set_path(absl::StrCat("/data/checkpoints/", request.job_id(), "/ckpt-", request.step(),
+                                   "/", address));
+    response.set_bytes(1000);
+    response.set_crc32c(7);
+    response.set_step(request.step());
+    return response;
+  }
+  absl::StatusOr<v1::RestoreResponse> Restore(const std::string& address,
+                                              const v1::RestoreRequest& request) override {
+    std::function<void(const std::string&)> hook;
+    {
+      absl::MutexLock lock(&mu);
+      hook = restore_hook;
+    }
+    if (hook) hook(address);  // unlocked: it may call the coordinator
+    absl::MutexLock lock(&mu);
+    restores.push_back(request);
+    restore_addresses.push_back(address);
+    auto it = restore_fail.find({address, request.step()});
+    if (it != restore_fail.end()) return it->second;
+    if (model_files && files[address].count(request.step()) == 0) {
+      return absl::NotFoundError(absl::StrCat("no file of checkpoint ", request.step()));
+    }
+    v1::RestoreResponse response;
+    response.set_step(request.step());
+    return response;
+  }
+  absl::StatusOr<v1::UpdateMembershipResponse> UpdateMembership(
+      const std::string& address, const v1::UpdateMembershipRequest& request) override {
+    absl::MutexLock lock(&mu);
+    memberships.push_back(request);
+    membership_addresses.push_back(address);
+    // As the shard's ConsistencyGate: the set applies from effective_step on, and later entries
+    // of the history are replaced.
+    std::map<int64_t, std::vector<uint32_t>>& h = history[address];
+    h.erase(h.lower_bound(request.effective_step()), h.end());
+    h[request.effective_step()].assign(request.live_workers().begin(),
+                                       request.live_workers().end());
+    v1::UpdateMembershipResponse response;
+    response.set_completed_steps(completed_steps);
+    return response;
+  }
+  void CancelAll() override {
+    std::shared_ptr<absl::Notification> n;
+    {
+      absl::MutexLock lock(&mu);
+      n = cancelled;
+    }
+    if (!n->HasBeenNotified()) n->Notify();
+  }
+  // The live workers of the shard at `address` for `step`, as its gate would have them.
+  std::vector<uint32_t> LiveAt(const std::string& address, int64_t step) {
+    absl::MutexLock lock(&mu);
+    const std::map<int64_t, std::vector<uint32_t>>& h = history[address];
+    auto it = h.upper_bound(step);
+    if (it == h.begin()) return {};
+    return std::prev(it)->second;
+  }
+
   absl::Mutex mu;
+  // Notified by CancelAll (what a blocking hook waits on to end early).
+  std::shared_ptr<absl::Notification> cancelled = std::make_shared<absl::Notification>();
+  std::map<std::string, std::map<int64_t, std::vector<uint32_t>>> history;
+  // When set, each shard keeps the steps it wrote (minus retention) and Restore of another step is
+  // NOT_FOUND.
+  bool model_files = false;
+  std::map<std::string, std::set<int64_t>> files;
+  std::function<void(const std::string&)> restore_hook;
   std::vector<std::string> created;
   std::vector<std::string> dropped;
   std::map<std::string, v1::JobConfig> configs;
   std::map<std::string, absl::Status> fail;
+  std::vector<v1::CheckpointRequest> checkpoints;
+  std::vector<std::string> checkpoint_addresses;
+  std::vector<absl::Duration> timeouts;
+  std::function<absl::Status(const std::string&, const v1::CheckpointRequest&)> checkpoint_hook;
+  // Checkpoint answers OK for steps up to this one (the shards have written them); a later step
+  // gets DEADLINE_EXCEEDED.
+  int64_t durable_through = std::numeric_limits<int64_t>::max();
+  std::vector<v1::RestoreRequest> restores;
+  std::vector<std::string> restore_addresses;
+  std::map<std::pair<std::string, int64_t>, absl::Status> restore_fail;
+  std::vector<v1::UpdateMembershipRequest> memberships;
+  std::vector<std::string> membership_addresses;
+  int64_t completed_steps = 0;
 };
 
 class FakeStream : public TaskStream {
@@ -77,6 +195,7 @@ class CoordinatorTest : public ::testing::Test {
     store_ = std::move(*store);
     options_.now_ms = [this] { return now_ms_; };
     options_.check_files = false;
+    options_.inline_actions = true;
     Restart();
   }
 
@@ -160,6 +279,87 @@ class CoordinatorTest : public ::testing::Test {
     return messages;
   }
 
+  // A job of `workers` ranks on `shards` shards (registered here, with as many workers) with
+  // automatic checkpoints every `every` steps; started. Returns its id.
+  std::string StartCheckpointedJob(int shards, int workers, int64_t every, int keep = 0) {
+    for (int i = 0; i < shards; ++i) RegisterShard(i);
+    for (int i = 0; i < workers; ++i) RegisterWorker(absl::StrCat("host-", i));
+    v1::JobSpec spec = MlpSpec("ft", workers, "/data");
+    spec.set_checkpoint_every_steps(every);
+    spec.set_keep_checkpoints(keep);
+    auto job = coordinator_->CreateJob(spec);
+    EXPECT_TRUE(job.ok()) << job.status();
+    coordinator_->Tick();
+    EXPECT_EQ(Job(job->id()).state(), v1::JOB_STATE_RUNNING) << Job(job->id()).reason();
+    return job->id();
+  }
+
+  // A TRAINING report of `rank` of `job_id` from its current worker with its incarnation.
+  v1::ProgressAck ReportRank(const std::string& job_id, int rank, int64_t step,
+                             v1::TaskPhase phase = v1::TASK_PHASE_TRAINING,
+                             bool shard_error = false) {
+    const v1::JobWorker worker = Job(job_id).workers(rank);
+    v1::ProgressReport report;
+    report.set_member_id(worker.member_id());
+    report.set_job_id(job_id);
+    report.set_rank(rank);
+    report.set_phase(phase);
+    report.set_step(step);
+    report.set_total_steps(1000);
+    report.set_steps_per_epoch(40);
+    report.set_incarnation(worker.incarnation());
+    report.set_shard_error(shard_error);
+    if (phase == v1::TASK_PHASE_FAILED) report.set_error("shard 1 (127.0.0.1:4001): unavailable");
+    auto ack = coordinator_->ReportProgress(report);
+    EXPECT_TRUE(ack.ok()) << ack.status();
+    return ack.ok() ? *ack : v1::ProgressAck();
+  }
+
+  void ReportAll(const std::string& job_id, int64_t step) {
+    for (int rank = 0; rank < Job(job_id).workers_size(); ++rank) {
+      if (!Job(job_id).workers(rank).lost()) ReportRank(job_id, rank, step);
+    }
+  }
+
+  std::vector<int64_t> StoredCheckpoints(const std::string& job_id) {
+    auto records = store_->LoadCheckpoints(job_id);
+    EXPECT_TRUE(records.ok()) << records.status();
+    std::vector<int64_t> steps;
+    for (const v1::CheckpointRecord& record : *records) steps.push_back(record.step());
+    return steps;
+  }
+
+  // A heartbeat from every live member.
+  void HeartbeatAll() {
+    for (const v1::Member& member : coordinator_->ListMembers()) {
+      if (member.state() != v1::MEMBER_STATE_READY && member.state() != v1::MEMBER_STATE_BUSY) {
+        continue;
+      }
+      v1::HeartbeatRequest beat;
+      beat.set_member_id(member.id());
+      EXPECT_TRUE(coordinator_->Heartbeat(beat).ok()) << member.id();
+    }
+  }
+
+  // Moves the clock to `to_ms` in steps of at most 2 s, with a heartbeat from every live member
+  // at each (no tick).
+  void AdvanceWithHeartbeats(int64_t to_ms) {
+    while (now_ms_ < to_ms) {
+      now_ms_ = std::min(to_ms, now_ms_ + 2000);
+      HeartbeatAll();
+    }
+  }
+
+  // The last task event sent to `member_id`.
+  v1::TaskEvent LastTask(const std::string& member_id) {
+    auto it = streams_.find(member_id);
+    if (it == streams_.end() || it->second->events.empty()) {
+      ADD_FAILURE() << "no task for " << member_id;
+      return v1::TaskEvent();
+    }
+    return it->second->events.back();
+  }
+
   // Creates a 2-worker job on 1 shard and starts it; returns its id.
   std::string StartTwoWorkerJob(const std::string& name = "mlp") {
     auto job = coordinator_->CreateJob(MlpSpec(name, 2, "/data"));
@@ -168,6 +368,10 @@ class CoordinatorTest : public ::testing::Test {
     EXPECT_EQ(Job(job->id()).state(), v1::JOB_STATE_RUNNING) << Job(job->id()).reason();
     return job->id();
   }
+
+  // After a restart RUNNING jobs wait this long for their ranks: the default lease (10 s) plus
+  // the daemons' longest registration backoff (5 s).
+  static constexpr int64_t kGraceMs = 15'000;
 
   std::string dir_;
   int64_t now_ms_ = 1'000'000;
@@ -409,7 +613,7 @@ TEST_F(CoordinatorTest, Cancel) {
             absl::StatusCode::kFailedPrecondition);
 }
 
-TEST_F(CoordinatorTest, LeaseExpiryFailsTheRunningJob) {
+TEST_F(CoordinatorTest, LeaseExpiryLosesTheRankAndTheJobGoesOn) {
   const std::string s0 = RegisterShard(0);
   const std::string w1 = RegisterWorker("host-a");
   const std::string w2 = RegisterWorker("host-b");
@@ -425,10 +629,23 @@ TEST_F(CoordinatorTest, LeaseExpiryFailsTheRunningJob) {
   }
   EXPECT_EQ(Member(w2).state(), v1::MEMBER_STATE_LOST);
   EXPECT_EQ(Member(w2).last_seen_ms(), 1'000'000);
-  EXPECT_EQ(Member(w1).state(), v1::MEMBER_STATE_BUSY);  // until it reports or its stream ends
+  EXPECT_EQ(Member(w1).state(), v1::MEMBER_STATE_BUSY);
+  EXPECT_EQ(Member(w2).job_id(), "");
+  // The job goes on with rank 0; rank 1 leaves the shards' membership at the job's step.
   const v1::Job job = Job(id);
-  EXPECT_EQ(job.state(), v1::JOB_STATE_FAILED);
-  EXPECT_EQ(job.reason(), "worker rank 1 (w-2 on host-b) lost: no heartbeat for 10 s");
+  EXPECT_EQ(job.state(), v1::JOB_STATE_RUNNING);
+  EXPECT_TRUE(job.workers(1).lost());
+  EXPECT_FALSE(job.workers(0).lost());
+  EXPECT_EQ(Events(id).back(),
+            "worker rank 1 (w-2 on host-b) lost: no heartbeat for 10 s; continuing with 1 workers");
+  ASSERT_EQ(shards_.memberships.size(), 1u);
+  EXPECT_EQ(shards_.membership_addresses[0], "127.0.0.1:4000");
+  EXPECT_EQ(std::vector<uint32_t>(shards_.memberships[0].live_workers().begin(),
+                                  shards_.memberships[0].live_workers().end()),
+            (std::vector<uint32_t>{0}));
+  EXPECT_EQ(shards_.memberships[0].effective_step(), job.step());
+  // A lost rank counts as done.
+  EXPECT_TRUE(Report(w1, id, 0, v1::TASK_PHASE_TRAINING_DONE, 100).all_workers_done());
   EXPECT_TRUE(streams_[w2]->closed());
   v1::HeartbeatRequest beat;
   beat.set_member_id(w2);
@@ -498,7 +715,8 @@ TEST_F(CoordinatorTest, RestartKeepsJobsAndRebindsRanks) {
   const std::string w3 = RegisterWorker("host-a");
   const std::string w4 = RegisterWorker("host-b");
   EXPECT_EQ(w3, "w-3");
-  const std::string s2 = RegisterShard(0);
+  RegisterShard(0);
+  const int64_t restarted_ms = now_ms_;
   now_ms_ += 1000;
   EXPECT_FALSE(Report(w3, running, 0, v1::TASK_PHASE_TRAINING, 20).cancel());
   EXPECT_EQ(Job(running).workers(0).member_id(), w3);
@@ -506,20 +724,44 @@ TEST_F(CoordinatorTest, RestartKeepsJobsAndRebindsRanks) {
   coordinator_->Tick();
   // No new job starts while the running one waits for its ranks (w-4 looks idle).
   EXPECT_EQ(Job("later-3").state(), v1::JOB_STATE_PENDING);
-  now_ms_ += 10'000;
-  v1::HeartbeatRequest beat;
-  for (const std::string& id : {w3, w4, s2}) {
-    beat.set_member_id(id);
-    ASSERT_TRUE(coordinator_->Heartbeat(beat).ok()) << id;
-  }
+  // The grace is one lease (10 s) plus the daemons' longest registration backoff (5 s): 1 ms
+  // before its end rank 1 still waits, with nobody handed its rank.
+  AdvanceWithHeartbeats(restarted_ms + kGraceMs - 1);
   coordinator_->Tick();
+  EXPECT_FALSE(Job(running).workers(1).lost());
+  EXPECT_EQ(Job(running).workers(1).member_id(), "w-2");
+  EXPECT_TRUE(streams_[w4]->events.empty());
+  EXPECT_EQ(Job("later-3").state(), v1::JOB_STATE_PENDING);
+  AdvanceWithHeartbeats(restarted_ms + kGraceMs);
+  coordinator_->Tick();
+  // Rank 1 never came back: it is lost and the job goes on; the idle w-4 takes the rank over
+  // (hand-overs come before the queue) from rank 0's step plus the margin.
+  EXPECT_EQ(Job(running).state(), v1::JOB_STATE_RUNNING);
+  const std::vector<std::string> events = Events(running);
+  EXPECT_NE(std::find(events.begin(), events.end(),
+                      "worker rank 1 (w-2 on host-b) lost while the coordinator restarted; "
+                      "continuing with 1 workers"),
+            events.end());
+  EXPECT_EQ(events.back(), "rank 1 handed to w-4 from step 30");
+  EXPECT_EQ(Job(running).workers(1).member_id(), w4);
+  EXPECT_FALSE(Job(running).workers(1).lost());
+  ASSERT_FALSE(streams_[w4]->events.empty());
+  EXPECT_EQ(streams_[w4]->events.back().assign().rank(), 1);
+  EXPECT_EQ(streams_[w4]->events.back().assign().start_step(), 30);
+  EXPECT_EQ(Job("later-3").state(), v1::JOB_STATE_PENDING);
+  // Rank 1's old daemon, registered again at lease + 6 s, is too late: the rank stays with w-4.
+  AdvanceWithHeartbeats(restarted_ms + kGraceMs + 1000);
+  const std::string late = RegisterWorker("host-b");
+  EXPECT_TRUE(Report(late, running, 1, v1::TASK_PHASE_TRAINING, 20).cancel());
+  EXPECT_EQ(Job(running).workers(1).member_id(), w4);
+  EXPECT_EQ(Member(late).state(), v1::MEMBER_STATE_READY);
+  // Rank 0 fails (not a shard error): the job fails, and the queue moves on the freed worker.
+  EXPECT_FALSE(Report(w3, running, 0, v1::TASK_PHASE_FAILED, 20).cancel());
   EXPECT_EQ(Job(running).state(), v1::JOB_STATE_FAILED);
-  EXPECT_EQ(Job(running).reason(), "worker rank 1 lost while the coordinator restarted");
-  // The grace is over: the queue moves again, on the idle worker (w-3 is BUSY until it reports).
-  EXPECT_EQ(Job("later-3").state(), v1::JOB_STATE_RUNNING);
-  EXPECT_EQ(Job("later-3").workers(0).member_id(), w4);
-  EXPECT_TRUE(Report(w3, running, 0, v1::TASK_PHASE_FAILED, 20).cancel());
   EXPECT_EQ(Member(w3).state(), v1::MEMBER_STATE_READY);
+  coordinator_->Tick();
+  EXPECT_EQ(Job("later-3").state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(Job("later-3").workers(0).member_id(), w3);
 }
 
 TEST_F(CoordinatorTest, RestartWithEveryRankBackKeepsRunning) {
@@ -528,20 +770,28 @@ TEST_F(CoordinatorTest, RestartWithEveryRankBackKeepsRunning) {
   RegisterWorker("host-b");
   const std::string id = StartTwoWorkerJob();
   Restart();
+  const int64_t restarted_ms = now_ms_;
+  RegisterShard(0);
+  // The workers come back late in the grace, at lease + 4 s (their registration backed off),
+  // and are still rebound, even though a tick past the lease alone came first.
+  AdvanceWithHeartbeats(restarted_ms + kGraceMs - 4000);
+  coordinator_->Tick();
+  EXPECT_FALSE(Job(id).workers(0).lost());
+  EXPECT_FALSE(Job(id).workers(1).lost());
+  AdvanceWithHeartbeats(restarted_ms + kGraceMs - 1000);
   const std::string w3 = RegisterWorker("host-a");
   const std::string w4 = RegisterWorker("host-b");
-  Report(w4, id, 0, v1::TASK_PHASE_TRAINING, 5);
-  Report(w3, id, 1, v1::TASK_PHASE_TRAINING, 5);
-  now_ms_ += 10'001;
-  for (const std::string& member : {w3, w4}) {
-    v1::HeartbeatRequest beat;
-    beat.set_member_id(member);
-    ASSERT_TRUE(coordinator_->Heartbeat(beat).ok());
-  }
+  EXPECT_FALSE(Report(w4, id, 0, v1::TASK_PHASE_TRAINING, 5).cancel());
+  EXPECT_FALSE(Report(w3, id, 1, v1::TASK_PHASE_TRAINING, 5).cancel());
+  AdvanceWithHeartbeats(restarted_ms + kGraceMs);
   coordinator_->Tick();
   EXPECT_EQ(Job(id).state(), v1::JOB_STATE_RUNNING);
   EXPECT_EQ(Job(id).workers(0).member_id(), w4);
   EXPECT_EQ(Job(id).workers(1).member_id(), w3);
+  EXPECT_FALSE(Job(id).workers(0).lost());
+  EXPECT_FALSE(Job(id).workers(1).lost());
+  EXPECT_EQ(Member(w4).state(), v1::MEMBER_STATE_BUSY);
+  EXPECT_EQ(Member(w3).rank(), 1);
   // Outside the restart grace a stranger's report is told to stop and changes nothing.
   const std::string w5 = RegisterWorker("host-c");
   EXPECT_TRUE(Report(w5, id, 0, v1::TASK_PHASE_TRAINING, 7).cancel());
@@ -923,6 +1173,837 @@ TEST_F(CoordinatorTest, MetricsKeepOnlyTheNewestEndedJobs) {
   ASSERT_EQ(snapshot.progress.size(), Coordinator::kMetricsRecentJobs);
   EXPECT_EQ(snapshot.progress.front().job_id, ids[5]);
   EXPECT_EQ(snapshot.progress.back().job_id, ids.back());
+}
+
+// --- Fault tolerance -----------------------------------------------------------------------------
+
+TEST_F(CoordinatorTest, CheckpointsCommitOnlyWhenEveryShardConfirms) {
+  const std::string id = StartCheckpointedJob(2, 2, /*every=*/50, /*keep=*/2);
+  shards_.durable_through = 0;  // the shards have written nothing yet
+  coordinator_->Tick();
+  // Before any report total_steps is unknown: nothing is asked ahead of the job.
+  EXPECT_TRUE(shards_.checkpoints.empty());
+  ReportAll(id, 40);
+  coordinator_->Tick();
+  // The next multiple is asked for ahead of the reports (a long poll), of both shards at once;
+  // the calls ran into their deadline: nothing is committed, no event, and the next tick asks
+  // again.
+  ASSERT_EQ(shards_.checkpoints.size(), 2u);
+  EXPECT_EQ(std::set<std::string>(shards_.checkpoint_addresses.begin(),
+                                  shards_.checkpoint_addresses.end()),
+            (std::set<std::string>{"127.0.0.1:4000", "127.0.0.1:4001"}));
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(shards_.checkpoints[i].step(), 50);
+    EXPECT_EQ(shards_.checkpoints[i].retain_from_step(), 0);
+    EXPECT_EQ(shards_.timeouts[i], options_.checkpoint_timeout);
+  }
+  EXPECT_EQ(Job(id).last_checkpoint_step(), 0);
+  const size_t events = Events(id).size();
+  coordinator_->Tick();
+  ASSERT_EQ(shards_.checkpoints.size(), 4u);
+  EXPECT_EQ(shards_.checkpoints[3].step(), 50);
+  EXPECT_EQ(Events(id).size(), events);
+
+  // The shards write step 50 while the slowest rank has reported 49: it is committed at once.
+  ReportRank(id, 0, 60);
+  ReportRank(id, 1, 49);
+  shards_.durable_through = 50;
+  coordinator_->Tick();
+  ASSERT_EQ(shards_.checkpoints.size(), 6u);
+  EXPECT_EQ(std::set<std::string>(shards_.checkpoint_addresses.begin() + 4,
+                                  shards_.checkpoint_addresses.end()),
+            (std::set<std::string>{"127.0.0.1:4000", "127.0.0.1:4001"}));
+  EXPECT_EQ(shards_.checkpoints[5].step(), 50);
+  EXPECT_EQ(Job(id).step(), 49);
+  EXPECT_EQ(Job(id).last_checkpoint_step(), 50);
+  EXPECT_EQ(Job(id).steps_per_epoch(), 40);
+  EXPECT_EQ(Events(id).back(), "checkpoint 50 committed: 2 shards, 2000 bytes");
+  auto records = store_->LoadCheckpoints(id);
+  ASSERT_TRUE(records.ok());
+  ASSERT_EQ(records->size(), 1u);
+  const v1::CheckpointRecord& record = (*records)[0];
+  EXPECT_FALSE(record.manual());
+  ASSERT_EQ(record.shards_size(), 2);
+  EXPECT_EQ(record.shards(1).shard_index(), 1);
+  EXPECT_EQ(record.shards(1).address(), "127.0.0.1:4001");
+  EXPECT_EQ(record.shards(1).path(), "/data/checkpoints/" + id + "/ckpt-50/127.0.0.1:4001");
+  EXPECT_EQ(record.shards(1).bytes(), 1000u);
+  ASSERT_EQ(record.positions_size(), 2);  // 50 steps of 40 per epoch: epoch 1, batch 10
+  EXPECT_EQ(record.positions(1).epoch(), 1);
+  EXPECT_EQ(record.positions(1).batch_offset(), 10);
+  EXPECT_EQ(record.positions(1).seed(), 1u);
+  // Committed once: the next tick asks for 100 (keep 2, and only 1 committed: the shards keep
+  // every file).
+  coordinator_->Tick();
+  ASSERT_EQ(shards_.checkpoints.size(), 8u);
+  EXPECT_EQ(shards_.checkpoints[7].step(), 100);
+  EXPECT_EQ(shards_.checkpoints[7].retain_from_step(), 0);
+  EXPECT_EQ(StoredCheckpoints(id), (std::vector<int64_t>{50}));
+
+  // A failing shard: nothing is committed, the job goes on, and the step is not asked for
+  // again: the next multiple is, at once, although the job has not reached 100 yet.
+  shards_.checkpoint_hook = [](const std::string& address, const v1::CheckpointRequest&) {
+    return address == "127.0.0.1:4001" ? absl::UnavailableError("disk gone") : absl::OkStatus();
+  };
+  shards_.durable_through = 100;
+  coordinator_->Tick();
+  ASSERT_EQ(shards_.checkpoints.size(), 10u);
+  EXPECT_EQ(Job(id).state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(Job(id).last_checkpoint_step(), 50);
+  EXPECT_EQ(StoredCheckpoints(id), (std::vector<int64_t>{50}));
+  EXPECT_EQ(Events(id).back(), "checkpoint 100 failed: shard 1 (127.0.0.1:4001): disk gone");
+  coordinator_->Tick();
+  ASSERT_EQ(shards_.checkpoints.size(), 12u);
+  EXPECT_EQ(shards_.checkpoints[11].step(), 150);
+  EXPECT_EQ(Events(id).back(), "checkpoint 100 failed: shard 1 (127.0.0.1:4001): disk gone");
+
+  // Retention keeps the 2 newest committed records; the shards keep the files from the 2nd
+  // newest committed one before the write on (the new one does not count until committed).
+  shards_.checkpoint_hook = nullptr;
+  shards_.durable_through = 150;
+  coordinator_->Tick();
+  EXPECT_EQ(shards_.checkpoints.back().step(), 150);
+  EXPECT_EQ(shards_.checkpoints.back().retain_from_step(), 0);
+  EXPECT_EQ(Job(id).last_checkpoint_step(), 150);
+  shards_.durable_through = 200;
+  coordinator_->Tick();
+  EXPECT_EQ(shards_.checkpoints.back().step(), 200);
+  EXPECT_EQ(shards_.checkpoints.back().retain_from_step(), 50);
+  EXPECT_EQ(StoredCheckpoints(id), (std::vector<int64_t>{200, 150}));
+  EXPECT_EQ(Job(id).last_checkpoint_step(), 200);
+  const CoordinatorMetricsSnapshot metrics = coordinator_->MetricsSnapshot();
+  ASSERT_EQ(metrics.progress.size(), 1u);
+  EXPECT_EQ(metrics.progress[0].checkpoint_step, 200);
+}
+
+TEST_F(CoordinatorTest, InterruptedCheckpointCallsAreAskedAgainWithoutAnEvent) {
+  const std::string id = StartCheckpointedJob(1, 1, /*every=*/10);
+  ReportAll(id, 5);
+  for (const absl::StatusCode code : {absl::StatusCode::kDeadlineExceeded,
+                                      absl::StatusCode::kAborted, absl::StatusCode::kCancelled}) {
+    shards_.checkpoint_hook = [code](const std::string&, const v1::CheckpointRequest&) {
+      return absl::Status(code, "cut short");
+    };
+    const size_t calls = shards_.checkpoints.size();
+    const std::vector<std::string> events = Events(id);
+    coordinator_->Tick();
+    ASSERT_EQ(shards_.checkpoints.size(), calls + 1) << absl::StatusCodeToString(code);
+    EXPECT_EQ(shards_.checkpoints.back().step(), 10) << absl::StatusCodeToString(code);
+    EXPECT_EQ(Events(id), events) << absl::StatusCodeToString(code);
+    EXPECT_EQ(Job(id).last_checkpoint_step(), 0);
+  }
+  shards_.checkpoint_hook = nullptr;
+  coordinator_->Tick();
+  EXPECT_EQ(shards_.checkpoints.back().step(), 10);
+  EXPECT_EQ(Job(id).last_checkpoint_step(), 10);
+  EXPECT_EQ(Events(id).back(), "checkpoint 10 committed: 1 shards, 1000 bytes");
+}
+
+TEST_F(CoordinatorTest, AutomaticCheckpointsMoveOnAfterAStepPassedOrAManualOne) {
+  const std::string id = StartCheckpointedJob(2, 1, /*every=*/10);
+  shards_.durable_through = 20;
+  // Step 10 passed on shard 0 before it was captured (FAILED_PRECONDITION).
+  shards_.checkpoint_hook = [](const std::string&, const v1::CheckpointRequest& request) {
+    return request.step() == 10 ? absl::FailedPreconditionError("completed 16 steps")
+                                : absl::OkStatus();
+  };
+  ReportAll(id, 14);
+  coordinator_->Tick();
+  ASSERT_EQ(shards_.checkpoints.size(), 2u);
+  EXPECT_EQ(shards_.checkpoints[0].step(), 10);
+  EXPECT_EQ(Events(id).back(),
+            "checkpoint 10 failed: shard 0 (127.0.0.1:4000): completed 16 steps");
+  // The next tick moves on to 20 (ahead of the job, still at 14), not 10 again.
+  coordinator_->Tick();
+  ASSERT_EQ(shards_.checkpoints.size(), 4u);
+  EXPECT_EQ(shards_.checkpoints[2].step(), 20);
+  EXPECT_EQ(shards_.checkpoints[3].step(), 20);
+  EXPECT_EQ(Job(id).last_checkpoint_step(), 20);
+  EXPECT_EQ(Events(id).back(), "checkpoint 20 committed: 2 shards, 2000 bytes");
+  coordinator_->Tick();
+  ASSERT_EQ(shards_.checkpoints.size(), 6u);
+  EXPECT_EQ(shards_.checkpoints[5].step(), 30);  // not written yet: DEADLINE_EXCEEDED
+
+  // A checkpoint by hand lands between two multiples (14 + a margin of 10); the automatic ones
+  // stay on the multiples.
+  shards_.durable_through = 24;
+  auto manual = coordinator_->CheckpointJob(id);
+  ASSERT_TRUE(manual.ok()) << manual.status();
+  EXPECT_EQ(manual->step(), 24);
+  EXPECT_EQ(Job(id).last_checkpoint_step(), 24);
+  ASSERT_EQ(shards_.checkpoints.size(), 8u);
+  coordinator_->Tick();
+  ASSERT_EQ(shards_.checkpoints.size(), 10u);
+  EXPECT_EQ(shards_.checkpoints[9].step(), 30);
+  shards_.durable_through = 30;
+  coordinator_->Tick();
+  EXPECT_EQ(Job(id).last_checkpoint_step(), 30);
+  EXPECT_EQ(StoredCheckpoints(id), (std::vector<int64_t>{30, 24, 20}));
+}
+
+TEST_F(CoordinatorTest, NoAutomaticCheckpointPastTheLastStep) {
+  const std::string id = StartCheckpointedJob(1, 1, /*every=*/300);
+  ReportAll(id, 990);  // total_steps 1000: 900 is done, 1200 never comes
+  coordinator_->Tick();
+  ASSERT_EQ(shards_.checkpoints.size(), 1u);
+  EXPECT_EQ(shards_.checkpoints[0].step(), 900);
+  EXPECT_EQ(Job(id).last_checkpoint_step(), 900);
+  coordinator_->Tick();
+  EXPECT_EQ(shards_.checkpoints.size(), 1u);
+}
+
+// Waits (bounded) until `done` holds; false if it never did.
+bool WaitFor(const std::function<bool()>& done) {
+  for (int i = 0; i < 1000; ++i) {
+    if (done()) return true;
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  return done();
+}
+
+TEST_F(CoordinatorTest, AMembershipChangeDoesNotWaitForAHangingCheckpointCall) {
+  options_.inline_actions = false;
+  Restart();
+  const std::string id = StartCheckpointedJob(1, 2, /*every=*/10);
+  // Shared with the action thread, which may outlive a failed assertion here.
+  auto entered = std::make_shared<absl::Notification>();
+  auto release = std::make_shared<absl::Notification>();
+  shards_.checkpoint_hook = [entered, release](const std::string&, const v1::CheckpointRequest&) {
+    if (!entered->HasBeenNotified()) entered->Notify();
+    release->WaitForNotificationWithTimeout(absl::Seconds(10));
+    return absl::OkStatus();
+  };
+  ReportAll(id, 5);
+  coordinator_->Tick();  // asks the shard for step 10: the call waits
+  ASSERT_TRUE(entered->WaitForNotificationWithTimeout(absl::Seconds(10)));
+  v1::DeregisterRequest leave;
+  leave.set_member_id(Job(id).workers(1).member_id());
+  ASSERT_TRUE(coordinator_->Deregister(leave).ok());
+  coordinator_->Tick();
+  // Rank 1 leaves the shards' membership while the checkpoint call still hangs.
+  EXPECT_TRUE(WaitFor([this] {
+    absl::MutexLock lock(&shards_.mu);
+    return !shards_.memberships.empty();
+  }));
+  {
+    absl::MutexLock lock(&shards_.mu);
+    ASSERT_EQ(shards_.memberships.size(), 1u);
+    EXPECT_EQ(std::vector<uint32_t>(shards_.memberships[0].live_workers().begin(),
+                                    shards_.memberships[0].live_workers().end()),
+              (std::vector<uint32_t>{0}));
+    EXPECT_EQ(shards_.memberships[0].effective_step(), 5);
+    EXPECT_EQ(shards_.checkpoints.size(), 1u);  // one checkpoint call at a time
+  }
+  EXPECT_EQ(Job(id).last_checkpoint_step(), 0);
+  release->Notify();
+  EXPECT_TRUE(WaitFor([&] { return Job(id).last_checkpoint_step() == 10; }));
+  coordinator_->Stop();
+}
+
+TEST_F(CoordinatorTest, ACheckpointWrittenWhileARecoveryStartedIsNotCommitted) {
+  const std::string id = StartCheckpointedJob(2, 2, /*every=*/10);
+  ReportAll(id, 10);
+  coordinator_->Tick();
+  ASSERT_EQ(Job(id).last_checkpoint_step(), 10);
+  ReportAll(id, 15);
+  // While checkpoint 20 is written, shard 1 restarts: the job starts recovering from 10.
+  shards_.checkpoint_hook = [this](const std::string& address, const v1::CheckpointRequest&) {
+    if (address == "127.0.0.1:4001") RegisterShard(1);
+    return absl::OkStatus();
+  };
+  coordinator_->Tick();
+  shards_.checkpoint_hook = nullptr;
+  ASSERT_EQ(shards_.checkpoints.size(), 4u);
+  EXPECT_EQ(shards_.checkpoints[3].step(), 20);
+  EXPECT_EQ(Job(id).last_checkpoint_step(), 10);
+  EXPECT_EQ(StoredCheckpoints(id), (std::vector<int64_t>{10}));
+  // Refused without a failure of its own: the last event is the recovery's.
+  EXPECT_EQ(Events(id).back(),
+            "shard 1 (127.0.0.1:4001) restarted (registered again): recovering from checkpoint 10");
+  coordinator_->Tick();
+  EXPECT_EQ(Job(id).recoveries(), 1);
+  EXPECT_EQ(Job(id).step(), 10);
+  // From the restored state 20 is asked for again. Shard 1 restarts once more during the call,
+  // and the call to its old process fails: the recovery overtook the call, so that is no
+  // checkpoint failure either (no event, and 20 is not skipped).
+  ReportAll(id, 12);
+  shards_.checkpoint_hook = [this](const std::string& address, const v1::CheckpointRequest&) {
+    if (address != "127.0.0.1:4001") return absl::OkStatus();
+    RegisterShard(1);
+    return absl::UnavailableError("connection refused");
+  };
+  coordinator_->Tick();
+  shards_.checkpoint_hook = nullptr;
+  EXPECT_EQ(shards_.checkpoints.back().step(), 20);
+  EXPECT_EQ(Events(id).back(),
+            "shard 1 (127.0.0.1:4001) restarted (registered again): recovering from checkpoint 10");
+  coordinator_->Tick();
+  EXPECT_EQ(Job(id).recoveries(), 2);
+  ReportAll(id, 12);
+  coordinator_->Tick();
+  EXPECT_EQ(shards_.checkpoints.back().step(), 20);
+  EXPECT_EQ(Job(id).last_checkpoint_step(), 20);
+  EXPECT_EQ(StoredCheckpoints(id), (std::vector<int64_t>{20, 10}));
+  EXPECT_EQ(Events(id).back(), "checkpoint 20 committed: 2 shards, 2000 bytes");
+}
+
+TEST_F(CoordinatorTest, ARecoveryDoesNotWaitForAHangingCheckpointWhichIsThenNotCommitted) {
+  options_.inline_actions = false;
+  Restart();
+  const std::string id = StartCheckpointedJob(2, 2, /*every=*/10);
+  {
+    absl::MutexLock lock(&shards_.mu);
+    shards_.durable_through = 10;
+  }
+  ReportAll(id, 10);
+  coordinator_->Tick();
+  ASSERT_TRUE(WaitFor([&] { return Job(id).last_checkpoint_step() == 10; }));
+  // Shared with the action thread, which may outlive a failed assertion here.
+  auto entered = std::make_shared<absl::Notification>();
+  auto release = std::make_shared<absl::Notification>();
+  {
+    absl::MutexLock lock(&shards_.mu);
+    shards_.durable_through = std::numeric_limits<int64_t>::max();
+    shards_.checkpoint_hook = [entered, release](const std::string& address,
+                                                 const v1::CheckpointRequest&) {
+      if (address == "127.0.0.1:4000" && !entered->HasBeenNotified()) {
+        entered->Notify();
+        release->WaitForNotificationWithTimeout(absl::Seconds(10));
+      }
+      return absl::OkStatus();
+    };
+  }
+  ReportAll(id, 15);
+  // Ticks until checkpoint 20 is asked for (the action that committed 10 may still be ending).
+  ASSERT_TRUE(WaitFor([&] {
+    coordinator_->Tick();
+    return entered->HasBeenNotified();
+  }));
+  RegisterShard(1);  // shard 1 restarts while the call for 20 hangs on shard 0
+  ASSERT_NE(Job(id).recovery(), "");
+  coordinator_->Tick();
+  EXPECT_TRUE(WaitFor([&] { return Job(id).recoveries() == 1; }));
+  EXPECT_EQ(Job(id).step(), 10);
+  {
+    absl::MutexLock lock(&shards_.mu);
+    EXPECT_EQ(shards_.restores.size(), 2u);
+    // 10 twice, 20 on both (shard 1 answered, shard 0 still waits).
+    EXPECT_EQ(shards_.checkpoints.size(), 4u);
+  }
+  // Shard 0 then answers for 20 too, but it was taken before the rewind: not committed.
+  release->Notify();
+  coordinator_->Stop();  // joins the checkpoint action
+  EXPECT_EQ(Job(id).last_checkpoint_step(), 10);
+  EXPECT_EQ(StoredCheckpoints(id), (std::vector<int64_t>{10}));
+  for (const std::string& event : Events(id)) {
+    EXPECT_FALSE(absl::StartsWith(event, "checkpoint 20")) << event;
+  }
+  EXPECT_EQ(Events(id).back(), "restored checkpoint 10; workers rewound from step 15 to 10");
+}
+
+TEST_F(CoordinatorTest, ShardRestartRestoresTheNewestUsableCheckpointOnEveryShard) {
+  const std::string id = StartCheckpointedJob(2, 2, /*every=*/50);
+  ReportAll(id, 50);
+  coordinator_->Tick();
+  ReportAll(id, 100);
+  coordinator_->Tick();
+  ASSERT_EQ(Job(id).last_checkpoint_step(), 100);
+  ReportAll(id, 130);
+  const v1::Job before = Job(id);
+  const std::string w0 = before.workers(0).member_id();
+  const std::string w1 = before.workers(1).member_id();
+
+  // Shard 1 registers again at its address while its old member is live: a restart.
+  RegisterShard(1);
+  v1::Job job = Job(id);
+  EXPECT_EQ(job.state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(
+      job.recovery(),
+      "shard 1 (127.0.0.1:4001) restarted (registered again): recovering from checkpoint 100");
+  EXPECT_EQ(Member("s-2").state(), v1::MEMBER_STATE_LOST);
+  // Checkpoint 100 is torn on shard 0: every shard goes back to 50.
+  shards_.restore_fail[{"127.0.0.1:4000", 100}] = absl::DataLossError("ckpt-100/shard-0: bad crc");
+  coordinator_->Tick();
+  ASSERT_EQ(shards_.restores.size(), 3u);
+  EXPECT_EQ(shards_.restores[0].step(), 100);
+  EXPECT_EQ(shards_.restores[1].step(), 50);
+  EXPECT_EQ(shards_.restores[2].step(), 50);
+  EXPECT_EQ(shards_.restore_addresses[2], "127.0.0.1:4001");
+  const uint64_t base = shards_.restores[1].min_incarnation();
+  EXPECT_GT(base, before.workers(0).incarnation());
+  EXPECT_GT(base, before.workers(1).incarnation());
+  job = Job(id);
+  EXPECT_EQ(job.recovery(), "");
+  EXPECT_EQ(job.recoveries(), 1);
+  EXPECT_EQ(job.step(), 50);
+  EXPECT_EQ(job.last_checkpoint_step(), 50);
+  EXPECT_EQ(Events(id).back(), "restored checkpoint 50; workers rewound from step 130 to 50");
+  EXPECT_EQ(StoredCheckpoints(id), (std::vector<int64_t>{50}));
+  const v1::UpdateMembershipRequest& membership = shards_.memberships.back();
+  EXPECT_EQ(membership.effective_step(), 50);
+  EXPECT_EQ(membership.live_workers_size(), 2);
+  for (int rank = 0; rank < 2; ++rank) {
+    const v1::Task task = LastTask(rank == 0 ? w0 : w1).assign();
+    EXPECT_EQ(task.rank(), rank);
+    EXPECT_EQ(task.start_step(), 50);
+    EXPECT_EQ(task.incarnation(), base + rank);
+    EXPECT_EQ(task.data_position().epoch(), 1);
+    EXPECT_EQ(task.data_position().batch_offset(), 10);
+    EXPECT_EQ(task.shard_addresses_size(), 2);
+    EXPECT_EQ(job.workers(rank).incarnation(), base + rank);
+    EXPECT_EQ(job.workers(rank).step(), 50);
+  }
+  EXPECT_EQ(coordinator_->MetricsSnapshot().progress[0].recoveries, 1);
+  {
+    auto metrics = Metrics::Create("coordinator", "");
+    ASSERT_TRUE(metrics.ok()) << metrics.status();
+    RegisterCoordinatorMetrics(metrics->get(), coordinator_.get());
+    const std::string text = (*metrics)->Serialize();
+    const std::string label = absl::StrCat("{job=\"", id, "\"}");
+    EXPECT_EQ(Sample(text, "tessera_job_recoveries_total" + label), 1) << text;
+    EXPECT_EQ(Sample(text, "tessera_job_checkpoint_step" + label), 50);
+    EXPECT_TRUE(absl::StrContains(text, "# TYPE tessera_job_recoveries_total counter"));
+  }
+
+  // A straggling report of the old incarnation is ignored.
+  v1::ProgressReport stale;
+  stale.set_member_id(w0);
+  stale.set_job_id(id);
+  stale.set_rank(0);
+  stale.set_phase(v1::TASK_PHASE_TRAINING);
+  stale.set_step(140);
+  stale.set_incarnation(before.workers(0).incarnation());
+  auto ack = coordinator_->ReportProgress(stale);
+  ASSERT_TRUE(ack.ok());
+  EXPECT_TRUE(ack->cancel());
+  EXPECT_EQ(Job(id).workers(0).step(), 50);
+  EXPECT_FALSE(ReportRank(id, 0, 55).cancel());
+  EXPECT_EQ(Job(id).workers(0).step(), 55);
+
+  // A data-plane failure of a rank starts a recovery too; while it recovers, failures of its
+  // ranks do not fail the job.
+  ReportRank(id, 1, 60, v1::TASK_PHASE_FAILED, /*shard_error=*/true);
+  EXPECT_EQ(Job(id).state(), v1::JOB_STATE_RUNNING);
+  EXPECT_NE(Job(id).recovery(), "");
+  ReportRank(id, 0, 60, v1::TASK_PHASE_FAILED, /*shard_error=*/false);
+  EXPECT_EQ(Job(id).state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(Member(w0).state(), v1::MEMBER_STATE_BUSY);
+  coordinator_->Tick();
+  EXPECT_EQ(Job(id).recoveries(), 2);
+  EXPECT_EQ(LastTask(w0).assign().start_step(), 50);
+  EXPECT_GT(LastTask(w0).assign().incarnation(), base + 1);
+}
+
+TEST_F(CoordinatorTest, WithoutACheckpointAShardLossOrShardErrorFailsTheJob) {
+  const std::string id = StartCheckpointedJob(1, 2, /*every=*/50);
+  ReportAll(id, 30);
+  ReportRank(id, 1, 30, v1::TASK_PHASE_FAILED, /*shard_error=*/true);
+  EXPECT_EQ(Job(id).state(), v1::JOB_STATE_FAILED);
+  EXPECT_EQ(Job(id).reason(),
+            "worker rank 1 (w-2 on host-1): shard 1 (127.0.0.1:4001): unavailable");
+}
+
+TEST_F(CoordinatorTest, RecoveryWaitsForTheShardThenTimesOutOrRunsOutOfCheckpoints) {
+  options_.recovery_timeout = absl::Seconds(30);
+  Restart();
+  const std::string id = StartCheckpointedJob(2, 1, /*every=*/10);
+  ReportAll(id, 10);
+  coordinator_->Tick();
+  ASSERT_EQ(Job(id).last_checkpoint_step(), 10);
+  v1::DeregisterRequest leave;
+  leave.set_member_id("s-2");
+  ASSERT_TRUE(coordinator_->Deregister(leave).ok());
+  EXPECT_EQ(Job(id).state(), v1::JOB_STATE_RUNNING);
+  ReportRank(id, 0, 11, v1::TASK_PHASE_FAILED, /*shard_error=*/true);
+  EXPECT_EQ(Member(Job(id).workers(0).member_id()).state(), v1::MEMBER_STATE_BUSY);
+  for (int i = 0; i < 4; ++i) {
+    now_ms_ += 5'000;
+    HeartbeatAll();
+    coordinator_->Tick();
+  }
+  EXPECT_EQ(Job(id).state(), v1::JOB_STATE_RUNNING);
+  EXPECT_TRUE(shards_.restores.empty());  // shard 1 is not back
+  for (int i = 0; i < 2; ++i) {
+    now_ms_ += 5'000;
+    HeartbeatAll();
+    coordinator_->Tick();
+  }
+  EXPECT_EQ(Job(id).state(), v1::JOB_STATE_FAILED);
+  EXPECT_EQ(Job(id).reason(),
+            "not recovered within 30 s (shard 1 (127.0.0.1:4001) left the cluster: recovering "
+            "from checkpoint 10)");
+  // The worker that reported its failure while the job recovered is free again.
+  EXPECT_EQ(Member(Job(id).workers(0).member_id()).state(), v1::MEMBER_STATE_READY);
+  EXPECT_TRUE(StoredCheckpoints(id).empty());  // its weights were dropped
+
+  // Every checkpoint unusable: FAILED, naming them.
+  RegisterShard(1);
+  v1::JobSpec spec = MlpSpec("next", 1, "/data");
+  spec.set_checkpoint_every_steps(10);
+  auto next = coordinator_->CreateJob(spec);
+  ASSERT_TRUE(next.ok());
+  coordinator_->Tick();
+  ASSERT_EQ(Job(next->id()).state(), v1::JOB_STATE_RUNNING);
+  ReportAll(next->id(), 10);
+  coordinator_->Tick();
+  ASSERT_EQ(Job(next->id()).last_checkpoint_step(), 10);
+  shards_.restore_fail[{"127.0.0.1:4001", 10}] = absl::NotFoundError("no ckpt-10/shard-1");
+  ReportRank(next->id(), 0, 12, v1::TASK_PHASE_FAILED, /*shard_error=*/true);
+  coordinator_->Tick();
+  EXPECT_EQ(Job(next->id()).state(), v1::JOB_STATE_FAILED);
+  EXPECT_EQ(Job(next->id()).reason(),
+            "no checkpoint could be restored: checkpoint 10 on shard 1 (127.0.0.1:4001): no "
+            "ckpt-10/shard-1");
+}
+
+TEST_F(CoordinatorTest, ALostRankIsHandedToAnIdleWorkerAfterATooLateJoinIsUndone) {
+  const std::string id = StartCheckpointedJob(2, 2, /*every=*/0);
+  ReportAll(id, 40);
+  const std::string w0 = Job(id).workers(0).member_id();
+  v1::DeregisterRequest leave;
+  leave.set_member_id(Job(id).workers(1).member_id());
+  ASSERT_TRUE(coordinator_->Deregister(leave).ok());
+  EXPECT_EQ(Events(id).back(),
+            "worker rank 1 (w-2 on host-1) left the cluster; continuing with 1 workers");
+  // A new worker comes, but every shard has already done more steps than the join's start.
+  const std::string w3 = RegisterWorker("host-3");
+  shards_.completed_steps = 55;
+  coordinator_->Tick();
+  // Per shard: the removal at step 40, the join at 40 + 10, its undo.
+  ASSERT_EQ(shards_.memberships.size(), 6u);
+  EXPECT_EQ(shards_.memberships[0].live_workers_size(), 1);
+  EXPECT_EQ(shards_.memberships[0].effective_step(), 40);
+  EXPECT_EQ(shards_.memberships[2].live_workers_size(), 2);
+  EXPECT_EQ(shards_.memberships[2].effective_step(), 50);
+  EXPECT_EQ(shards_.memberships[4].live_workers_size(), 1);
+  EXPECT_EQ(shards_.memberships[4].effective_step(), 50);
+  EXPECT_TRUE(Job(id).workers(1).lost());
+  EXPECT_EQ(Member(w3).state(), v1::MEMBER_STATE_READY);
+  EXPECT_TRUE(streams_[w3]->events.empty());
+  // The next try starts from the shards' own count (55, fresher than the reports), goes further
+  // ahead (a margin of 20) and lands.
+  shards_.completed_steps = 45;
+  coordinator_->Tick();
+  ASSERT_EQ(shards_.memberships.size(), 8u);
+  EXPECT_EQ(shards_.memberships[7].effective_step(), 75);
+  const v1::Job job = Job(id);
+  EXPECT_FALSE(job.workers(1).lost());
+  EXPECT_EQ(job.workers(1).member_id(), w3);
+  EXPECT_GT(job.workers(1).incarnation(), job.workers(0).incarnation());
+  EXPECT_EQ(Events(id).back(), "rank 1 handed to w-3 from step 75");
+  const v1::Task task = LastTask(w3).assign();
+  EXPECT_EQ(task.rank(), 1);
+  EXPECT_EQ(task.start_step(), 75);
+  EXPECT_EQ(task.incarnation(), job.workers(1).incarnation());
+  EXPECT_EQ(task.data_position().epoch(), 1);
+  EXPECT_EQ(task.data_position().batch_offset(), 35);
+  EXPECT_EQ(Member(w3).job_id(), id);
+  // The job goes on and succeeds with the new rank 1.
+  ReportRank(id, 1, 1000, v1::TASK_PHASE_TRAINING_DONE);
+  EXPECT_TRUE(ReportRank(id, 0, 1000, v1::TASK_PHASE_TRAINING_DONE).all_workers_done());
+  ReportRank(id, 0, 1000, v1::TASK_PHASE_SUCCEEDED);
+  EXPECT_EQ(Job(id).state(), v1::JOB_STATE_SUCCEEDED);
+  EXPECT_EQ(Member(w0).state(), v1::MEMBER_STATE_READY);
+}
+
+TEST_F(CoordinatorTest, EveryRankLostFailsTheJob) {
+  const std::string id = StartCheckpointedJob(1, 1, /*every=*/0);
+  v1::DeregisterRequest leave;
+  leave.set_member_id(Job(id).workers(0).member_id());
+  ASSERT_TRUE(coordinator_->Deregister(leave).ok());
+  EXPECT_EQ(Job(id).state(), v1::JOB_STATE_FAILED);
+  EXPECT_EQ(Job(id).reason(), "worker rank 0 (w-1 on host-0) left the cluster");
+}
+
+TEST_F(CoordinatorTest, ACoordinatorRestartedMidRecoveryFinishesIt) {
+  const std::string id = StartCheckpointedJob(1, 2, /*every=*/20);
+  ReportAll(id, 20);
+  coordinator_->Tick();
+  ReportAll(id, 25);
+  const v1::Job before = Job(id);
+  RegisterShard(0);  // the shard restarted; the coordinator dies before it recovers the job
+  ASSERT_NE(Job(id).recovery(), "");
+  Restart();
+  const int64_t restarted_ms = now_ms_;
+  EXPECT_NE(Job(id).recovery(), "");
+  RegisterShard(0);
+  const std::string a = RegisterWorker("host-0");
+  const std::string b = RegisterWorker("host-1");
+  // The workers report again under new ids, with their incarnations.
+  for (int rank = 0; rank < 2; ++rank) {
+    v1::ProgressReport report;
+    report.set_member_id(rank == 0 ? a : b);
+    report.set_job_id(id);
+    report.set_rank(rank);
+    report.set_phase(v1::TASK_PHASE_FAILED);
+    report.set_shard_error(true);
+    report.set_step(25);
+    report.set_incarnation(before.workers(rank).incarnation());
+    ASSERT_TRUE(coordinator_->ReportProgress(report).ok());
+  }
+  EXPECT_EQ(Job(id).state(), v1::JOB_STATE_RUNNING);
+  coordinator_->Tick();
+  EXPECT_TRUE(shards_.restores.empty());  // the restart grace first
+  AdvanceWithHeartbeats(restarted_ms + kGraceMs - 1);
+  coordinator_->Tick();
+  EXPECT_TRUE(shards_.restores.empty());
+  AdvanceWithHeartbeats(restarted_ms + kGraceMs);
+  coordinator_->Tick();
+  ASSERT_EQ(shards_.restores.size(), 1u);
+  EXPECT_EQ(shards_.restores[0].step(), 20);
+  EXPECT_EQ(Job(id).recoveries(), 1);
+  EXPECT_EQ(Job(id).recovery(), "");
+  EXPECT_EQ(LastTask(a).assign().rank(), 0);
+  EXPECT_EQ(LastTask(b).assign().rank(), 1);
+  EXPECT_EQ(LastTask(b).assign().start_step(), 20);
+  // And it goes on committing checkpoints.
+  ReportAll(id, 40);
+  coordinator_->Tick();
+  EXPECT_EQ(Job(id).last_checkpoint_step(), 40);
+  EXPECT_EQ(StoredCheckpoints(id), (std::vector<int64_t>{40, 20}));
+}
+
+TEST_F(CoordinatorTest, ActionsRunOnThreadsOfTheirOwn) {
+  options_.inline_actions = false;
+  Restart();
+  const std::string id = StartCheckpointedJob(1, 1, /*every=*/10);
+  absl::Notification release;
+  shards_.checkpoint_hook = [&release](const std::string&, const v1::CheckpointRequest&) {
+    // The tick that started the checkpoint must not wait for it.
+    release.WaitForNotificationWithTimeout(absl::Seconds(10));
+    return absl::OkStatus();
+  };
+  ReportAll(id, 10);
+  coordinator_->Tick();
+  coordinator_->Tick();  // returns although the checkpoint call still blocks
+  EXPECT_EQ(Job(id).last_checkpoint_step(), 0);
+  release.Notify();
+  for (int i = 0; i < 500 && Job(id).last_checkpoint_step() == 0; ++i) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_EQ(Job(id).last_checkpoint_step(), 10);
+  coordinator_->Stop();
+  EXPECT_EQ(shards_.checkpoints.size(), 1u);
+}
+
+TEST_F(CoordinatorTest, CheckpointJobGoesFurtherAheadWhenTooLate) {
+  const std::string id = StartCheckpointedJob(2, 2, /*every=*/0);
+  ReportAll(id, 20);
+  shards_.checkpoint_hook = [](const std::string&, const v1::CheckpointRequest& request) {
+    return request.step() < 35 ? absl::FailedPreconditionError("completed 35 steps")
+                               : absl::OkStatus();
+  };
+  auto record = coordinator_->CheckpointJob(id);
+  ASSERT_TRUE(record.ok()) << record.status();
+  EXPECT_EQ(record->step(), 40);  // 20 + 10 was too late; 20 + 20 was not
+  EXPECT_TRUE(record->manual());
+  EXPECT_EQ(record->shards_size(), 2);
+  ASSERT_EQ(shards_.checkpoints.size(), 4u);  // both shards at once, each time
+  EXPECT_EQ(shards_.checkpoints[0].step(), 30);
+  EXPECT_EQ(shards_.checkpoints[1].step(), 30);
+  EXPECT_EQ(shards_.checkpoints[2].step(), 40);
+  EXPECT_EQ(shards_.checkpoints[3].step(), 40);
+  EXPECT_EQ(Job(id).last_checkpoint_step(), 40);
+  EXPECT_EQ(Events(id).back(), "checkpoint 40 committed (by hand): 2 shards, 2000 bytes");
+  EXPECT_EQ(StoredCheckpoints(id), (std::vector<int64_t>{40}));
+
+  shards_.checkpoint_hook = [](const std::string&, const v1::CheckpointRequest&) {
+    return absl::FailedPreconditionError("always too late");
+  };
+  EXPECT_EQ(coordinator_->CheckpointJob(id).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(shards_.checkpoints.size(), 14u);  // 5 tries, both shards each
+  EXPECT_EQ(coordinator_->CheckpointJob("").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(coordinator_->CheckpointJob("nope-1").status().code(), absl::StatusCode::kNotFound);
+  ASSERT_TRUE(coordinator_->CancelJob(id).ok());
+  EXPECT_EQ(coordinator_->CheckpointJob(id).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(StoredCheckpoints(id).empty());
+}
+
+// Review finding 1: a pending join survives later membership updates, also after a restart.
+TEST_F(CoordinatorTest, ALaterMembershipUpdateKeepsAPendingJoinAtItsStep) {
+  const std::string id = StartCheckpointedJob(1, 3, /*every=*/0);
+  const std::string shard = "127.0.0.1:4000";
+  ReportAll(id, 40);
+  v1::DeregisterRequest leave;
+  leave.set_member_id(Job(id).workers(1).member_id());
+  ASSERT_TRUE(coordinator_->Deregister(leave).ok());
+  RegisterWorker("host-3");
+  coordinator_->Tick();  // rank 1 out at 40, then handed over from 50
+  ASSERT_EQ(Events(id).back(), "rank 1 handed to w-4 from step 50");
+  EXPECT_EQ(shards_.LiveAt(shard, 45), (std::vector<uint32_t>{0, 2}));
+  EXPECT_EQ(shards_.LiveAt(shard, 50), (std::vector<uint32_t>{0, 1, 2}));
+  EXPECT_EQ(Job(id).step(), 40);
+  // Rank 2 is lost before the others reach 50: the shards hear (40, {0}) and (50, {0, 1}), so
+  // the new rank 1 (which starts at 50) is still not waited for at steps 40..49.
+  leave.set_member_id(Job(id).workers(2).member_id());
+  ASSERT_TRUE(coordinator_->Deregister(leave).ok());
+  coordinator_->Tick();
+  EXPECT_EQ(shards_.LiveAt(shard, 45), (std::vector<uint32_t>{0}));
+  EXPECT_EQ(shards_.LiveAt(shard, 49), (std::vector<uint32_t>{0}));
+  EXPECT_EQ(shards_.LiveAt(shard, 50), (std::vector<uint32_t>{0, 1}));
+
+  // A restarted coordinator sends every RUNNING job's membership again: the join is re-derived
+  // and not moved earlier.
+  const v1::Job before = Job(id);
+  Restart();
+  const int64_t restarted_ms = now_ms_;
+  RegisterShard(0);
+  const std::string a = RegisterWorker("host-0");
+  const std::string b = RegisterWorker("host-3");
+  for (const auto& [rank, member, step] :
+       std::vector<std::tuple<int, std::string, int64_t>>{{0, a, 42}, {1, b, 50}}) {
+    v1::ProgressReport report;
+    report.set_member_id(member);
+    report.set_job_id(id);
+    report.set_rank(rank);
+    report.set_phase(v1::TASK_PHASE_TRAINING);
+    report.set_step(step);
+    report.set_incarnation(before.workers(rank).incarnation());
+    auto ack = coordinator_->ReportProgress(report);
+    ASSERT_TRUE(ack.ok()) << ack.status();
+    EXPECT_FALSE(ack->cancel());
+  }
+  AdvanceWithHeartbeats(restarted_ms + kGraceMs);
+  const size_t sent = shards_.memberships.size();
+  coordinator_->Tick();
+  ASSERT_GT(shards_.memberships.size(), sent);
+  EXPECT_EQ(Job(id).state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(shards_.LiveAt(shard, 42), (std::vector<uint32_t>{0}));
+  EXPECT_EQ(shards_.LiveAt(shard, 49), (std::vector<uint32_t>{0}));
+  EXPECT_EQ(shards_.LiveAt(shard, 50), (std::vector<uint32_t>{0, 1}));
+  // Once the job has reached the join, it is history: a full update from the job's step.
+  ReportRank(id, 0, 55);
+  ReportRank(id, 1, 55);
+  leave.set_member_id(Job(id).workers(1).member_id());
+  ASSERT_TRUE(coordinator_->Deregister(leave).ok());
+  coordinator_->Tick();
+  EXPECT_EQ(shards_.LiveAt(shard, 50), (std::vector<uint32_t>{0, 1}));
+  EXPECT_EQ(shards_.LiveAt(shard, 55), (std::vector<uint32_t>{0}));
+}
+
+// Review finding 2: a rank lost while the restore RPCs ran leaves the shards' membership after.
+TEST_F(CoordinatorTest, ARankLostDuringTheRestoreLeavesTheMembershipAfterIt) {
+  const std::string id = StartCheckpointedJob(1, 3, /*every=*/10);
+  const std::string shard = "127.0.0.1:4000";
+  ReportAll(id, 10);
+  coordinator_->Tick();
+  ASSERT_EQ(Job(id).last_checkpoint_step(), 10);
+  ReportAll(id, 14);
+  RegisterShard(0);  // restarted: recovery from 10
+  ASSERT_NE(Job(id).recovery(), "");
+  const std::string gone = Job(id).workers(2).member_id();
+  shards_.restore_hook = [this, gone](const std::string&) {
+    v1::DeregisterRequest leave;
+    leave.set_member_id(gone);
+    EXPECT_TRUE(coordinator_->Deregister(leave).ok());
+  };
+  coordinator_->Tick();
+  shards_.restore_hook = nullptr;
+  ASSERT_EQ(Job(id).recoveries(), 1);
+  EXPECT_TRUE(Job(id).workers(2).lost());
+  // The recovery sent the ranks it planned with (rank 2 among them) ...
+  EXPECT_EQ(shards_.LiveAt(shard, 10), (std::vector<uint32_t>{0, 1, 2}));
+  // ... so the next tick sends the live ones again.
+  coordinator_->Tick();
+  EXPECT_EQ(shards_.LiveAt(shard, 10), (std::vector<uint32_t>{0, 1}));
+  EXPECT_EQ(shards_.LiveAt(shard, 11), (std::vector<uint32_t>{0, 1}));
+}
+
+// Review finding 3: the step being written does not count toward keep_checkpoints.
+TEST_F(CoordinatorTest, RetentionKeepsTheCommittedFallbackWhileANewCheckpointIsWritten) {
+  shards_.model_files = true;
+  const std::string id = StartCheckpointedJob(2, 2, /*every=*/10, /*keep=*/1);
+  ReportAll(id, 10);
+  coordinator_->Tick();
+  ASSERT_EQ(Job(id).last_checkpoint_step(), 10);
+  // Checkpoint 20: shard 0 writes it, shard 1 fails; 10 must survive on shard 0.
+  shards_.checkpoint_hook = [](const std::string& address, const v1::CheckpointRequest&) {
+    return address == "127.0.0.1:4001" ? absl::UnavailableError("disk gone") : absl::OkStatus();
+  };
+  ReportAll(id, 20);
+  coordinator_->Tick();
+  shards_.checkpoint_hook = nullptr;
+  ASSERT_EQ(shards_.checkpoints.back().step(), 20);
+  EXPECT_EQ(shards_.checkpoints.back().retain_from_step(), 10);
+  EXPECT_EQ(Job(id).last_checkpoint_step(), 10);
+  EXPECT_EQ(shards_.files["127.0.0.1:4000"], (std::set<int64_t>{10, 20}));
+  // Shard 1 restarts: the job is restored from 10 on both shards.
+  RegisterShard(1);
+  coordinator_->Tick();
+  EXPECT_EQ(Job(id).state(), v1::JOB_STATE_RUNNING) << Job(id).reason();
+  EXPECT_EQ(Job(id).recoveries(), 1);
+  EXPECT_EQ(Job(id).step(), 10);
+  // Committed 30 with keep 1: the shards then drop 10, and the record of 10 goes.
+  ReportAll(id, 30);
+  coordinator_->Tick();
+  EXPECT_EQ(StoredCheckpoints(id), (std::vector<int64_t>{30}));
+  coordinator_->Tick();  // 40, asked ahead of the job (and written at once by the fake)
+  EXPECT_EQ(StoredCheckpoints(id), (std::vector<int64_t>{40}));
+  EXPECT_EQ(shards_.files["127.0.0.1:4000"], (std::set<int64_t>{30, 40}));
+}
+
+// Review finding 4: a checkpoint by hand with shards that answer once the step is written and
+// refuse a step already passed (they train in lockstep meanwhile).
+TEST_F(CoordinatorTest, CheckpointJobAsksEveryShardAtOnce) {
+  const std::string id = StartCheckpointedJob(2, 2, /*every=*/0);
+  ReportAll(id, 20);
+  auto trained = std::make_shared<std::atomic<int64_t>>(20);  // steps done by every shard
+  auto stop = std::make_shared<std::atomic<bool>>(false);
+  std::thread trainer([trained, stop] {
+    for (int i = 0; i < 4000 && !*stop; ++i) {
+      absl::SleepFor(absl::Milliseconds(5));
+      ++*trained;
+    }
+  });
+  shards_.checkpoint_hook = [trained](const std::string&, const v1::CheckpointRequest& request) {
+    if (*trained > request.step()) {
+      return absl::FailedPreconditionError(absl::StrCat("completed ", trained->load(), " steps"));
+    }
+    for (int i = 0; i < 2000 && *trained <= request.step(); ++i) {
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+    return absl::OkStatus();
+  };
+  auto record = coordinator_->CheckpointJob(id);
+  *stop = true;
+  trainer.join();
+  ASSERT_TRUE(record.ok()) << record.status();
+  EXPECT_EQ(record->step(), 30);
+  EXPECT_EQ(record->shards_size(), 2);
+  EXPECT_EQ(shards_.checkpoints.size(), 2u);
+  EXPECT_EQ(Job(id).last_checkpoint_step(), 30);
+}
+
+// Review finding 5: Stop() cancels the shard calls in flight and returns promptly.
+TEST_F(CoordinatorTest, StopCancelsBlockedShardCallsPromptly) {
+  options_.inline_actions = false;
+  options_.checkpoint_timeout = absl::Seconds(120);
+  Restart();
+  shards_.cancelled = std::make_shared<absl::Notification>();
+  const std::string id = StartCheckpointedJob(1, 1, /*every=*/10);
+  auto cancelled = shards_.cancelled;
+  auto entered = std::make_shared<std::atomic<int>>(0);
+  shards_.checkpoint_hook = [cancelled, entered](const std::string&, const v1::CheckpointRequest&) {
+    ++*entered;
+    // A long poll for a step that does not come: only a cancel ends it (bounded for the test).
+    if (cancelled->WaitForNotificationWithTimeout(absl::Seconds(20))) {
+      return absl::CancelledError("cancelled");
+    }
+    return absl::DeadlineExceededError("deadline");
+  };
+  ReportAll(id, 5);
+  coordinator_->Tick();  // the automatic checkpoint of 10 blocks on its own thread
+  absl::StatusOr<v1::CheckpointRecord> manual;
+  std::thread by_hand([&] { manual = coordinator_->CheckpointJob(id); });
+  ASSERT_TRUE(WaitFor([&] { return *entered == 2; }));
+  const absl::Time start = absl::Now();
+  coordinator_->Stop();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(1));
+  by_hand.join();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(1));
+  EXPECT_EQ(manual.status().code(), absl::StatusCode::kCancelled) << manual.status();
+  EXPECT_EQ(*entered, 2);  // no further try after the cancel
+  EXPECT_EQ(Job(id).last_checkpoint_step(), 0);
 }
 
 }  // namespace

@@ -248,6 +248,41 @@ grpc::ServerWriteReactor<v1::WatchJobResponse>* GrpcJobService::WatchJob(
   return reactor.get();
 }
 
+GrpcJobService::~GrpcJobService() {
+  std::vector<Blocking> blocking;
+  {
+    absl::MutexLock lock(&mu_);
+    blocking.swap(blocking_);
+  }
+  for (Blocking& b : blocking) b.thread.join();
+}
+
+grpc::ServerUnaryReactor* GrpcJobService::CheckpointJob(grpc::CallbackServerContext* context,
+                                                        const v1::CheckpointJobRequest* request,
+                                                        v1::CheckpointRecord* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  std::vector<Blocking> finished;
+  {
+    absl::MutexLock lock(&mu_);
+    std::vector<Blocking> running;
+    for (Blocking& b : blocking_) (*b.done ? finished : running).push_back(std::move(b));
+    blocking_.swap(running);
+    auto done = std::make_shared<bool>(false);
+    // Off the reactor thread: the call waits for the shards to reach the step and write it.
+    std::thread thread([this, reactor, response, done, job_id = request->job_id()] {
+      absl::StatusOr<v1::CheckpointRecord> record = coordinator_->CheckpointJob(job_id);
+      if (record.ok()) *response = std::move(*record);
+      reactor->Finish(ToGrpcStatus(record.status()));
+      absl::MutexLock lock(&mu_);
+      *done = true;
+    });
+    blocking_.push_back({std::move(thread), std::move(done)});
+  }
+  // Unlocked: the threads of earlier calls that are done (they set `done` as their last step).
+  for (Blocking& b : finished) b.thread.join();
+  return reactor;
+}
+
 // --- ClusterService ------------------------------------------------------------------------------
 
 grpc::ServerUnaryReactor* GrpcClusterService::Register(grpc::CallbackServerContext* context,

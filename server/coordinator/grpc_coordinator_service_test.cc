@@ -48,9 +48,20 @@ class FakeParameterService final : public v1::ParameterService::Service {
     dropped.push_back(request->job_id());
     return grpc::Status::OK;
   }
+  grpc::Status Checkpoint(grpc::ServerContext*, const v1::CheckpointRequest* request,
+                          v1::CheckpointResponse* response) override {
+    absl::MutexLock lock(&mu);
+    checkpoint_steps.push_back(request->step());
+    response->set_path(
+        absl::StrCat("/d/checkpoints/", request->job_id(), "/ckpt-", request->step(), "/shard-0"));
+    response->set_bytes(4096);
+    response->set_step(request->step());
+    return grpc::Status::OK;
+  }
   absl::Mutex mu;
   std::vector<std::string> created;
   std::vector<std::string> dropped;
+  std::vector<int64_t> checkpoint_steps;
 };
 
 std::unique_ptr<grpc::ClientContext> Context() {
@@ -246,6 +257,67 @@ TEST_F(CoordinatorGrpcTest, TaskStreamAndWatchJobInOrder) {
   EXPECT_EQ(members.members(1).state(), v1::MEMBER_STATE_READY);
   second_context->TryCancel();
   second->Finish().ok();
+  shard_server->Shutdown();
+}
+
+TEST_F(CoordinatorGrpcTest, CheckpointJobWaitsForTheShardsAndCommits) {
+  FakeParameterService shard;
+  int shard_port = 0;
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &shard_port);
+  builder.RegisterService(&shard);
+  std::unique_ptr<grpc::Server> shard_server = builder.BuildAndStart();
+  ASSERT_NE(shard_server, nullptr);
+  v1::RegisterRequest request;
+  request.set_role(v1::MEMBER_ROLE_SERVER);
+  request.set_address(absl::StrCat("127.0.0.1:", shard_port));
+  v1::RegisterResponse response;
+  ASSERT_TRUE(cluster_->Register(Context().get(), request, &response).ok());
+  request.Clear();
+  request.set_role(v1::MEMBER_ROLE_WORKER);
+  request.set_hostname("host-a");
+  ASSERT_TRUE(cluster_->Register(Context().get(), request, &response).ok());
+  const std::string worker = response.member_id();
+  v1::WatchTasksRequest watch_tasks;
+  watch_tasks.set_member_id(worker);
+  auto tasks_context = Context();
+  auto tasks = cluster_->WatchTasks(tasks_context.get(), watch_tasks);
+  v1::CreateJobRequest create;
+  *create.mutable_spec() = MlpSpec("mlp", 1, data_);
+  v1::Job job;
+  ASSERT_TRUE(jobs_->CreateJob(Context().get(), create, &job).ok());
+  v1::TaskEvent event;
+  ASSERT_TRUE(tasks->Read(&event));
+  ASSERT_TRUE(event.has_assign());
+
+  v1::ProgressReport report;
+  report.set_member_id(worker);
+  report.set_job_id(job.id());
+  report.set_phase(v1::TASK_PHASE_TRAINING);
+  report.set_step(20);
+  report.set_total_steps(500);
+  report.set_incarnation(event.assign().incarnation());
+  v1::ProgressAck ack;
+  ASSERT_TRUE(cluster_->ReportProgress(Context().get(), report, &ack).ok());
+  v1::CheckpointJobRequest checkpoint;
+  checkpoint.set_job_id(job.id());
+  v1::CheckpointRecord record;
+  const grpc::Status status = jobs_->CheckpointJob(Context().get(), checkpoint, &record);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  EXPECT_EQ(record.step(), 30);  // 20 + the smallest margin
+  EXPECT_TRUE(record.manual());
+  ASSERT_EQ(record.shards_size(), 1);
+  EXPECT_EQ(record.shards(0).bytes(), 4096u);
+  EXPECT_EQ(record.shards(0).path(), "/d/checkpoints/mlp-1/ckpt-30/shard-0");
+  v1::GetJobRequest get;
+  get.set_job_id(job.id());
+  ASSERT_TRUE(jobs_->GetJob(Context().get(), get, &job).ok());
+  EXPECT_EQ(job.last_checkpoint_step(), 30);
+  checkpoint.set_job_id("nope-7");
+  EXPECT_EQ(jobs_->CheckpointJob(Context().get(), checkpoint, &record).error_code(),
+            grpc::StatusCode::NOT_FOUND);
+  tasks_context->TryCancel();
+  tasks->Finish().ok();
   shard_server->Shutdown();
 }
 

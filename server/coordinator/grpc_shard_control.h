@@ -5,6 +5,7 @@
 
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <utility>
 
@@ -12,6 +13,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/security.h"
+#include "grpcpp/client_context.h"
 #include "server/coordinator/coordinator.h"
 #include "tessera/v1/parameter.grpc.pb.h"
 
@@ -27,14 +29,31 @@ class GrpcShardControl : public ShardControl {
   absl::Status CreateJobState(const std::string& address, const std::string& job_id,
                               const v1::JobConfig& config) override;
   absl::Status DropJob(const std::string& address, const std::string& job_id) override;
+  // Deadline `timeout` (not the constructor's): the call waits for the step and the write.
+  absl::StatusOr<v1::CheckpointResponse> Checkpoint(const std::string& address,
+                                                    const v1::CheckpointRequest& request,
+                                                    absl::Duration timeout) override;
+  absl::StatusOr<v1::RestoreResponse> Restore(const std::string& address,
+                                              const v1::RestoreRequest& request) override;
+  absl::StatusOr<v1::UpdateMembershipResponse> UpdateMembership(
+      const std::string& address, const v1::UpdateMembershipRequest& request) override;
+
+  // Cancels the calls in flight and makes every later call fail at once with CANCELLED, so a
+  // stopping coordinator does not wait out a Checkpoint deadline. Irreversible; thread-safe.
+  void CancelAll() override;
 
  private:
   v1::ParameterService::Stub* StubFor(const std::string& address);
+  // Registers `context` as in flight; CANCELLED after CancelAll().
+  absl::Status Begin(grpc::ClientContext* context);
+  void End(grpc::ClientContext* context);
 
   const absl::Duration timeout_;
   const ClientCredentials credentials_;
   absl::Mutex mu_;
   std::map<std::string, std::unique_ptr<v1::ParameterService::Stub>> stubs_ ABSL_GUARDED_BY(mu_);
+  std::set<grpc::ClientContext*> in_flight_ ABSL_GUARDED_BY(mu_);
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace tessera::coordinator

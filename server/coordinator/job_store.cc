@@ -10,7 +10,10 @@
 namespace tessera::coordinator {
 namespace {
 
-constexpr int kSchemaVersion = 1;
+constexpr int kSchemaVersion = 2;
+constexpr char kCreateCheckpoints[] =
+    "CREATE TABLE IF NOT EXISTS checkpoints (job_id TEXT NOT NULL, step INTEGER NOT NULL, "
+    "  time_ms INTEGER NOT NULL, record BLOB NOT NULL, PRIMARY KEY (job_id, step));";
 constexpr int kBusyTimeoutMs = 5000;
 
 // Resets a prepared statement (and its bindings) when the scope ends.
@@ -66,7 +69,8 @@ absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path
 JobStore::~JobStore() {
   absl::MutexLock lock(&mu_);
   for (sqlite3_stmt* stmt : {put_job_, put_event_, put_member_, delete_member_, load_jobs_,
-                             load_members_, read_events_, last_seq_}) {
+                             load_members_, read_events_, last_seq_, put_checkpoint_,
+                             delete_checkpoint_, delete_job_checkpoints_, load_checkpoints_}) {
     sqlite3_finalize(stmt);
   }
   sqlite3_close(db_);
@@ -104,15 +108,20 @@ absl::Status JobStore::Init() {
            "CREATE TABLE IF NOT EXISTS events (job_id TEXT NOT NULL, seq INTEGER NOT NULL, "
            "  time_ms INTEGER NOT NULL, record BLOB NOT NULL, PRIMARY KEY (job_id, seq));"
            "CREATE TABLE IF NOT EXISTS members (id TEXT PRIMARY KEY, record BLOB NOT NULL);"
-           "INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', '1');"
+           "INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', '2');"
            "COMMIT;"));
-  sqlite3_stmt* version = nullptr;
-  TESSERA_RETURN_IF_ERROR(Prepare("SELECT value FROM meta WHERE key = 'schema_version'", &version));
-  std::string found;
-  if (sqlite3_step(version) == SQLITE_ROW) {
-    found = reinterpret_cast<const char*>(sqlite3_column_text(version, 0));
+  TESSERA_ASSIGN_OR_RETURN(std::string found, SchemaVersion());
+  if (found == "1") {
+    // Schema 1 (issues #4, #5) lacks the checkpoints table; everything else is unchanged.
+    TESSERA_RETURN_IF_ERROR(
+        Exec(absl::StrCat("BEGIN IMMEDIATE;", kCreateCheckpoints,
+                          "UPDATE meta SET value = '2' WHERE key = 'schema_version';"
+                          "COMMIT;")
+                 .c_str()));
+    TESSERA_ASSIGN_OR_RETURN(found, SchemaVersion());
+  } else if (found == std::to_string(kSchemaVersion)) {
+    TESSERA_RETURN_IF_ERROR(Exec(kCreateCheckpoints));
   }
-  sqlite3_finalize(version);
   if (found != std::to_string(kSchemaVersion)) {
     return absl::FailedPreconditionError(absl::StrCat("coordinator database has schema version '",
                                                       found, "', this build reads ",
@@ -132,7 +141,27 @@ absl::Status JobStore::Init() {
               &read_events_));
   TESSERA_RETURN_IF_ERROR(
       Prepare("SELECT COALESCE(MAX(seq), 0) FROM events WHERE job_id = ?1", &last_seq_));
+  TESSERA_RETURN_IF_ERROR(Prepare(
+      "INSERT OR REPLACE INTO checkpoints (job_id, step, time_ms, record) VALUES (?1, ?2, ?3, ?4)",
+      &put_checkpoint_));
+  TESSERA_RETURN_IF_ERROR(
+      Prepare("DELETE FROM checkpoints WHERE job_id = ?1 AND step = ?2", &delete_checkpoint_));
+  TESSERA_RETURN_IF_ERROR(
+      Prepare("DELETE FROM checkpoints WHERE job_id = ?1", &delete_job_checkpoints_));
+  TESSERA_RETURN_IF_ERROR(Prepare(
+      "SELECT record FROM checkpoints WHERE job_id = ?1 ORDER BY step DESC", &load_checkpoints_));
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> JobStore::SchemaVersion() {
+  sqlite3_stmt* version = nullptr;
+  TESSERA_RETURN_IF_ERROR(Prepare("SELECT value FROM meta WHERE key = 'schema_version'", &version));
+  std::string found;
+  if (sqlite3_step(version) == SQLITE_ROW) {
+    found = reinterpret_cast<const char*>(sqlite3_column_text(version, 0));
+  }
+  sqlite3_finalize(version);
+  return found;
 }
 
 absl::Status JobStore::Write(const StoreWrite& write) {
@@ -184,6 +213,22 @@ absl::Status JobStore::WriteLocked(const StoreWrite& write) {
     StatementScope scope(delete_member_);
     BindText(delete_member_, 1, id);
     if (sqlite3_step(delete_member_) != SQLITE_DONE) return Error("removing a member");
+  }
+  for (const v1::CheckpointRecord& record : write.checkpoints) {
+    StatementScope scope(put_checkpoint_);
+    BindText(put_checkpoint_, 1, record.job_id());
+    sqlite3_bind_int64(put_checkpoint_, 2, record.step());
+    sqlite3_bind_int64(put_checkpoint_, 3, record.time_ms());
+    record.SerializeToString(&blob);
+    BindBlob(put_checkpoint_, 4, blob);
+    if (sqlite3_step(put_checkpoint_) != SQLITE_DONE) return Error("writing a checkpoint");
+  }
+  for (const auto& [job_id, step] : write.removed_checkpoints) {
+    sqlite3_stmt* stmt = step < 0 ? delete_job_checkpoints_ : delete_checkpoint_;
+    StatementScope scope(stmt);
+    BindText(stmt, 1, job_id);
+    if (step >= 0) sqlite3_bind_int64(stmt, 2, step);
+    if (sqlite3_step(stmt) != SQLITE_DONE) return Error("removing a checkpoint");
   }
   return absl::OkStatus();
 }
@@ -242,6 +287,22 @@ absl::StatusOr<std::vector<v1::JobEvent>> JobStore::ReadEvents(const std::string
   }
   if (rc != SQLITE_DONE) return Error("reading events");
   return events;
+}
+
+absl::StatusOr<std::vector<v1::CheckpointRecord>> JobStore::LoadCheckpoints(
+    const std::string& job_id) {
+  absl::MutexLock lock(&mu_);
+  std::vector<v1::CheckpointRecord> records;
+  StatementScope scope(load_checkpoints_);
+  BindText(load_checkpoints_, 1, job_id);
+  int rc;
+  while ((rc = sqlite3_step(load_checkpoints_)) == SQLITE_ROW) {
+    v1::CheckpointRecord record;
+    TESSERA_RETURN_IF_ERROR(ParseColumn(load_checkpoints_, 0, &record, "checkpoint"));
+    records.push_back(std::move(record));
+  }
+  if (rc != SQLITE_DONE) return Error("reading checkpoints");
+  return records;
 }
 
 }  // namespace tessera::coordinator

@@ -1,10 +1,12 @@
 // JobStore: the coordinator's durable state in one SQLite file (DESIGN.md §6).
 //
 // Tables: jobs (id, n, state, record = serialized v1::Job), events (job_id, seq, time_ms,
-// record = serialized v1::JobEvent), members (id, record = serialized v1::Member) and meta
-// (schema_version). The database runs in WAL mode with synchronous=FULL, so a write that returned
-// OK survives the process being killed (and the machine losing power). Every Write() is one
-// transaction: all of it lands or none of it does.
+// record = serialized v1::JobEvent), members (id, record = serialized v1::Member), checkpoints
+// (job_id, step, time_ms, record = serialized v1::CheckpointRecord; key (job_id, step)) and meta
+// (schema_version = 2). A schema-1 database (before checkpoints) is migrated in place on Open. The
+// database runs in WAL mode with synchronous=FULL, so a write that returned OK survives the process
+// being killed (and the machine losing power). Every Write() is one transaction: all of it lands or
+// none of it does.
 //
 // Thread-safety: all methods may be called from any thread; calls are serialized internally.
 // Every call does file I/O and blocks.
@@ -14,6 +16,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -33,10 +36,19 @@ struct StoreWrite {
     int64_t n = 0;  // the job's number ("<name>-<n>")
     v1::Job job;
   };
-  std::vector<JobRow> jobs;                  // inserted or replaced
-  std::vector<v1::JobEvent> events;          // inserted; (job_id, seq) must be new
-  std::vector<v1::Member> members;           // inserted or replaced
-  std::vector<std::string> removed_members;  // deleted by id, after the inserts
+  std::vector<JobRow> jobs;                       // inserted or replaced
+  std::vector<v1::JobEvent> events;               // inserted; (job_id, seq) must be new
+  std::vector<v1::Member> members;                // inserted or replaced
+  std::vector<std::string> removed_members;       // deleted by id, after the inserts
+  std::vector<v1::CheckpointRecord> checkpoints;  // inserted or replaced, by (job_id, step)
+  // Checkpoint records deleted after the inserts: one (job_id, step), or (job_id, -1) for every
+  // record of the job.
+  std::vector<std::pair<std::string, int64_t>> removed_checkpoints;
+
+  bool empty() const {
+    return jobs.empty() && events.empty() && members.empty() && removed_members.empty() &&
+           checkpoints.empty() && removed_checkpoints.empty();
+  }
 };
 
 // A job as loaded from the database.
@@ -50,7 +62,8 @@ class JobStore {
  public:
   // Opens (creating when missing) the database at `path`, sets WAL, synchronous=FULL and a busy
   // timeout, creates the tables and checks the schema version. INTERNAL with SQLite's message
-  // when the file cannot be opened; FAILED_PRECONDITION for a database of another schema version.
+  // when the file cannot be opened; FAILED_PRECONDITION for a database of a newer (or unknown)
+  // schema version. A schema-1 database gets the checkpoints table and becomes schema 2.
   static absl::StatusOr<std::unique_ptr<JobStore>> Open(const std::string& path);
   ~JobStore();
 
@@ -68,11 +81,16 @@ class JobStore {
   // The events of `job_id` with after_seq < seq <= up_to_seq, in seq order.
   absl::StatusOr<std::vector<v1::JobEvent>> ReadEvents(const std::string& job_id, int64_t after_seq,
                                                        int64_t up_to_seq);
+  // The committed checkpoints of `job_id`, newest (highest step) first. DATA_LOSS for a record
+  // that does not parse.
+  absl::StatusOr<std::vector<v1::CheckpointRecord>> LoadCheckpoints(const std::string& job_id);
 
  private:
   explicit JobStore(sqlite3* db) : db_(db) {}
   absl::Status Init() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status Exec(const char* sql) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // meta.schema_version ("" when absent).
+  absl::StatusOr<std::string> SchemaVersion() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status Prepare(const char* sql, sqlite3_stmt** stmt) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status Error(const char* what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status WriteLocked(const StoreWrite& write) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -87,6 +105,10 @@ class JobStore {
   sqlite3_stmt* load_members_ ABSL_GUARDED_BY(mu_) = nullptr;
   sqlite3_stmt* read_events_ ABSL_GUARDED_BY(mu_) = nullptr;
   sqlite3_stmt* last_seq_ ABSL_GUARDED_BY(mu_) = nullptr;
+  sqlite3_stmt* put_checkpoint_ ABSL_GUARDED_BY(mu_) = nullptr;
+  sqlite3_stmt* delete_checkpoint_ ABSL_GUARDED_BY(mu_) = nullptr;
+  sqlite3_stmt* delete_job_checkpoints_ ABSL_GUARDED_BY(mu_) = nullptr;
+  sqlite3_stmt* load_checkpoints_ ABSL_GUARDED_BY(mu_) = nullptr;
 };
 
 }  // namespace tessera::coordinator

@@ -1,11 +1,13 @@
 #include "server/coordinator/job_store.h"
 
 #include <signal.h>
+#include <sqlite3.h>
 #include <stdlib.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
@@ -148,6 +150,116 @@ TEST(JobStoreTest, RefusesAnotherSchemaVersion) {
   }
   auto store = JobStore::Open(path);
   EXPECT_EQ(store.status().code(), absl::StatusCode::kFailedPrecondition) << store.status();
+}
+
+v1::CheckpointRecord MakeCheckpoint(const std::string& job_id, int64_t step) {
+  v1::CheckpointRecord record;
+  record.set_job_id(job_id);
+  record.set_step(step);
+  record.set_time_ms(5000 + step);
+  v1::ShardCheckpoint* shard = record.add_shards();
+  shard->set_shard_index(0);
+  shard->set_path(absl::StrCat("/d/checkpoints/", job_id, "/ckpt-", step, "/shard-0"));
+  shard->set_bytes(100 + static_cast<uint64_t>(step));
+  record.add_positions()->set_batch_offset(step);
+  return record;
+}
+
+std::vector<int64_t> Steps(const std::vector<v1::CheckpointRecord>& records) {
+  std::vector<int64_t> steps;
+  for (const v1::CheckpointRecord& record : records) steps.push_back(record.step());
+  return steps;
+}
+
+TEST(JobStoreTest, CheckpointsNewestFirstAndRemoved) {
+  const std::string path = TempDir() + "/coordinator.db";
+  {
+    auto store = JobStore::Open(path);
+    ASSERT_TRUE(store.ok()) << store.status();
+    StoreWrite write;
+    for (int64_t step : {50, 150, 100}) write.checkpoints.push_back(MakeCheckpoint("a-1", step));
+    write.checkpoints.push_back(MakeCheckpoint("b-2", 10));
+    ASSERT_TRUE((*store)->Write(write).ok());
+    StoreWrite remove;
+    remove.removed_checkpoints.push_back({"a-1", 50});
+    remove.checkpoints.push_back(MakeCheckpoint("a-1", 200));
+    ASSERT_TRUE((*store)->Write(remove).ok());
+  }
+  auto store = JobStore::Open(path);
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto a = (*store)->LoadCheckpoints("a-1");
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(Steps(*a), (std::vector<int64_t>{200, 150, 100}));
+  EXPECT_EQ((*a)[1].shards(0).path(), "/d/checkpoints/a-1/ckpt-150/shard-0");
+  EXPECT_EQ((*a)[1].shards(0).bytes(), 250u);
+  EXPECT_EQ((*a)[1].positions(0).batch_offset(), 150);
+  StoreWrite drop_all;
+  drop_all.removed_checkpoints.push_back({"a-1", -1});
+  ASSERT_TRUE((*store)->Write(drop_all).ok());
+  EXPECT_TRUE((*store)->LoadCheckpoints("a-1")->empty());
+  EXPECT_EQ(Steps(*(*store)->LoadCheckpoints("b-2")), (std::vector<int64_t>{10}));
+}
+
+// The SQL of schema 1 (issues #4 and #5), as that build ran it.
+constexpr char kSchema1[] =
+    "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);"
+    "CREATE TABLE IF NOT EXISTS jobs (id TEXT PRIMARY KEY, n INTEGER UNIQUE NOT NULL, "
+    "  state INTEGER NOT NULL, record BLOB NOT NULL);"
+    "CREATE TABLE IF NOT EXISTS events (job_id TEXT NOT NULL, seq INTEGER NOT NULL, "
+    "  time_ms INTEGER NOT NULL, record BLOB NOT NULL, PRIMARY KEY (job_id, seq));"
+    "CREATE TABLE IF NOT EXISTS members (id TEXT PRIMARY KEY, record BLOB NOT NULL);"
+    "INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', '1');";
+
+std::string ReadSchemaVersion(const std::string& path) {
+  sqlite3* db = nullptr;
+  if (sqlite3_open(path.c_str(), &db) != SQLITE_OK) return "open failed";
+  sqlite3_stmt* stmt = nullptr;
+  std::string version = "none";
+  if (sqlite3_prepare_v2(db, "SELECT value FROM meta WHERE key = 'schema_version'", -1, &stmt,
+                         nullptr) == SQLITE_OK &&
+      sqlite3_step(stmt) == SQLITE_ROW) {
+    version = reinterpret_cast<const char*>(sqlite3_column_text(stmt, 0));
+  }
+  sqlite3_finalize(stmt);
+  sqlite3_close(db);
+  return version;
+}
+
+TEST(JobStoreTest, MigratesASchema1Database) {
+  const std::string path = TempDir() + "/coordinator.db";
+  {
+    sqlite3* db = nullptr;
+    ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+    ASSERT_EQ(sqlite3_exec(db, kSchema1, nullptr, nullptr, nullptr), SQLITE_OK);
+    std::string blob;
+    MakeJob("old-1", v1::JOB_STATE_RUNNING, 42).SerializeToString(&blob);
+    sqlite3_stmt* stmt = nullptr;
+    ASSERT_EQ(
+        sqlite3_prepare_v2(db, "INSERT INTO jobs (id, n, state, record) VALUES ('old-1', 1, 2, ?1)",
+                           -1, &stmt, nullptr),
+        SQLITE_OK);
+    sqlite3_bind_blob(stmt, 1, blob.data(), static_cast<int>(blob.size()), SQLITE_TRANSIENT);
+    ASSERT_EQ(sqlite3_step(stmt), SQLITE_DONE);
+    sqlite3_finalize(stmt);
+    sqlite3_close(db);
+  }
+  ASSERT_EQ(ReadSchemaVersion(path), "1");
+  {
+    auto store = JobStore::Open(path);
+    ASSERT_TRUE(store.ok()) << store.status();
+    auto jobs = (*store)->LoadJobs();
+    ASSERT_TRUE(jobs.ok()) << jobs.status();
+    ASSERT_EQ(jobs->size(), 1u);
+    EXPECT_EQ((*jobs)[0].job.step(), 42);
+    EXPECT_TRUE((*store)->LoadCheckpoints("old-1")->empty());
+    StoreWrite write;
+    write.checkpoints.push_back(MakeCheckpoint("old-1", 40));
+    ASSERT_TRUE((*store)->Write(write).ok());
+  }
+  EXPECT_EQ(ReadSchemaVersion(path), "2");
+  auto store = JobStore::Open(path);
+  ASSERT_TRUE(store.ok()) << store.status();
+  EXPECT_EQ(Steps(*(*store)->LoadCheckpoints("old-1")), (std::vector<int64_t>{40}));
 }
 
 }  // namespace

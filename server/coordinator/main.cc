@@ -28,6 +28,7 @@ struct Flags {
   double lease_seconds = 10.0;
   double heartbeat_seconds = 2.0;
   double shutdown_grace_seconds = 5.0;
+  double recovery_timeout_seconds = 300.0;
   tessera::SecurityOptions security;
   tessera::MetricsFlags metrics;
 };
@@ -37,7 +38,9 @@ absl::Status Validate(const Flags& flags, std::unique_ptr<tessera::Security>* se
   TESSERA_RETURN_IF_ERROR(tessera::ValidateLogLevel(flags.log_level));
   // Before Security::Create, which may log warnings.
   TESSERA_RETURN_IF_ERROR(tessera::InitLogging(flags.log_level));
-  TESSERA_RETURN_IF_ERROR(tessera::coordinator::CoordinatorServer::Validate(flags.server));
+  tessera::coordinator::CoordinatorServerOptions server = flags.server;
+  server.coordinator.recovery_timeout = absl::Seconds(flags.recovery_timeout_seconds);
+  TESSERA_RETURN_IF_ERROR(tessera::coordinator::CoordinatorServer::Validate(server));
   if (flags.heartbeat_seconds >= flags.lease_seconds) {
     return absl::InvalidArgumentError(
         absl::StrCat("--heartbeat_seconds: must be below --lease_seconds (", flags.lease_seconds,
@@ -64,6 +67,7 @@ int Run(Flags flags, const tessera::LayeredConfig& config, tessera::Security* se
   tessera::Metrics* registry = metrics->get();
   flags.server.coordinator.lease = absl::Seconds(flags.lease_seconds);
   flags.server.coordinator.heartbeat_interval = absl::Seconds(flags.heartbeat_seconds);
+  flags.server.coordinator.recovery_timeout = absl::Seconds(flags.recovery_timeout_seconds);
   flags.server.credentials = security->ServerCredentials();
   flags.server.client_credentials = security->Client();
   flags.server.configure = tessera::RpcMetricsHook(registry);
@@ -115,6 +119,7 @@ int Run(Flags flags, const tessera::LayeredConfig& config, tessera::Security* se
 }  // namespace
 
 int main(int argc, char** argv) {
+  tessera::ConfigureDaemonAllocator();
   tessera::BlockDaemonSignals();
   Flags flags;
   CLI::App app{
@@ -125,7 +130,11 @@ int main(int argc, char** argv) {
       "members persist in SQLite under --data_dir. SIGTERM or SIGINT drains it (health\n"
       "NOT_SERVING, running calls finish within --shutdown_grace_seconds) and exits 0; SIGHUP\n"
       "re-reads log_level and the TLS and token files. Under systemd (Type=notify) it sends\n"
-      "READY=1 once serving, STOPPING=1 on drain and WATCHDOG=1 when the unit sets WatchdogSec.\n\n"
+      "READY=1 once serving, STOPPING=1 on drain and WATCHDOG=1 when the unit sets WatchdogSec.\n"
+      "Fault tolerance: it commits the shards' checkpoints, rewinds a job to its newest "
+      "checkpoint\n"
+      "when a shard is lost (waiting --recovery_timeout for it), and carries on without a lost\n"
+      "worker until an idle one takes its rank over.\n\n"
       "Examples:\n"
       "  tessera-coordinator --data_dir /var/lib/tessera/coordinator\n"
       "  tessera-coordinator --listen 127.0.0.1:0 --port_file /tmp/coord.port --data_dir /tmp/c "
@@ -162,6 +171,11 @@ int main(int argc, char** argv) {
                  "workers, which fail the job naming the file (false: the coordinator's host does "
                  "not hold the datasets)")
       ->capture_default_str();
+  app.add_option("--recovery_timeout", flags.recovery_timeout_seconds,
+                 "seconds a job whose shard was lost waits for it to come back (and for its "
+                 "checkpoint to be restored) before it fails")
+      ->capture_default_str()
+      ->check(CLI::Range(1.0, 86400.0));
   app.add_option("--log_level", flags.log_level, "trace, debug, info, warn, error, critical or off")
       ->capture_default_str();
   app.add_option("--shutdown_grace_seconds", flags.shutdown_grace_seconds,
