@@ -300,7 +300,10 @@ int main(int argc, char** argv) {
   const int code = config.Parse(app, argc, argv, [&] {
     // A daemon blocks its signals before Security::Create, which may start gRPC's threads; a
     // standalone run keeps the default handling (SIGINT ends it).
-    if (!flags.standalone) tessera::BlockDaemonSignals();
+    if (!flags.standalone) {
+      tessera::ConfigureDaemonAllocator();
+      tessera::BlockDaemonSignals();
+    }
     return ValidateDaemon(flags, &security);
   });
   if (code >= 0) return code;

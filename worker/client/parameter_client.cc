@@ -1,6 +1,7 @@
 #include "worker/client/parameter_client.h"
 
 #include <algorithm>
+#include <limits>
 #include <map>
 #include <set>
 #include <utility>
@@ -631,7 +632,8 @@ absl::Status ParameterClient::CallWithRetries(int shard,
   return WithAddress(shard, status);
 }
 
-absl::Status ParameterClient::Pull(absl::string_view name, int64_t step, absl::Span<float> out) {
+absl::Status ParameterClient::Pull(absl::string_view name, int64_t step, absl::Span<float> out,
+                                   int64_t* min_version) {
   TESSERA_ASSIGN_OR_RETURN(const DenseLayout* layout, Layout(name));
   if (static_cast<int64_t>(out.size()) != layout->num_elements) {
     return absl::InvalidArgumentError(absl::StrCat("Pull tensor '", name, "': out has ", out.size(),
@@ -647,7 +649,9 @@ absl::Status ParameterClient::Pull(absl::string_view name, int64_t step, absl::S
     key->mutable_key()->set_tensor(layout->name);
     key->mutable_key()->set_index(p.index);
   }
-  return ForEachConcurrently(used, [&](int s) -> absl::Status {
+  absl::Mutex version_mu;
+  int64_t smallest = std::numeric_limits<int64_t>::max();
+  TESSERA_RETURN_IF_ERROR(ForEachConcurrently(used, [&](int s) -> absl::Status {
     v1::PullRequest& r = requests[s];
     r.set_job_id(options_.job_id);
     r.set_worker_id(options_.worker_id);
@@ -671,6 +675,10 @@ absl::Status ParameterClient::Pull(absl::string_view name, int64_t step, absl::S
       TESSERA_RETURN_IF_ERROR(
           WithAddress(s, DecodeValues(w.encoding(), w.data(), out.data() + p.offset,
                                       static_cast<size_t>(p.num_elements))));
+      {
+        absl::MutexLock lock(&version_mu);
+        smallest = std::min(smallest, w.version());
+      }
       ++received;
     }
     if (received != static_cast<size_t>(r.keys_size())) {
@@ -679,7 +687,11 @@ absl::Status ParameterClient::Pull(absl::string_view name, int64_t step, absl::S
                                               " partitions"));
     }
     return absl::OkStatus();
-  });
+  }));
+  if (min_version != nullptr) {
+    *min_version = smallest == std::numeric_limits<int64_t>::max() ? 0 : smallest;
+  }
+  return absl::OkStatus();
 }
 
 void ParameterClient::PushPullSparseAsync(absl::string_view table, int64_t step,

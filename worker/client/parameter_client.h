@@ -151,8 +151,10 @@ class ParameterClient {
   void PushPullManyAsync(int64_t step, std::vector<TensorUpdate> tensors, PushPullCallback done);
 
   // Blocking pull of the whole tensor into `out`, gated as for `step` (negative: not gated, for
-  // initial weights, evaluation and export).
-  absl::Status Pull(absl::string_view name, int64_t step, absl::Span<float> out);
+  // initial weights, evaluation and export). With `min_version`, the smallest version of the
+  // tensor's partitions in the answers is written there.
+  absl::Status Pull(absl::string_view name, int64_t step, absl::Span<float> out,
+                    int64_t* min_version = nullptr);
 
   // Sparse tables: rows[i]'s gradient is gradient[i*dim, (i+1)*dim). Each row goes to
   // ShardOfSparseRow(job, table, row). Weights come back into weights_out in the same layout.

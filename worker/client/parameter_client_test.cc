@@ -323,8 +323,10 @@ TEST_F(ParameterClientTest, RoutesEveryPartitionToItsShardAndReturnsWeights) {
   for (int i = 0; i < 1000; ++i) ASSERT_EQ(covered[i], 1) << i;
 
   std::vector<float> pulled(1000);
-  ASSERT_TRUE(client_->Pull("w", -1, absl::MakeSpan(pulled)).ok());
+  int64_t version = -1;
+  ASSERT_TRUE(client_->Pull("w", -1, absl::MakeSpan(pulled), &version).ok());
   EXPECT_EQ(pulled, out);
+  EXPECT_EQ(version, 1);
 }
 
 TEST_F(ParameterClientTest, SeqIncreasesPerRequestAndCarriesIdentity) {

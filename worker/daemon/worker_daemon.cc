@@ -3,6 +3,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <deque>
+#include <iterator>
 #include <optional>
 #include <utility>
 
@@ -13,59 +15,156 @@
 
 namespace tessera::worker {
 
-// Sends the newest progress report of the task in hand from its own thread, so a slow
-// coordinator never holds up a training step. Reports that arrive while one is on the wire
-// replace each other; only the newest is sent next.
+// Sends the progress reports of the task in hand from its own thread, in order, so a slow or
+// absent coordinator never holds up a training step. Plain progress reports replace each other
+// (only the newest is kept); the ones that must not be lost (evaluations, epoch ends, the
+// terminal phase) are all kept, in order. While the coordinator is unreachable (or does not know
+// this member: the agent registers again and the reports go out under the new id) the front
+// report is retried with capped exponential backoff. At most kMaxQueued reports are kept: past
+// that the oldest plain, then the oldest epoch-end reports are dropped (logged once); evaluated
+// and terminal reports never are.
 class WorkerDaemon::ProgressSender {
  public:
+  static constexpr size_t kMaxQueued = 1000;
+
   ProgressSender(WorkerDaemon* daemon, v1::Task task)
       : daemon_(daemon), task_(std::move(task)), thread_([this] { Run(); }) {}
   // Stop().
   ~ProgressSender() { Stop(); }
 
+  // Queues `report`; never blocks on the coordinator. Ignored after Abandon() or Stop().
   void Offer(const v1::ProgressReport& report) {
     absl::MutexLock lock(&mu_);
-    pending_ = report;
-  }
-  // Drops whatever is pending and joins the thread (after the report on the wire, if any).
-  void Stop() {
-    {
-      absl::MutexLock lock(&mu_);
-      stop_ = true;
-      pending_.reset();
+    if (stop_) return;
+    const bool keep = MustKeep(report);
+    if (!keep) {
+      for (auto it = queue_.begin(); it != queue_.end();) {
+        it = it->keep ? std::next(it) : queue_.erase(it);
+      }
     }
+    queue_.push_back({next_id_++, report, keep});
+    if (queue_.size() > kMaxQueued) DropOne();
+  }
+  // Waits until every queued report has been delivered (or refused as invalid), until
+  // `deadline`, or until Abandon()/Stop(). True when nothing is left.
+  bool Drain(absl::Time deadline) {
+    absl::MutexLock lock(&mu_);
+    mu_.AwaitWithDeadline(absl::Condition(this, &ProgressSender::DrainedOrStopped), deadline);
+    return queue_.empty();
+  }
+  // Drops whatever is queued and ignores later offers, without waiting (the report on the wire,
+  // if any, still completes). For a preempted task: nothing more of its incarnation goes out.
+  void Abandon() {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+    queue_.clear();
+  }
+  // Abandon(), then joins the thread (after the report on the wire, if any).
+  void Stop() {
+    Abandon();
     if (thread_.joinable()) thread_.join();
   }
 
  private:
-  bool Ready() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || pending_.has_value(); }
+  struct Entry {
+    uint64_t id = 0;
+    v1::ProgressReport report;
+    bool keep = false;
+  };
+
+  // Evaluations, epoch ends and terminal phases must reach the coordinator.
+  static bool MustKeep(const v1::ProgressReport& r) {
+    return r.phase() != v1::TASK_PHASE_TRAINING || r.evaluated() ||
+           (r.steps_per_epoch() > 0 && r.step() > 0 && r.step() % r.steps_per_epoch() == 0) ||
+           (r.total_steps() > 0 && r.step() == r.total_steps());
+  }
+  static bool Droppable(const Entry& e) {
+    return !e.report.evaluated() && e.report.phase() == v1::TASK_PHASE_TRAINING;
+  }
+
+  void DropOne() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    // The oldest plain report first, then the oldest epoch end.
+    auto victim =
+        std::find_if(queue_.begin(), queue_.end(), [](const Entry& e) { return !e.keep; });
+    if (victim == queue_.end()) victim = std::find_if(queue_.begin(), queue_.end(), &Droppable);
+    if (victim == queue_.end()) return;
+    if (!dropping_logged_) {
+      dropping_logged_ = true;
+      spdlog::warn(
+          "job {}: {} progress reports buffered while the coordinator is unreachable; "
+          "dropping the oldest plain and epoch-end ones",
+          task_.job_id(), queue_.size());
+    }
+    queue_.erase(victim);
+  }
+
+  bool Ready() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || !queue_.empty(); }
+  bool DrainedOrStopped() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return stop_ || queue_.empty();
+  }
 
   void Run() {
+    absl::Duration backoff = daemon_->options_.initial_backoff;
+    bool down = false;
     for (;;) {
-      v1::ProgressReport report;
+      Entry entry;
       {
         absl::MutexLock lock(&mu_);
         mu_.Await(absl::Condition(this, &ProgressSender::Ready));
         if (stop_) return;
-        report = *std::move(pending_);
-        pending_.reset();
+        entry = queue_.front();
       }
       // Without the lock: an RPC.
-      absl::StatusOr<v1::ProgressAck> ack = daemon_->Report(task_, report);
-      if (!ack.ok()) {
-        spdlog::warn("job {}: progress report not delivered: {}", task_.job_id(),
-                     ack.status().ToString());
-      } else if (ack->cancel()) {
-        spdlog::info("job {}: the coordinator asked to stop", task_.job_id());
-        daemon_->CancelTask(task_.job_id(), "cancelled");
+      absl::StatusOr<v1::ProgressAck> ack = daemon_->Report(task_, entry.report);
+      const bool refused = !ack.ok() && ack.status().code() == absl::StatusCode::kInvalidArgument;
+      if (ack.ok() || refused) {
+        if (refused) {
+          spdlog::error("job {}: progress report refused: {}", task_.job_id(),
+                        ack.status().ToString());
+        }
+        size_t left = 0;
+        {
+          absl::MutexLock lock(&mu_);
+          // A plain report may have been replaced meanwhile: erase it only if still queued.
+          for (auto it = queue_.begin(); it != queue_.end(); ++it) {
+            if (it->id == entry.id) {
+              queue_.erase(it);
+              break;
+            }
+          }
+          left = queue_.size();
+        }
+        if (down) {
+          spdlog::info("job {}: coordinator {} answers again; sending {} buffered report(s)",
+                       task_.job_id(), daemon_->options_.coordinator, left);
+          down = false;
+        }
+        backoff = daemon_->options_.initial_backoff;
+        if (ack.ok() && ack->cancel()) {
+          spdlog::info("job {}: the coordinator asked incarnation {} to stop", task_.job_id(),
+                       task_.incarnation());
+          daemon_->CancelTask(task_.job_id(), "cancelled", task_.incarnation());
+        }
+        continue;
       }
+      if (!down) {
+        spdlog::warn("job {}: progress report not delivered ({}); buffering and retrying",
+                     task_.job_id(), ack.status().ToString());
+        down = true;
+      }
+      absl::MutexLock lock(&mu_);
+      // Returns early on Abandon()/Stop().
+      mu_.AwaitWithTimeout(absl::Condition(&stop_), backoff);
+      backoff = std::min(backoff * 2, daemon_->options_.max_backoff);
     }
   }
 
   WorkerDaemon* const daemon_;
   const v1::Task task_;
   absl::Mutex mu_;
-  std::optional<v1::ProgressReport> pending_ ABSL_GUARDED_BY(mu_);
+  std::deque<Entry> queue_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  bool dropping_logged_ ABSL_GUARDED_BY(mu_) = false;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;
 };
@@ -218,13 +317,30 @@ void WorkerDaemon::HandleEvent(const v1::TaskEvent& event) {
   if (!event.has_assign()) return;
   const v1::Task& task = event.assign();
   // A new task while the previous one only winds down after its terminal report (the coordinator
-  // acts on the report at once): wait for that task's thread, then take the new one.
+  // acts on the report at once): wait for that task's thread, then take the new one. A higher
+  // incarnation of the job in hand (a rewind to a checkpoint, or the rank handed over again)
+  // preempts it: the trainer is cancelled and joined, and nothing more of its incarnation is
+  // reported, the terminal phase included.
   std::thread finishing;
   {
     absl::MutexLock lock(&mu_);
-    if (task_running_ && terminal_reported_ &&
-        !(task_.job_id() == task.job_id() && task_.rank() == task.rank() &&
-          task_.incarnation() == task.incarnation())) {
+    const bool same_assignment = task_running_ && task_.job_id() == task.job_id() &&
+                                 task_.rank() == task.rank() &&
+                                 task_.incarnation() == task.incarnation();
+    if (task_running_ && task_.job_id() == task.job_id() &&
+        task.incarnation() > task_.incarnation()) {
+      spdlog::info(
+          "job {}: incarnation {} (rank {}, start_step {}) preempts incarnation {} "
+          "(rank {})",
+          task.job_id(), task.incarnation(), task.rank(), task.start_step(), task_.incarnation(),
+          task_.rank());
+      preempted_ = true;
+      cancel_requested_ = true;
+      cancel_reason_ = "preempted";
+      if (trainer_ != nullptr) trainer_->Cancel();
+      if (sender_ != nullptr) sender_->Abandon();
+      finishing = std::move(task_thread_);
+    } else if (task_running_ && terminal_reported_ && !same_assignment) {
       finishing = std::move(task_thread_);
     }
   }
@@ -234,9 +350,14 @@ void WorkerDaemon::HandleEvent(const v1::TaskEvent& event) {
     absl::MutexLock lock(&mu_);
     if (stopping_) return;
     if (task_running_) {
-      if (task_.job_id() == task.job_id() && task_.rank() == task.rank() &&
-          task_.incarnation() == task.incarnation()) {
-        return;  // the same assignment again, on a reopened stream
+      if (task_.job_id() == task.job_id()) {
+        if (task_.rank() != task.rank() || task_.incarnation() != task.incarnation()) {
+          spdlog::warn(
+              "job {}: ignoring the assignment of rank {} incarnation {}: incarnation {} "
+              "(rank {}) is newer or the same",
+              task.job_id(), task.rank(), task.incarnation(), task_.incarnation(), task_.rank());
+        }
+        return;  // the same assignment again (a reopened stream), or an older one
       }
       busy_with = task_.job_id();
     } else {
@@ -244,6 +365,7 @@ void WorkerDaemon::HandleEvent(const v1::TaskEvent& event) {
       if (task_thread_.joinable()) task_thread_.join();
       task_running_ = true;
       terminal_reported_ = false;
+      preempted_ = false;
       task_ = task;
       cancel_requested_ = false;
       cancel_reason_.clear();
@@ -264,9 +386,11 @@ void WorkerDaemon::HandleEvent(const v1::TaskEvent& event) {
     spdlog::warn("job {}: report not delivered: {}", task.job_id(), ack.status().ToString());
 }
 
-void WorkerDaemon::CancelTask(const std::string& job_id, const std::string& why) {
+void WorkerDaemon::CancelTask(const std::string& job_id, const std::string& why,
+                              std::optional<uint64_t> incarnation) {
   absl::MutexLock lock(&mu_);
   if (!task_running_ || (!job_id.empty() && task_.job_id() != job_id)) return;
+  if (incarnation.has_value() && task_.incarnation() != *incarnation) return;
   if (!cancel_requested_) {
     cancel_requested_ = true;
     cancel_reason_ = why;
@@ -277,8 +401,13 @@ void WorkerDaemon::CancelTask(const std::string& job_id, const std::string& why)
 absl::StatusOr<v1::ProgressAck> WorkerDaemon::Report(const v1::Task& task,
                                                      v1::ProgressReport report) {
   report.set_member_id(agent_->member_id());
+  if (report.member_id().empty()) {
+    return absl::UnavailableError(
+        absl::StrCat("coordinator ", options_.coordinator, ": not registered (yet)"));
+  }
   report.set_job_id(task.job_id());
   report.set_rank(task.rank());
+  report.set_incarnation(task.incarnation());
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
   v1::ProgressAck ack;
@@ -292,9 +421,14 @@ absl::StatusOr<v1::ProgressAck> WorkerDaemon::Report(const v1::Task& task,
 }
 
 void WorkerDaemon::RunTask(v1::Task task) {
-  spdlog::info("job {}: rank {} of {} on {} shard(s), incarnation {}", task.job_id(), task.rank(),
-               task.world_size(), task.shard_addresses_size(), task.incarnation());
+  spdlog::info("job {}: rank {} of {} on {} shard(s), incarnation {}, start_step {}", task.job_id(),
+               task.rank(), task.world_size(), task.shard_addresses_size(), task.incarnation(),
+               task.start_step());
   ProgressSender sender(this, task);
+  {
+    absl::MutexLock lock(&mu_);
+    sender_ = &sender;
+  }
   trainer::DistributedOptions o;
   o.task = task;
   o.device = options_.device;
@@ -302,9 +436,18 @@ void WorkerDaemon::RunTask(v1::Task task) {
   o.progress_interval = options_.progress_interval;
   o.credentials = options_.credentials;
   o.on_progress = [&sender](const v1::ProgressReport& p) { sender.Offer(p); };
-  o.report = [this, &task](const v1::ProgressReport& p) { return Report(task, p); };
+  // Rank 0's TRAINING_DONE polls go out after every buffered report, so the coordinator sees
+  // the reports in order.
+  o.report = [this, &task,
+              &sender](const v1::ProgressReport& p) -> absl::StatusOr<v1::ProgressAck> {
+    if (!sender.Drain(absl::Now() + options_.rpc_timeout)) {
+      return absl::UnavailableError("earlier progress reports are not delivered yet");
+    }
+    return Report(task, p);
+  };
 
   absl::StatusOr<v1::ProgressReport> result;
+  int64_t steps_per_epoch = 0;
   absl::StatusOr<std::unique_ptr<trainer::DistributedTrainer>> created =
       trainer::DistributedTrainer::Create(std::move(o));
   std::unique_ptr<trainer::DistributedTrainer> trainer;
@@ -312,25 +455,27 @@ void WorkerDaemon::RunTask(v1::Task task) {
     result = created.status();
   } else {
     trainer = *std::move(created);
+    steps_per_epoch = trainer->steps_per_epoch();
     {
       absl::MutexLock lock(&mu_);
       if (cancel_requested_) trainer->Cancel();
       trainer_ = trainer.get();
     }
-    spdlog::info("job {}: {} training examples on {}, {} steps", task.job_id(),
+    spdlog::info("job {}: {} training examples on {}, steps {}..{}", task.job_id(),
                  trainer->train_data().size(), trainer->backend().Description(),
-                 trainer->total_steps());
+                 trainer->start_step(), trainer->total_steps());
     result = trainer->Run();
     absl::MutexLock lock(&mu_);
     trainer_ = nullptr;
   }
-  sender.Stop();
 
   v1::ProgressReport terminal;
   bool stopping = false;
+  bool preempted = false;
   {
     absl::MutexLock lock(&mu_);
     stopping = stopping_;
+    preempted = preempted_;
     if (result.ok()) {
       terminal = *result;
     } else {
@@ -338,35 +483,40 @@ void WorkerDaemon::RunTask(v1::Task task) {
       terminal.set_error(cancel_requested_ && result.status().code() == absl::StatusCode::kCancelled
                              ? cancel_reason_
                              : std::string(result.status().message()));
+      terminal.set_shard_error(trainer::IsShardError(result.status()));
+      terminal.set_steps_per_epoch(steps_per_epoch);
     }
+    terminal_reported_ = true;
   }
-  if (terminal.phase() == v1::TASK_PHASE_FAILED) {
-    spdlog::warn("job {}: rank {} failed: {}", task.job_id(), task.rank(), terminal.error());
+  if (preempted) {
+    // A newer incarnation of this job replaces this one: it reports nothing more.
+    spdlog::info("job {}: incarnation {} preempted", task.job_id(), task.incarnation());
+    sender.Stop();
   } else {
-    spdlog::info("job {}: rank {} done after {} steps{}", task.job_id(), task.rank(),
-                 terminal.step(),
-                 terminal.evaluated() ? absl::StrCat(", test accuracy ", terminal.test_accuracy())
-                                      : std::string());
+    if (terminal.phase() == v1::TASK_PHASE_FAILED) {
+      spdlog::warn("job {}: rank {} failed{}: {}", task.job_id(), task.rank(),
+                   terminal.shard_error() ? " (data plane)" : "", terminal.error());
+    } else {
+      spdlog::info("job {}: rank {} done after {} steps{}", task.job_id(), task.rank(),
+                   terminal.step(),
+                   terminal.evaluated() ? absl::StrCat(", test accuracy ", terminal.test_accuracy())
+                                        : std::string());
+    }
+    // The terminal report matters (the job waits for it): it goes out after every buffered
+    // report, retried for terminal_report_timeout (for one call's time when stopping).
+    sender.Offer(terminal);
+    const absl::Time give_up =
+        absl::Now() + (stopping ? options_.rpc_timeout : options_.terminal_report_timeout);
+    if (!sender.Drain(give_up)) {
+      spdlog::error(
+          "job {}: terminal report not delivered within {}", task.job_id(),
+          absl::FormatDuration(stopping ? options_.rpc_timeout : options_.terminal_report_timeout));
+    }
+    sender.Stop();
   }
   {
     absl::MutexLock lock(&mu_);
-    terminal_reported_ = true;
-  }
-  // The terminal report matters (the job waits for it): retry it, but only once when stopping.
-  const absl::Time give_up = absl::Now() + options_.terminal_report_timeout;
-  absl::Duration backoff = options_.initial_backoff;
-  for (;;) {
-    absl::StatusOr<v1::ProgressAck> ack = Report(task, terminal);
-    if (ack.ok()) break;
-    if (stopping || absl::Now() + backoff > give_up ||
-        ack.status().code() == absl::StatusCode::kNotFound ||
-        ack.status().code() == absl::StatusCode::kInvalidArgument) {
-      spdlog::error("job {}: terminal report not delivered: {}", task.job_id(),
-                    ack.status().ToString());
-      break;
-    }
-    absl::SleepFor(backoff);
-    backoff = std::min(backoff * 2, options_.max_backoff);
+    sender_ = nullptr;
   }
   // May block until the data-plane calls still in flight end (the coordinator drops the job on
   // the shards once it has the report, which ends them).

@@ -5,10 +5,22 @@
 // every registration the daemon (re)opens ClusterService.WatchTasks for the new member id and
 // keeps it open, reopening it with capped exponential backoff when it breaks (the reason is
 // logged). A Task.assign starts a DistributedTrainer on the task thread; one task at a time.
-// Progress is forwarded with ReportProgress from a sender thread that always sends the newest
-// report (slow answers drop the older ones); an ack with cancel stops the task, and so does a
-// CancelTask for its job. When the task ends the daemon reports the terminal phase (SUCCEEDED on
-// rank 0, TRAINING_DONE on the others, FAILED with the error) and waits for the next task.
+// Progress is forwarded with ReportProgress from a sender thread, in order, so training never
+// waits for the coordinator: plain progress reports replace each other, while evaluated ones,
+// epoch ends and the terminal phase are all kept (at most 1000 reports; past that the oldest
+// plain and epoch-end ones are dropped, logged once) and retried with backoff while the
+// coordinator is unreachable or does not know this member (after its restart the agent registers
+// again and they go out under the new member id). An ack with cancel stops the task (only the
+// incarnation the report was about), and so does a CancelTask for its job. When the task ends
+// the daemon reports the terminal phase (SUCCEEDED on rank 0, TRAINING_DONE on the others,
+// FAILED with the error, shard_error set when it came from the data plane) and waits for the next
+// task. Every report carries the task's incarnation.
+//
+// Assignments for the job in hand: a higher incarnation (a rewind to a checkpoint, a hand-over)
+// preempts the running task: its trainer is cancelled and joined, nothing more of the old
+// incarnation is reported (no terminal report), and the new task starts. The same or a lower
+// incarnation is ignored (logged). An assignment for another job while busy is refused with a
+// FAILED report.
 //
 // Life cycle: Create() (kNew) -> Start() (kRunning) -> Stop() (kStopped): Stop() cancels a
 // running task, which reports FAILED "worker stopped", then deregisters and joins every thread.
@@ -18,6 +30,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -89,10 +102,13 @@ class WorkerDaemon {
   void WatchLoop();
   void HandleEvent(const v1::TaskEvent& event);
   void RunTask(v1::Task task);
-  // One ReportProgress with member_id and job_id filled in.
+  // One ReportProgress with member_id, job_id, rank and incarnation filled in. UNAVAILABLE while
+  // not registered.
   absl::StatusOr<v1::ProgressAck> Report(const v1::Task& task, v1::ProgressReport report);
-  // Cancels the task in hand when it belongs to `job_id` (any job when empty).
-  void CancelTask(const std::string& job_id, const std::string& why);
+  // Cancels the task in hand when it belongs to `job_id` (any job when empty) and, when given,
+  // is of `incarnation`.
+  void CancelTask(const std::string& job_id, const std::string& why,
+                  std::optional<uint64_t> incarnation = std::nullopt);
 
   const Options options_;
   std::unique_ptr<MemberAgent> agent_;
@@ -116,6 +132,9 @@ class WorkerDaemon {
   bool cancel_requested_ ABSL_GUARDED_BY(mu_) = false;
   std::string cancel_reason_ ABSL_GUARDED_BY(mu_);
   trainer::DistributedTrainer* trainer_ ABSL_GUARDED_BY(mu_) = nullptr;  // owned by RunTask
+  ProgressSender* sender_ ABSL_GUARDED_BY(mu_) = nullptr;                // owned by RunTask
+  // A newer incarnation of the job in hand took over: the task reports nothing more.
+  bool preempted_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace tessera::worker

@@ -1,5 +1,7 @@
 #include "worker/daemon/worker_daemon.h"
 
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -44,8 +46,12 @@ class FakeCoordinator final : public v1::ClusterService::Service {
     response->set_heartbeat_interval_ms(200);
     return grpc::Status::OK;
   }
-  grpc::Status Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest*,
+  grpc::Status Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest* request,
                          v1::HeartbeatResponse*) override {
+    absl::MutexLock lock(&mu_);
+    if (!forgotten_.empty() && request->member_id() == forgotten_) {
+      return grpc::Status(grpc::StatusCode::NOT_FOUND, "member_id: unknown member");
+    }
     return grpc::Status::OK;
   }
   grpc::Status Deregister(grpc::ServerContext*, const v1::DeregisterRequest* request,
@@ -81,6 +87,14 @@ class FakeCoordinator final : public v1::ClusterService::Service {
   grpc::Status ReportProgress(grpc::ServerContext*, const v1::ProgressReport* report,
                               v1::ProgressAck* ack) override {
     absl::MutexLock lock(&mu_);
+    if (unavailable_) {
+      ++rejected_;
+      return grpc::Status(grpc::StatusCode::UNAVAILABLE, "coordinator down");
+    }
+    if (!forgotten_.empty() && report->member_id() == forgotten_) {
+      ++rejected_;
+      return grpc::Status(grpc::StatusCode::NOT_FOUND, "member_id: unknown member");
+    }
     reports_.push_back(*report);
     // One worker: its own TRAINING_DONE is everyone's.
     ack->set_all_workers_done(report->phase() == v1::TASK_PHASE_TRAINING_DONE);
@@ -106,6 +120,24 @@ class FakeCoordinator final : public v1::ClusterService::Service {
     }
     return std::nullopt;
   }
+  // While set, every ReportProgress answers UNAVAILABLE (and is not recorded).
+  void SetUnavailable(bool unavailable) {
+    absl::MutexLock lock(&mu_);
+    unavailable_ = unavailable;
+  }
+  // Heartbeats and reports of `member` answer NOT_FOUND from now on, as after a restart.
+  void Forget(const std::string& member) {
+    absl::MutexLock lock(&mu_);
+    forgotten_ = member;
+  }
+  int rejected() {
+    absl::MutexLock lock(&mu_);
+    return rejected_;
+  }
+  std::vector<v1::ProgressReport> reports() {
+    absl::MutexLock lock(&mu_);
+    return reports_;
+  }
   std::string watched() {
     absl::MutexLock lock(&mu_);
     return watched_;
@@ -127,6 +159,9 @@ class FakeCoordinator final : public v1::ClusterService::Service {
   std::string deregistered_ ABSL_GUARDED_BY(mu_);
   std::deque<v1::TaskEvent> events_ ABSL_GUARDED_BY(mu_);
   std::vector<v1::ProgressReport> reports_ ABSL_GUARDED_BY(mu_);
+  bool unavailable_ ABSL_GUARDED_BY(mu_) = false;
+  std::string forgotten_ ABSL_GUARDED_BY(mu_);
+  int rejected_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 class WorkerDaemonTest : public ::testing::Test {
@@ -165,7 +200,7 @@ class WorkerDaemonTest : public ::testing::Test {
     std::system(absl::StrCat("rm -rf '", dir_, "'").c_str());
   }
 
-  v1::TaskEvent Assign(const std::string& job_id, int epochs) {
+  v1::TaskEvent Assign(const std::string& job_id, int epochs, const std::string& extra = "") {
     v1::TaskEvent event;
     v1::Task* task = event.mutable_assign();
     task->set_job_id(job_id);
@@ -182,7 +217,7 @@ class WorkerDaemonTest : public ::testing::Test {
                                           R"(/test.csv" num_classes: 3 }
       optimizer { kind: OPTIMIZER_KIND_ADAM learning_rate: 0.01 }
       batch_size: 16 seed: 3 device: "cpu" num_workers: 1 epochs: )",
-                                          epochs);
+                                          epochs, "\n", extra);
     EXPECT_TRUE(google::protobuf::TextFormat::ParseFromString(text, task->mutable_spec()));
     return event;
   }
@@ -298,6 +333,172 @@ TEST_F(WorkerDaemonTest, CancelTaskStopsTheTaskAndStopReportsWorkerStopped) {
   ASSERT_TRUE(stopped.has_value());
   EXPECT_EQ(stopped->error(), "worker stopped");
   EXPECT_EQ(coordinator_.deregistered(), "w-1");
+}
+
+// ceil(300 / 16) steps per epoch for Assign()'s task.
+constexpr int64_t kStepsPerEpoch = 19;
+
+TEST_F(WorkerDaemonTest, AHigherIncarnationPreemptsTheTaskAndALowerOneIsIgnored) {
+  std::unique_ptr<WorkerDaemon> daemon = StartDaemon();
+  ASSERT_NE(daemon, nullptr);
+  // ASP: the new incarnation may push steps the shards are already past (no rewind here).
+  const std::string asp = R"(consistency: "asp")";
+  coordinator_.Send(Assign("pre", 100000, asp));
+  std::optional<v1::ProgressReport> first = coordinator_.WaitReport(
+      [](const v1::ProgressReport& r) {
+        return r.phase() == v1::TASK_PHASE_TRAINING && r.step() > 0 && r.incarnation() == 1;
+      },
+      absl::Seconds(20));
+  ASSERT_TRUE(first.has_value());
+  EXPECT_EQ(first->steps_per_epoch(), kStepsPerEpoch);
+
+  const int64_t start = first->step();
+  v1::TaskEvent newer = Assign("pre", 100000, asp);
+  newer.mutable_assign()->set_incarnation(5);
+  newer.mutable_assign()->set_start_step(start);
+  *newer.mutable_assign()->mutable_data_position() =
+      trainer::DataPositionAt(start, kStepsPerEpoch, kStepsPerEpoch, 3);
+  coordinator_.Send(newer);
+  std::optional<v1::ProgressReport> resumed = coordinator_.WaitReport(
+      [start](const v1::ProgressReport& r) {
+        return r.phase() == v1::TASK_PHASE_TRAINING && r.incarnation() == 5 && r.step() > start;
+      },
+      absl::Seconds(20));
+  ASSERT_TRUE(resumed.has_value());
+  EXPECT_EQ(daemon->current_job(), "pre");
+
+  // An older incarnation of the job in hand changes nothing.
+  v1::TaskEvent older = Assign("pre", 100000, asp);
+  older.mutable_assign()->set_incarnation(3);
+  coordinator_.Send(older);
+  absl::SleepFor(absl::Milliseconds(500));
+  EXPECT_EQ(daemon->current_job(), "pre");
+  daemon->Stop();
+
+  // Incarnation 1 ended without a terminal report, and reported nothing once 5 had begun;
+  // incarnation 3 never ran; incarnation 5 ended FAILED "worker stopped".
+  const std::vector<v1::ProgressReport> reports = coordinator_.reports();
+  bool five_began = false;
+  int64_t five_first = -1;
+  int terminal_of_five = 0;
+  for (const v1::ProgressReport& r : reports) {
+    ASSERT_NE(r.incarnation(), 3u);
+    if (r.incarnation() == 5) {
+      if (!five_began) five_first = r.step();
+      five_began = true;
+      if (r.phase() != v1::TASK_PHASE_TRAINING) {
+        ++terminal_of_five;
+        EXPECT_EQ(r.phase(), v1::TASK_PHASE_FAILED);
+        EXPECT_EQ(r.error(), "worker stopped");
+        EXPECT_FALSE(r.shard_error());
+      }
+      continue;
+    }
+    EXPECT_EQ(r.incarnation(), 1u);
+    EXPECT_EQ(r.phase(), v1::TASK_PHASE_TRAINING) << "incarnation 1 sent a terminal report";
+    EXPECT_FALSE(five_began) << "incarnation 1 reported after incarnation 5 began";
+  }
+  EXPECT_GT(five_first, start) << "incarnation 5 reports the real step numbers";
+  EXPECT_EQ(terminal_of_five, 1);
+}
+
+TEST_F(WorkerDaemonTest, ReportsBufferedDuringAnOutageGoOutInOrderUnderTheNewMemberId) {
+  std::unique_ptr<WorkerDaemon> daemon = StartDaemon();
+  ASSERT_NE(daemon, nullptr);
+  const absl::Time registered = absl::Now() + absl::Seconds(10);
+  while (coordinator_.watched().empty() && absl::Now() < registered) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  ASSERT_EQ(coordinator_.watched(), "w-1");
+  // The coordinator goes down; the task trains on (3 epochs, an evaluation after the first two).
+  coordinator_.SetUnavailable(true);
+  coordinator_.Send(Assign("buffered", 3));
+  const absl::Time outage_end = absl::Now() + absl::Seconds(2);
+  while ((absl::Now() < outage_end || coordinator_.rejected() < 3) &&
+         absl::Now() < outage_end + absl::Seconds(10)) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  ASSERT_GE(coordinator_.rejected(), 3);
+  EXPECT_TRUE(coordinator_.reports().empty());
+  // It comes back without this member (a restart): the agent registers again as w-2.
+  coordinator_.Forget("w-1");
+  coordinator_.SetUnavailable(false);
+  ASSERT_TRUE(coordinator_.WaitReport(
+      [](const v1::ProgressReport& r) { return r.phase() == v1::TASK_PHASE_SUCCEEDED; },
+      absl::Seconds(30)));
+  daemon->Stop();
+
+  const std::vector<v1::ProgressReport> reports = coordinator_.reports();
+  ASSERT_FALSE(reports.empty());
+  int64_t last_step = 0;
+  int last_phase = v1::TASK_PHASE_TRAINING;
+  std::vector<int64_t> evaluated, epoch_ends;
+  for (const v1::ProgressReport& r : reports) {
+    EXPECT_EQ(r.member_id(), "w-2");
+    EXPECT_EQ(r.job_id(), "buffered");
+    EXPECT_EQ(r.incarnation(), 1u);
+    EXPECT_EQ(r.steps_per_epoch(), kStepsPerEpoch);
+    EXPECT_GE(r.step(), last_step) << "out of order";
+    EXPECT_GE(static_cast<int>(r.phase()), last_phase) << "out of order";
+    last_step = r.step();
+    last_phase = r.phase();
+    if (r.phase() != v1::TASK_PHASE_TRAINING) continue;
+    if (r.evaluated()) evaluated.push_back(r.step());
+    if (r.step() % kStepsPerEpoch == 0) epoch_ends.push_back(r.step());
+  }
+  EXPECT_EQ(reports.back().phase(), v1::TASK_PHASE_SUCCEEDED);
+  EXPECT_EQ(reports.back().step(), 3 * kStepsPerEpoch);
+  EXPECT_EQ(evaluated, (std::vector<int64_t>{kStepsPerEpoch, 2 * kStepsPerEpoch}));
+  EXPECT_EQ(epoch_ends,
+            (std::vector<int64_t>{kStepsPerEpoch, 2 * kStepsPerEpoch, 3 * kStepsPerEpoch}));
+}
+
+TEST_F(WorkerDaemonTest, DataPlaneFailuresReportShardError) {
+  std::unique_ptr<WorkerDaemon> daemon = StartDaemon();
+  ASSERT_NE(daemon, nullptr);
+  // A port nothing listens on: bind port 0, read it, close it.
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  socklen_t len = sizeof(addr);
+  ASSERT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  const std::string dead = absl::StrCat("127.0.0.1:", ntohs(addr.sin_port));
+  close(fd);
+
+  v1::TaskEvent unreachable = Assign("dead-shard", 1);
+  unreachable.mutable_assign()->set_incarnation(7);
+  unreachable.mutable_assign()->add_shard_addresses(dead);
+  coordinator_.Send(unreachable);
+  std::optional<v1::ProgressReport> failed = coordinator_.WaitReport(
+      [](const v1::ProgressReport& r) { return r.phase() == v1::TASK_PHASE_FAILED; },
+      absl::Seconds(30));
+  ASSERT_TRUE(failed.has_value());
+  EXPECT_EQ(failed->job_id(), "dead-shard");
+  EXPECT_TRUE(failed->shard_error()) << failed->error();
+  EXPECT_THAT(failed->error(), HasSubstr(dead));
+  EXPECT_EQ(failed->incarnation(), 7u);
+  EXPECT_EQ(failed->steps_per_epoch(), kStepsPerEpoch);
+
+  // A bad task is not a data-plane failure.
+  const absl::Time idle = absl::Now() + absl::Seconds(10);
+  while (!daemon->current_job().empty() && absl::Now() < idle)
+    absl::SleepFor(absl::Milliseconds(5));
+  v1::TaskEvent bad = Assign("bad-task", 1);
+  bad.mutable_assign()->set_world_size(2);
+  coordinator_.Send(bad);
+  std::optional<v1::ProgressReport> refused = coordinator_.WaitReport(
+      [](const v1::ProgressReport& r) {
+        return r.phase() == v1::TASK_PHASE_FAILED && r.job_id() == "bad-task";
+      },
+      absl::Seconds(10));
+  ASSERT_TRUE(refused.has_value());
+  EXPECT_FALSE(refused->shard_error());
+  EXPECT_THAT(refused->error(), HasSubstr("task.world_size"));
+  EXPECT_EQ(refused->incarnation(), 1u);
+  daemon->Stop();
 }
 
 }  // namespace

@@ -48,6 +48,10 @@ absl::StatusOr<std::unique_ptr<BatchPrefetcher>> BatchPrefetcher::Create(
     return absl::InvalidArgumentError(
         absl::StrCat("queue_depth: must be >= 1, got ", options.queue_depth));
   }
+  if (options.first_batch < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("first_batch: must be >= 0, got ", options.first_batch));
+  }
   if (options.epoch < 0) {
     return absl::InvalidArgumentError(absl::StrCat("epoch: must be >= 0, got ", options.epoch));
   }
@@ -78,7 +82,7 @@ BatchPrefetcher::~BatchPrefetcher() {
 
 void BatchPrefetcher::Run() {
   const int64_t n = static_cast<int64_t>(order_.size());
-  for (int64_t b = 0; b < num_batches_; ++b) {
+  for (int64_t b = options_.first_batch; b < num_batches_; ++b) {
     Batch batch;
     {
       absl::MutexLock lock(&mu_);

@@ -37,10 +37,14 @@ class BatchPrefetcher {
     int64_t epoch = 0;
     // Drop the last batch when it holds fewer than batch_size examples.
     bool drop_last = false;
+    // Start at this batch of the epoch: the earlier ones are skipped without being assembled (a
+    // resumed run takes the same batches from here on as one that drew the earlier ones).
+    int64_t first_batch = 0;
     int queue_depth = 4;
   };
 
-  // INVALID_ARGUMENT naming the field for batch_size < 1, queue_depth < 1 or epoch < 0.
+  // INVALID_ARGUMENT naming the field for batch_size < 1, queue_depth < 1, epoch < 0 or
+  // first_batch < 0 (a first_batch at or past the epoch's end gives no batch).
   static absl::StatusOr<std::unique_ptr<BatchPrefetcher>> Create(
       std::shared_ptr<const Dataset> dataset, const Options& options);
   ~BatchPrefetcher();
@@ -52,7 +56,7 @@ class BatchPrefetcher {
   // Hands a used batch back so that its buffers are reused for a later batch.
   void Recycle(Batch batch);
 
-  // Batches in this epoch.
+  // Batches in this epoch, the skipped ones (first_batch) included.
   int64_t num_batches() const { return num_batches_; }
 
  private:

@@ -87,6 +87,31 @@ TEST(BatchPrefetcherTest, OneEpochVisitsEveryExampleOnceInEpochOrder) {
   EXPECT_FALSE((*p)->Next().has_value());
 }
 
+TEST(BatchPrefetcherTest, FirstBatchSkipsTheEarlierBatchesOfTheSameOrder) {
+  BatchPrefetcher::Options o;
+  o.batch_size = 3;
+  o.seed = 5;
+  o.epoch = 2;
+  const std::vector<int64_t> order = EpochOrder(11, 5, 2);
+  for (int64_t first : {0, 1, 3, 4, 9}) {
+    o.first_batch = first;
+    auto p = BatchPrefetcher::Create(Counting(11), o);
+    ASSERT_TRUE(p.ok()) << p.status();
+    EXPECT_EQ((*p)->num_batches(), 4);
+    std::vector<int64_t> seen;
+    while (std::optional<Batch> b = (*p)->Next()) {
+      seen.insert(seen.end(), b->indices.begin(), b->indices.end());
+    }
+    const std::vector<int64_t> expected(order.begin() + std::min<int64_t>(11, first * 3),
+                                        order.end());
+    EXPECT_EQ(seen, expected) << "first_batch " << first;
+  }
+  o.first_batch = -1;
+  auto bad = BatchPrefetcher::Create(Counting(3), o);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(bad.status().message()), HasSubstr("first_batch"));
+}
+
 TEST(BatchPrefetcherTest, UnshuffledAndDropLast) {
   BatchPrefetcher::Options o;
   o.batch_size = 4;

@@ -6,6 +6,7 @@
 #include <limits>
 #include <optional>
 
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "kernels/schedule.h"
@@ -41,7 +42,66 @@ void SetStepTimes(double compute, double exchange, double install, double data, 
   out->set_data(data / n);
 }
 
+// The payload that marks a data-plane error (IsShardError).
+constexpr char kShardErrorPayload[] = "type.tessera.dev/tessera.worker.ShardError";
+
+bool IsDataPlaneCode(absl::StatusCode code) {
+  switch (code) {
+    case absl::StatusCode::kUnavailable:
+    case absl::StatusCode::kDeadlineExceeded:
+    case absl::StatusCode::kNotFound:
+    case absl::StatusCode::kAborted:
+    case absl::StatusCode::kFailedPrecondition:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// An error of a ParameterClient call: prefixed "shards: ", and marked as a data-plane error when
+// its code says the shard was unreachable, restarted or refused a stale incarnation.
+absl::Status ShardStatus(const absl::Status& s) {
+  absl::Status out = Prefixed("shards: ", s);
+  if (!out.ok() && IsDataPlaneCode(out.code())) {
+    out.SetPayload(kShardErrorPayload, absl::Cord("1"));
+  }
+  return out;
+}
+
+uint64_t SplitMix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ULL;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
+  return x ^ (x >> 31);
+}
+
+std::string PositionString(const v1::DataPosition& p) {
+  return absl::StrCat("epoch ", p.epoch(), ", batch_offset ", p.batch_offset(), ", pass ", p.pass(),
+                      ", seed ", p.seed());
+}
+
 }  // namespace
+
+v1::DataPosition DataPositionAt(int64_t step, int64_t steps_per_epoch, int64_t batches_per_pass,
+                                uint64_t spec_seed) {
+  v1::DataPosition p;
+  const int64_t offset = step % steps_per_epoch;
+  const int64_t pass = offset / batches_per_pass;
+  p.set_epoch(static_cast<int32_t>(step / steps_per_epoch));
+  p.set_batch_offset(offset);
+  p.set_pass(static_cast<int32_t>(pass));
+  p.set_seed(spec_seed + static_cast<uint64_t>(pass));
+  return p;
+}
+
+bool IsShardError(const absl::Status& status) {
+  return !status.ok() && status.GetPayload(kShardErrorPayload).has_value();
+}
+
+v1::DataPosition DistributedTrainer::DataPosition(int64_t step) const {
+  return DataPositionAt(step, steps_per_epoch_, std::max<int64_t>(batches_per_pass_, 1),
+                        options_.task.spec().seed());
+}
 
 absl::StatusOr<std::unique_ptr<DistributedTrainer>> DistributedTrainer::Create(
     DistributedOptions options) {
@@ -122,11 +182,9 @@ absl::Status DistributedTrainer::Init() {
   // The spec's seed on every rank: identical starting weights everywhere.
   TESSERA_ASSIGN_OR_RETURN(model_,
                            engine::Model::Create(spec.model(), backend_.get(), spec.seed()));
-  // Dropout masks must differ between ranks, or every rank drops the same units.
-  if (rank_ > 0) {
-    model_->set_dropout_seed(model_->dropout_seed() +
-                             0x9E3779B97F4A7C15ULL * static_cast<uint64_t>(rank_));
-  }
+  // Dropout masks must differ between ranks, or every rank drops the same units; each step's
+  // derive from this base and the step alone (SetDropoutSeed).
+  dropout_base_ = model_->dropout_seed() + 0x9E3779B97F4A7C15ULL * static_cast<uint64_t>(rank_);
   for (const auto& split : {train_, test_}) {
     if (split == nullptr) continue;
     if (split->feature_dim() != model_->input_dim()) {
@@ -173,7 +231,55 @@ absl::Status DistributedTrainer::Init() {
     }
     epochs_ = static_cast<int>(needed);
   }
+  batches_per_pass_ = (train_->size() + batch - 1) / batch;
+  return CheckStart();
+}
+
+absl::Status DistributedTrainer::CheckStart() {
+  const v1::Task& task = options_.task;
+  start_step_ = task.start_step();
+  if (start_step_ < 0 || start_step_ > total_steps_) {
+    return absl::InvalidArgumentError(absl::StrCat("task.start_step: must be in [0, ", total_steps_,
+                                                   "] (the job's total steps), got ", start_step_));
+  }
+  if (start_step_ == 0) return absl::OkStatus();
+  const v1::DataPosition want = DataPosition(start_step_);
+  const std::string context =
+      absl::StrCat(" at start_step ", start_step_, " of rank ", rank_, " (", steps_per_epoch_,
+                   " steps per epoch, ", batches_per_pass_, " batches per pass; expected ",
+                   PositionString(want), ")");
+  if (!task.has_data_position()) {
+    return absl::InvalidArgumentError(absl::StrCat("data_position: unset", context));
+  }
+  const v1::DataPosition& got = task.data_position();
+  if (got.epoch() != want.epoch()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("data_position: epoch ", got.epoch(), " differs", context));
+  }
+  if (got.batch_offset() != want.batch_offset()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("data_position: batch_offset ", got.batch_offset(), " differs", context));
+  }
+  // The coordinator does not know how many batches the rank's split holds: it may send pass 0
+  // with seed spec.seed (or nothing) and leave the pass to the trainer.
+  const uint64_t spec_seed = task.spec().seed();
+  const bool unknown_pass = got.pass() == 0 && (got.seed() == 0 || got.seed() == spec_seed);
+  if (!unknown_pass) {
+    if (got.pass() != want.pass()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("data_position: pass ", got.pass(), " differs", context));
+    }
+    if (got.seed() != 0 && got.seed() != want.seed()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("data_position: seed ", got.seed(), " differs", context));
+    }
+  }
   return absl::OkStatus();
+}
+
+void DistributedTrainer::SetDropoutSeed(int64_t step) {
+  model_->set_dropout_seed(
+      SplitMix64(dropout_base_ ^ SplitMix64(static_cast<uint64_t>(step) + 0xD20)));
 }
 
 absl::Status DistributedTrainer::Connect() {
@@ -204,10 +310,11 @@ absl::Status DistributedTrainer::Connect() {
     tensors.push_back(std::move(t));
   }
   // Additive and idempotent on the shards: whichever rank comes first declares, and the others'
-  // initial values (identical anyway) change nothing.
-  TESSERA_RETURN_IF_ERROR(
-      Prefixed("shards: ", client_->DeclareJob(MakeJobConfig(spec), tensors, {})));
+  // initial values (identical anyway) change nothing. A resumed rank declares too: the state the
+  // shards hold (restored or trained on) is left as it is.
+  TESSERA_RETURN_IF_ERROR(ShardStatus(client_->DeclareJob(MakeJobConfig(spec), tensors, {})));
   TESSERA_RETURN_IF_ERROR(CheckCancelled());
+  if (start_step_ > 0) return PullGated(start_step_);
   return PullAll();
 }
 
@@ -215,8 +322,65 @@ absl::Status DistributedTrainer::PullAll() {
   const std::vector<engine::Parameter>& params = model_->parameters();
   for (size_t k = 0; k < trainable_.size(); ++k) {
     TESSERA_RETURN_IF_ERROR(CheckCancelled());
-    TESSERA_RETURN_IF_ERROR(Prefixed(
-        "shards: ", client_->Pull(params[trainable_[k]].name, -1, absl::MakeSpan(weights_[k]))));
+    TESSERA_RETURN_IF_ERROR(
+        ShardStatus(client_->Pull(params[trainable_[k]].name, -1, absl::MakeSpan(weights_[k]))));
+  }
+  return InstallWeights();
+}
+
+absl::Status DistributedTrainer::PullGated(int64_t step) {
+  // The pull parks on the shards until the gate for `step` opens, which may take as long as the
+  // other ranks need to get there. Two limits shape it:
+  // - the blocking Pull cannot be interrupted, so it is made with a short deadline and no
+  //   retries, and made again after a DEADLINE_EXCEEDED: a Cancel() is seen within a slice;
+  // - a BSP shard parks a pull at most one step ahead of a partition's version (a pull further
+  //   ahead is refused as from the future), so under BSP the rank climbs: an ungated pull reads
+  //   the versions, then gated pulls for version + 1 until every partition has reached `step`.
+  //   No one can apply step `step` without this rank (it is live from `step` on), so the
+  //   weights it ends with are exactly the state at `step`.
+  constexpr absl::Duration kSlice = absl::Seconds(1);
+  const bool bsp = MakeJobConfig(options_.task.spec()).consistency() == v1::CONSISTENCY_BSP;
+  client::ParameterClient::Options o = client_->options();
+  o.call_timeout = std::min(options_.call_timeout, kSlice);
+  o.retry.max_attempts = 1;
+  TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<client::ParameterClient> gate,
+                           client::ParameterClient::Create(o));
+  const std::vector<engine::Parameter>& params = model_->parameters();
+  std::vector<client::DenseTensorSpec> tensors;
+  for (int index : trainable_) {
+    const engine::Parameter& p = params[index];
+    tensors.push_back({p.name, std::vector<int64_t>(p.shape.begin(), p.shape.end()), {}});
+  }
+  TESSERA_RETURN_IF_ERROR(gate->AttachJob(tensors, {}));
+  for (size_t k = 0; k < trainable_.size(); ++k) {
+    // BSP: -1 first (ungated, reads the versions); then one step above the smallest version.
+    int64_t gate_step = bsp ? -1 : step;
+    // An unreachable shard is retried for as long as one ordinary call may take.
+    std::optional<absl::Time> unavailable_since;
+    for (;;) {
+      TESSERA_RETURN_IF_ERROR(CheckCancelled());
+      int64_t version = 0;
+      const absl::Status s =
+          gate->Pull(tensors[k].name, gate_step, absl::MakeSpan(weights_[k]), &version);
+      if (s.ok()) {
+        unavailable_since.reset();
+        if (!bsp || version >= step) break;
+        gate_step = version + 1;
+        continue;
+      }
+      if (s.code() == absl::StatusCode::kDeadlineExceeded) {
+        unavailable_since.reset();
+        continue;
+      }
+      if (s.code() == absl::StatusCode::kUnavailable) {
+        if (!unavailable_since.has_value()) unavailable_since = absl::Now();
+        if (absl::Now() - *unavailable_since < options_.call_timeout) {
+          absl::SleepFor(absl::Milliseconds(100));
+          continue;
+        }
+      }
+      return ShardStatus(Prefixed(absl::StrCat("gated Pull for start_step ", step, ": "), s));
+    }
   }
   return InstallWeights();
 }
@@ -237,7 +401,7 @@ absl::Status DistributedTrainer::WaitExchange() {
     if (cancelled()) return absl::CancelledError("cancelled");
   }
   if (cancelled()) return absl::CancelledError("cancelled");
-  return Prefixed("shards: ", exchange_error_);
+  return ShardStatus(exchange_error_);
 }
 
 bool DistributedTrainer::ExchangeDone() const {
@@ -405,9 +569,13 @@ absl::StatusOr<v1::ProgressReport> DistributedTrainer::Run() {
       p.set_loss(last_loss);
       p.set_train_accuracy(last_train_accuracy);
     }
+    p.set_incarnation(options_.task.incarnation());
+    p.set_steps_per_epoch(steps_per_epoch_);
     const double elapsed = Seconds(Clock::now() - run_start);
     if (elapsed > 0) p.set_samples_per_second(static_cast<double>(samples) / elapsed);
-    SetStepTimes(t_compute, t_exchange, t_install, t_data, step, p.mutable_step_times());
+    // The means over the steps this run trained (a resumed run starts at start_step_).
+    SetStepTimes(t_compute, t_exchange, t_install, t_data, step - start_step_,
+                 p.mutable_step_times());
     interval_loss = 0;
     interval_correct = 0;
     interval_seen = 0;
@@ -415,13 +583,21 @@ absl::StatusOr<v1::ProgressReport> DistributedTrainer::Run() {
     return p;
   };
 
-  int64_t step = 0;
-  int epochs_done = 0;
-  for (int epoch = 0; epoch < epochs_ && step < total_steps_; ++epoch) {
+  // A resumed run starts inside epoch first_epoch, at the batch an uninterrupted run would take
+  // at start_step_ (see DataPositionAt): pass `pass` of the rank's split, batch first_batch.
+  int64_t step = start_step_;
+  const int first_epoch = static_cast<int>(step / steps_per_epoch_);
+  int epochs_done = step >= total_steps_ ? epochs_ : first_epoch;
+  if (step < total_steps_ && batches_per_pass_ == 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("data: rank ", rank_, " has no training examples"));
+  }
+  for (int epoch = first_epoch; epoch < epochs_ && step < total_steps_; ++epoch) {
     // Cap each epoch at steps_per_epoch batches; wrap around the shard if it ever runs short.
     std::unique_ptr<data::BatchPrefetcher> batches;
-    int pass = 0;
-    int64_t step_in_epoch = 0;
+    int64_t step_in_epoch = epoch == first_epoch ? step % steps_per_epoch_ : 0;
+    int64_t pass = step_in_epoch / batches_per_pass_;
+    int64_t first_batch = step_in_epoch % batches_per_pass_;
     while (step_in_epoch < steps_per_epoch_ && step < total_steps_) {
       TESSERA_RETURN_IF_ERROR(CheckCancelled());
       const Clock::time_point t0 = Clock::now();
@@ -432,6 +608,8 @@ absl::StatusOr<v1::ProgressReport> DistributedTrainer::Run() {
         o.batch_size = spec.batch_size();
         o.seed = spec.seed() + static_cast<uint64_t>(pass++);
         o.epoch = epoch;
+        o.first_batch = first_batch;
+        first_batch = 0;
         batches.reset();
         TESSERA_ASSIGN_OR_RETURN(batches, data::BatchPrefetcher::Create(train_, o));
         b = batches->Next();
@@ -441,6 +619,8 @@ absl::StatusOr<v1::ProgressReport> DistributedTrainer::Run() {
         }
       }
       const Clock::time_point t1 = Clock::now();
+      if (options_.on_batch) options_.on_batch(step, *b);
+      SetDropoutSeed(step);
       absl::StatusOr<engine::StepResult> r = Step(*b, step);
       const Clock::time_point t2 = Clock::now();
       TESSERA_RETURN_IF_ERROR(r.status());

@@ -15,6 +15,17 @@
 // at the end waits until every rank reported TRAINING_DONE, pulls the final weights ungated (the
 // exact weights `tessera export` reads) and evaluates the whole test split with them.
 //
+// Resuming (DESIGN.md §7, issue #6). A task with start_step S > 0 (a rewind to checkpoint S, or a
+// lost rank taken over from step S) trains steps S..total_steps-1 only. The data order of a rank
+// is a pure function of (spec.seed, rank, epoch, pass): step S is batch S % steps_per_epoch of
+// epoch S / steps_per_epoch, and since a rank's split may hold fewer batches than an epoch takes
+// (the loop then reshuffles it with seed spec.seed + pass), that batch is batch
+// offset % batches_per_pass of pass offset / batches_per_pass (DataPositionAt). The trainer
+// checks task.data_position against this, skips the earlier batches without assembling them,
+// and pulls the weights gated for step S, so a rank that joins at S waits until the others have
+// finished step S - 1. Dropout masks are a function of (spec.seed, rank, step), so a resumed rank
+// draws the masks an uninterrupted one would have drawn.
+//
 // Non-trainable state (BatchNorm moving statistics) stays local to each rank: it is never pushed,
 // and rank 0's copy is what its evaluations use. Exporting such models is a known gap.
 // EmbeddingBag (sparse) models are refused with UNIMPLEMENTED: the engine's sparse gradients are
@@ -42,14 +53,28 @@
 #include "kernels/backend.h"
 #include "tessera/v1/job.pb.h"
 #include "worker/client/parameter_client.h"
+#include "worker/data/batch.h"
 #include "worker/data/dataset.h"
 #include "worker/engine/model.h"
 
 namespace tessera::trainer {
 
+// Where a rank's data stream stands at `step`: epoch = step / steps_per_epoch, batch_offset =
+// step % steps_per_epoch, pass = batch_offset / batches_per_pass, seed = spec_seed + pass.
+// REQUIRES: steps_per_epoch >= 1, batches_per_pass >= 1, step >= 0.
+v1::DataPosition DataPositionAt(int64_t step, int64_t steps_per_epoch, int64_t batches_per_pass,
+                                uint64_t spec_seed);
+
+// Whether a status from DistributedTrainer::Run() came from the data plane: a shard unreachable
+// or too slow (UNAVAILABLE, DEADLINE_EXCEEDED), the job unknown on a shard (NOT_FOUND, e.g. after
+// the shard restarted), ABORTED, or FAILED_PRECONDITION (e.g. a stale incarnation). The trainer
+// marks such errors where the shard's answer surfaces, by its status code, so a coordinator may
+// recover the job from a checkpoint (ProgressReport.shard_error).
+bool IsShardError(const absl::Status& status);
+
 struct DistributedOptions {
   // The task as the coordinator sent it: job_id, rank, world_size, shard_addresses, spec,
-  // incarnation.
+  // incarnation, start_step and data_position (a resume).
   v1::Task task;
   // Overrides task.spec.device when not empty: "auto", "cpu" or "cuda".
   std::string device;
@@ -69,9 +94,13 @@ struct DistributedOptions {
   absl::Duration done_wait_timeout = absl::ZeroDuration();
 
   // Progress (phase TRAINING), on the training thread: at most every progress_interval and at
-  // every epoch end; evaluated reports (rank 0) carry test_loss and test_accuracy. member_id and
-  // job_id are left for the caller. Should not block for long. May be empty.
+  // every epoch end; evaluated reports (rank 0) carry test_loss and test_accuracy. Every report
+  // (these, the TRAINING_DONE polls and Run()'s result) carries task.incarnation and
+  // steps_per_epoch. member_id and job_id are left for the caller. Should not block for long. May
+  // be empty.
   std::function<void(const v1::ProgressReport&)> on_progress;
+  // Tests: sees every batch a step trains on, with the step, before the step runs. May be empty.
+  std::function<void(int64_t step, const data::Batch& batch)> on_batch;
   // Rank 0 only: sends a TRAINING_DONE report to the coordinator and returns its answer (blocks).
   // Called every done_poll_interval until the answer has all_workers_done (or cancel). An error
   // answer is logged and retried. Empty: rank 0 does not wait (single-process tests, world 1).
@@ -82,7 +111,11 @@ class DistributedTrainer {
  public:
   // INVALID_ARGUMENT naming the field for a bad task or spec (ValidateJobSpec with
   // distributed = true; rank outside [0, world_size), world_size != spec.num_workers, no shard
-  // addresses); UNIMPLEMENTED naming the layer for EmbeddingBag models; the readers' errors
+  // addresses; start_step outside [0, total_steps]; "data_position: ..." when start_step > 0 and
+  // task.data_position is unset or differs from DataPositionAt(start_step): epoch and
+  // batch_offset must match; pass and seed must match too unless they are 0 / unset, or pass 0
+  // with seed spec.seed, which a coordinator that does not know the rank's split sends);
+  // UNIMPLEMENTED naming the layer for EmbeddingBag models; the readers' errors
   // prefixed "data: "; FAILED_PRECONDITION when CUDA is forced and absent. No RPC is made.
   static absl::StatusOr<std::unique_ptr<DistributedTrainer>> Create(DistributedOptions options);
   // Blocks until every data-plane call in flight has ended (at most the call deadline, sooner
@@ -92,11 +125,15 @@ class DistributedTrainer {
   DistributedTrainer(const DistributedTrainer&) = delete;
   DistributedTrainer& operator=(const DistributedTrainer&) = delete;
 
-  // Trains the task. Returns the terminal report to send: phase SUCCEEDED with test_loss and
+  // Trains steps start_step..total_steps-1 of the task (push step numbers as an uninterrupted
+  // run's). Returns the terminal report to send: phase SUCCEEDED with test_loss and
   // test_accuracy of the final weights on rank 0, TRAINING_DONE on other ranks (member_id and
-  // job_id left for the caller). Errors: CANCELLED "cancelled" after Cancel() (within one step);
-  // a shard's error with its address ("shards: PushPull tensor 'dense_1/kernel' partition 0 step
-  // 3 on shard 1 ...: 127.0.0.1:4100: ..."); FAILED_PRECONDITION for a non-finite loss.
+  // job_id left for the caller). With start_step == total_steps no step runs: rank 0 goes
+  // straight to waiting for all_workers_done, the final pull and evaluation. Errors: CANCELLED
+  // "cancelled" after Cancel() (within one step, or within a second while it waits for the
+  // weights of start_step); a shard's error with its address ("shards: PushPull tensor
+  // 'dense_1/kernel' partition 0 step 3 on shard 1 ...: 127.0.0.1:4100: ...", IsShardError
+  // tells the data-plane ones); FAILED_PRECONDITION for a non-finite loss.
   absl::StatusOr<v1::ProgressReport> Run();
 
   // Asks Run() to stop: it returns CANCELLED within one step (waits for weights are interrupted
@@ -107,6 +144,11 @@ class DistributedTrainer {
   int rank() const { return rank_; }
   int world_size() const { return world_; }
   int64_t steps_per_epoch() const { return steps_per_epoch_; }
+  // Batches in one pass over this rank's split (ceil(examples / batch_size)).
+  int64_t batches_per_pass() const { return batches_per_pass_; }
+  int64_t start_step() const { return start_step_; }
+  // Where this rank's data stands at `step` (see DataPositionAt).
+  v1::DataPosition DataPosition(int64_t step) const;
   int64_t total_steps() const { return total_steps_; }
   // Steps Run() has completed (pushed and installed).
   int64_t steps_done() const { return steps_done_.load(std::memory_order_acquire); }
@@ -117,6 +159,8 @@ class DistributedTrainer {
  private:
   explicit DistributedTrainer(DistributedOptions options) : options_(std::move(options)) {}
   absl::Status Init();
+  // Validates task.start_step and task.data_position (see Create()).
+  absl::Status CheckStart();
   absl::Status Connect();
   // One training step: TrainStep with pipelined pushes, wait for every weight, install.
   absl::StatusOr<engine::StepResult> Step(const data::Batch& batch, int64_t step);
@@ -125,7 +169,13 @@ class DistributedTrainer {
   bool ExchangeDone() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(exchange_mu_);
   // Rank 0: reports TRAINING_DONE until all_workers_done.
   absl::Status WaitAllWorkersDone(const v1::ProgressReport& done);
+  // Ungated pull of every trainable tensor (initial and final weights), installed in the model.
   absl::Status PullAll();
+  // Pulls every trainable tensor gated for `step` (a resume), in slices of at most a second so a
+  // Cancel() is seen, and installs them.
+  absl::Status PullGated(int64_t step);
+  // Dropout masks of `step`: a function of (spec.seed, rank, step) only.
+  void SetDropoutSeed(int64_t step);
   absl::Status InstallWeights();
   absl::StatusOr<engine::StepResult> Evaluate();
   // CANCELLED "cancelled" when Cancel() was called, otherwise OK.
@@ -140,7 +190,10 @@ class DistributedTrainer {
   std::shared_ptr<const data::Dataset> test_;  // rank 0 only
   std::vector<int> trainable_;                 // indices into model_->parameters()
   int64_t steps_per_epoch_ = 0;
+  int64_t batches_per_pass_ = 0;
   int64_t total_steps_ = 0;
+  int64_t start_step_ = 0;
+  uint64_t dropout_base_ = 0;
   int epochs_ = 0;
   bool ran_ = false;
   std::atomic<bool> cancelled_{false};

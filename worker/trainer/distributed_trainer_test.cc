@@ -4,10 +4,13 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
+#include <map>
+#include <optional>
 #include <random>
 #include <set>
 #include <string>
@@ -358,6 +361,7 @@ TEST_F(DistributedTrainerTest, CancelStopsWithinAStep) {
     ASSERT_FALSE(results[r].ok());
     EXPECT_EQ(results[r].status().code(), absl::StatusCode::kCancelled);
     EXPECT_EQ(results[r].status().message(), "cancelled");
+    EXPECT_FALSE(IsShardError(results[r].status()));
     EXPECT_LE(ranks[r]->steps_done(), steps_at_cancel[r] + 1) << "rank " << r;
     EXPECT_LT(ranks[r]->steps_done(), ranks[r]->total_steps());
   }
@@ -387,6 +391,7 @@ TEST_F(DistributedTrainerTest, UnreachableShardFailsNamingItsAddress) {
   ASSERT_FALSE(r.ok());
   EXPECT_THAT(r.status().message(), HasSubstr(dead));
   EXPECT_THAT(r.status().message(), HasSubstr("shards: "));
+  EXPECT_TRUE(IsShardError(r.status())) << r.status();
 }
 
 TEST_F(DistributedTrainerTest, RefusesBadTasks) {
@@ -429,6 +434,288 @@ TEST_F(DistributedTrainerTest, RefusesBadTasks) {
     EXPECT_EQ(t.status().code(), absl::StatusCode::kUnimplemented);
     EXPECT_THAT(t.status().message(), HasSubstr("model.layers[0] (bag)"));
   }
+}
+
+TEST(DataPositionTest, FollowsEpochOffsetAndPass) {
+  struct Case {
+    int64_t step, steps_per_epoch, batches_per_pass;
+    int32_t epoch;
+    int64_t offset;
+    int32_t pass;
+  };
+  const Case cases[] = {
+      {0, 10, 11, 0, 0, 0}, {9, 10, 11, 0, 9, 0}, {10, 10, 11, 1, 0, 0}, {23, 10, 10, 2, 3, 0},
+      {7, 10, 3, 0, 7, 2},  {15, 10, 3, 1, 5, 1}, {29, 10, 3, 2, 9, 3},  {5, 1, 1, 5, 0, 0},
+  };
+  for (const Case& c : cases) {
+    const v1::DataPosition p = DataPositionAt(c.step, c.steps_per_epoch, c.batches_per_pass, 100);
+    EXPECT_EQ(p.epoch(), c.epoch) << c.step;
+    EXPECT_EQ(p.batch_offset(), c.offset) << c.step;
+    EXPECT_EQ(p.pass(), c.pass) << c.step;
+    EXPECT_EQ(p.seed(), 100u + static_cast<uint64_t>(c.pass)) << c.step;
+  }
+}
+
+// Runs every rank of `ranks` to the end (bounded by a watchdog); returns their results.
+std::vector<absl::StatusOr<v1::ProgressReport>> RunAll(
+    std::vector<std::unique_ptr<DistributedTrainer>>& ranks, FakeCoordinator* coordinator) {
+  std::vector<absl::StatusOr<v1::ProgressReport>> results(ranks.size(),
+                                                          absl::UnknownError("not run"));
+  std::vector<std::thread> threads;
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    threads.emplace_back([&, r] {
+      results[r] = ranks[r]->Run();
+      if (r != 0 && coordinator != nullptr) coordinator->MarkDone(static_cast<int>(r));
+    });
+  }
+  std::atomic<bool> finished{false};
+  std::thread watchdog([&] {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (!finished && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    if (!finished) {
+      ADD_FAILURE() << "training did not finish in 30 s";
+      for (auto& t : ranks) t->Cancel();
+    }
+  });
+  for (std::thread& t : threads) t.join();
+  finished = true;
+  watchdog.join();
+  return results;
+}
+
+// The labels of every batch each rank trained on, by step.
+using BatchLog = std::vector<std::map<int64_t, std::vector<int32_t>>>;
+
+TEST_F(DistributedTrainerTest, ResumedRunDrawsTheSameBatchesAndEndsWithTheSameWeights) {
+  // Dropout too: its masks must be a function of (seed, rank, step).
+  v1::JobSpec spec = Spec(2, 2);
+  {
+    auto* model = spec.mutable_model();
+    const v1::Layer last = model->layers(2);
+    model->mutable_layers(2)->mutable_dropout()->set_rate(0.2f);
+    *model->add_layers() = last;
+  }
+  constexpr int64_t kTotal = 2 * kStepsPerEpoch;
+  constexpr int64_t kCut = 13;  // inside epoch 1
+  const auto make_ranks = [&](const std::string& job, const v1::JobSpec& s, uint64_t incarnation,
+                              int64_t start, FakeCoordinator* coordinator, BatchLog* log,
+                              std::vector<std::vector<v1::ProgressReport>>* reports) {
+    std::vector<std::unique_ptr<DistributedTrainer>> ranks;
+    for (int r = 0; r < 2; ++r) {
+      DistributedOptions o = Options(job, s, r);
+      o.task.set_incarnation(incarnation);
+      o.task.set_start_step(start);
+      if (start > 0) {
+        // What a coordinator sends: it does not know the rank's split, so pass 0, spec.seed.
+        v1::DataPosition* p = o.task.mutable_data_position();
+        p->set_epoch(static_cast<int32_t>(start / kStepsPerEpoch));
+        p->set_batch_offset(start % kStepsPerEpoch);
+        p->set_seed(s.seed());
+      }
+      o.on_batch = [log, r](int64_t step, const data::Batch& b) { (*log)[r][step] = b.labels; };
+      if (reports != nullptr) {
+        o.on_progress = [reports, r](const v1::ProgressReport& p) { (*reports)[r].push_back(p); };
+      }
+      if (r == 0 && coordinator != nullptr) {
+        o.report = [coordinator](const v1::ProgressReport& p) { return coordinator->Report(p); };
+      }
+      ranks.push_back(Make(std::move(o)));
+    }
+    return ranks;
+  };
+
+  // The reference: one uninterrupted run.
+  BatchLog reference(2);
+  FakeCoordinator c1(2);
+  auto ref = make_ranks("resume-ref", spec, 1, 0, &c1, &reference, nullptr);
+  ASSERT_NE(ref[0], nullptr);
+  ASSERT_NE(ref[1], nullptr);
+  for (auto& r : RunAll(ref, &c1)) ASSERT_TRUE(r.ok()) << r.status();
+  const std::vector<float> ref_weights = ShardWeights("resume-ref", *ref[0]);
+
+  // The same job stopped after kCut steps (max_steps), then a new incarnation resumed at kCut.
+  BatchLog first(2), second(2);
+  v1::JobSpec cut = spec;
+  cut.set_max_steps(kCut);
+  auto part1 = make_ranks("resume-cut", cut, 1, 0, nullptr, &first, nullptr);
+  ASSERT_NE(part1[0], nullptr);
+  for (auto& r : RunAll(part1, nullptr)) ASSERT_TRUE(r.ok()) << r.status();
+  FakeCoordinator c2(2);
+  std::vector<std::vector<v1::ProgressReport>> reports(2);
+  auto part2 = make_ranks("resume-cut", spec, 2, kCut, &c2, &second, &reports);
+  ASSERT_NE(part2[0], nullptr);
+  ASSERT_NE(part2[1], nullptr);
+  EXPECT_EQ(part2[0]->start_step(), kCut);
+  const std::vector<absl::StatusOr<v1::ProgressReport>> results = RunAll(part2, &c2);
+  for (const auto& r : results) ASSERT_TRUE(r.ok()) << r.status();
+
+  EXPECT_EQ(ShardWeights("resume-cut", *part2[0]), ref_weights);
+  EXPECT_EQ(Weights(*part2[1]), ref_weights);
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_EQ(first[r].size(), static_cast<size_t>(kCut));
+    ASSERT_EQ(second[r].size(), static_cast<size_t>(kTotal - kCut)) << "rank " << r;
+    EXPECT_EQ(second[r].begin()->first, kCut);
+    for (int64_t step = 0; step < kTotal; ++step) {
+      const auto& got = step < kCut ? first[r][step] : second[r][step];
+      EXPECT_EQ(got, reference[r][step]) << "rank " << r << " step " << step;
+    }
+    EXPECT_EQ(part2[r]->steps_done(), kTotal);
+    EXPECT_EQ(results[r]->step(), kTotal);
+    EXPECT_EQ(results[r]->epochs(), 2);
+    EXPECT_EQ(results[r]->incarnation(), 2u);
+    EXPECT_EQ(results[r]->steps_per_epoch(), kStepsPerEpoch);
+    ASSERT_FALSE(reports[r].empty());
+    EXPECT_GT(reports[r].front().step(), kCut);
+    for (const v1::ProgressReport& p : reports[r]) {
+      EXPECT_EQ(p.incarnation(), 2u);
+      EXPECT_EQ(p.steps_per_epoch(), kStepsPerEpoch);
+      EXPECT_GE(p.epochs(), 1) << "epoch 0 was done before the cut";
+    }
+  }
+  EXPECT_EQ(results[0]->phase(), v1::TASK_PHASE_SUCCEEDED);
+  EXPECT_GT(results[0]->test_accuracy(), 0.9);
+
+  // A rank 0 that takes over at total_steps trains nothing: it waits, pulls and evaluates.
+  FakeCoordinator c3(2);
+  c3.MarkDone(1);
+  BatchLog none(2);
+  DistributedOptions o = Options("resume-cut", spec, 0);
+  o.task.set_incarnation(3);
+  o.task.set_start_step(kTotal);
+  *o.task.mutable_data_position() = part2[0]->DataPosition(kTotal);
+  o.report = [&c3](const v1::ProgressReport& p) { return c3.Report(p); };
+  o.on_batch = [&none](int64_t step, const data::Batch& b) { none[0][step] = b.labels; };
+  auto last = Make(std::move(o));
+  ASSERT_NE(last, nullptr);
+  absl::StatusOr<v1::ProgressReport> end = last->Run();
+  ASSERT_TRUE(end.ok()) << end.status();
+  EXPECT_TRUE(none[0].empty());
+  EXPECT_EQ(end->phase(), v1::TASK_PHASE_SUCCEEDED);
+  EXPECT_EQ(end->step(), kTotal);
+  EXPECT_EQ(end->epochs(), 2);
+  EXPECT_EQ(end->incarnation(), 3u);
+  EXPECT_EQ(end->test_accuracy(), results[0]->test_accuracy());
+  EXPECT_EQ(Weights(*last), ref_weights);
+  EXPECT_GE(c3.polls(), 1);
+  DropJob("resume-ref");
+  DropJob("resume-cut");
+}
+
+TEST_F(DistributedTrainerTest, ResumeChecksTheDataPosition) {
+  const v1::JobSpec spec = Spec(2, 2);
+  const auto create = [&](int64_t start, std::optional<v1::DataPosition> position) {
+    DistributedOptions o = Options("position", spec, 1);
+    o.task.set_start_step(start);
+    if (position.has_value()) *o.task.mutable_data_position() = *position;
+    return DistributedTrainer::Create(std::move(o));
+  };
+  const auto position = [](int32_t epoch, int64_t offset, int32_t pass, uint64_t seed) {
+    v1::DataPosition p;
+    p.set_epoch(epoch);
+    p.set_batch_offset(offset);
+    p.set_pass(pass);
+    p.set_seed(seed);
+    return p;
+  };
+  struct Case {
+    int64_t start;
+    std::optional<v1::DataPosition> position;
+    std::string error;  // empty: accepted
+  };
+  const std::vector<Case> cases = {
+      {0, std::nullopt, ""},
+      {13, position(1, 3, 0, 7), ""},  // pass 0 with spec.seed: the trainer knows the pass
+      {13, position(1, 3, 0, 0), ""},
+      {10, position(1, 0, 0, 7), ""},
+      {20, position(2, 0, 0, 7), ""},
+      {13, std::nullopt, "data_position: unset at start_step 13"},
+      {13, position(0, 13, 0, 7), "data_position: epoch 0 differs"},
+      {13, position(1, 4, 0, 7), "data_position: batch_offset 4 differs"},
+      {13, position(1, 3, 2, 9), "data_position: pass 2 differs"},
+      {13, position(1, 3, 0, 8), "data_position: seed 8 differs"},
+      {21, position(2, 1, 0, 7), "task.start_step: must be in [0, 20]"},
+      {-1, std::nullopt, "task.start_step"},
+  };
+  for (const Case& c : cases) {
+    auto t = create(c.start, c.position);
+    if (c.error.empty()) {
+      EXPECT_TRUE(t.ok()) << c.start << ": " << t.status();
+    } else {
+      ASSERT_FALSE(t.ok()) << c.start << " " << c.error;
+      EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument);
+      EXPECT_THAT(std::string(t.status().message()), HasSubstr(c.error));
+    }
+  }
+}
+
+TEST_F(DistributedTrainerTest, RankJoiningAtAStepWaitsUntilTheOthersFinishedThePreviousOne) {
+  // Rank 1 trains steps 0..4 alone (membership {1} from step 0, {0, 1} from step 5), and rank 0
+  // joins at step 5, started first: its pull for step 5 must park until rank 1 finished step 4.
+  const std::string job = "join";
+  const v1::JobSpec spec = Spec(2, 1);
+  FakeCoordinator coordinator(2);
+  absl::Mutex mu;
+  std::vector<std::pair<int, int64_t>> order;  // (rank, step) as batches are drawn
+  const auto log = [&mu, &order](int rank) {
+    return [&mu, &order, rank](int64_t step, const data::Batch&) {
+      absl::MutexLock lock(&mu);
+      order.emplace_back(rank, step);
+    };
+  };
+  DistributedOptions o0 = Options(job, spec, 0);
+  o0.task.set_incarnation(2);
+  o0.task.set_start_step(5);
+  o0.task.mutable_data_position()->set_batch_offset(5);
+  o0.report = [&coordinator](const v1::ProgressReport& p) { return coordinator.Report(p); };
+  o0.on_batch = log(0);
+  auto joined = Make(std::move(o0));
+  ASSERT_NE(joined, nullptr);
+  absl::StatusOr<v1::ProgressReport> joined_result = absl::UnknownError("not run");
+  std::thread joined_thread([&] { joined_result = joined->Run(); });
+
+  // Once rank 0 has declared the job, the membership history goes in.
+  client::ParameterClient::Options co;
+  co.shard_addresses = shards_->addresses();
+  co.job_id = job;
+  auto control = client::ParameterClient::Create(co);
+  ASSERT_TRUE(control.ok());
+  absl::Status membership = absl::UnknownError("not tried");
+  for (int i = 0; i < 500; ++i) {
+    membership = (*control)->UpdateMembership({1}, 0);
+    if (membership.ok()) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_TRUE(membership.ok()) << membership;
+  ASSERT_TRUE((*control)->UpdateMembership({0, 1}, 5).ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_EQ(joined->steps_done(), 0) << "rank 0 must wait for step 5's weights";
+
+  DistributedOptions o1 = Options(job, spec, 1);
+  o1.on_batch = log(1);
+  auto other = Make(std::move(o1));
+  ASSERT_NE(other, nullptr);
+  absl::StatusOr<v1::ProgressReport> other_result = other->Run();
+  coordinator.MarkDone(1);
+  joined_thread.join();
+  ASSERT_TRUE(joined_result.ok()) << joined_result.status();
+  ASSERT_TRUE(other_result.ok()) << other_result.status();
+  EXPECT_EQ(joined->steps_done(), kStepsPerEpoch);
+  EXPECT_EQ(other->steps_done(), kStepsPerEpoch);
+  EXPECT_EQ(joined_result->step(), kStepsPerEpoch);
+  EXPECT_EQ(Weights(*joined), Weights(*other));
+  EXPECT_EQ(Weights(*joined), ShardWeights(job, *joined));
+  // Rank 0's first batch (step 5) came after rank 1 drew step 4's.
+  absl::MutexLock lock(&mu);
+  const auto first0 = std::find(order.begin(), order.end(), std::make_pair(0, int64_t{5}));
+  const auto step4 = std::find(order.begin(), order.end(), std::make_pair(1, int64_t{4}));
+  ASSERT_NE(first0, order.end());
+  ASSERT_NE(step4, order.end());
+  EXPECT_LT(step4 - order.begin(), first0 - order.begin());
+  EXPECT_EQ(std::count_if(order.begin(), order.end(), [](const auto& e) { return e.first == 0; }),
+            kStepsPerEpoch - 5);
+  DropJob(job);
 }
 
 }  // namespace
