@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/config.h"
 #include "common/process.h"
+#include "common/reflection_guard.h"
 
 namespace tessera {
 
@@ -51,6 +52,7 @@ absl::StatusOr<std::unique_ptr<Metrics>> StartMetrics(const std::string& daemon,
 std::function<void(grpc::ServerBuilder&)> RpcMetricsHook(Metrics* metrics) {
   return [metrics](grpc::ServerBuilder& builder) {
     std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> creators;
+    creators.push_back(NewReflectionGuardFactory());
     creators.push_back(metrics->NewServerInterceptorFactory());
     builder.experimental().SetInterceptorCreators(std::move(creators));
   };

@@ -43,7 +43,8 @@ absl::StatusOr<std::unique_ptr<Metrics>> StartMetrics(const std::string& daemon,
                                                       const MetricsFlags& flags);
 
 // A ServerBuilder hook (ShardServerOptions::configure, CoordinatorServerOptions::configure) that
-// installs the per-RPC interceptors of `metrics`, which must outlive the server.
+// installs the reflection guard (common/reflection_guard.h) and the per-RPC interceptors of
+// `metrics`, which must outlive the server.
 std::function<void(grpc::ServerBuilder&)> RpcMetricsHook(Metrics* metrics);
 
 }  // namespace tessera

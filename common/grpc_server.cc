@@ -4,8 +4,12 @@
 
 #include <cerrno>
 #include <cstring>
+#include <memory>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/reflection_guard.h"
 #include "grpc/impl/codegen/grpc_types.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
@@ -24,10 +28,22 @@ absl::StatusOr<StartedGrpcServer> StartGrpcServer(const GrpcServerOptions& optio
   // gRPC sets SO_REUSEPORT by default, so a second daemon on a taken port would share it
   // silently; turned off, the bind fails and the error names the flag.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  // The shards' clients ping every 5 s to notice a dead connection (grpc_shard_client.cc), also
+  // while a stream waits on a BSP barrier with no data moving; by default a server answers pings
+  // that come more often than every 5 minutes without data with GOAWAY ("too_many_pings").
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 1000);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
   for (grpc::Service* service : options.services) builder.RegisterService(service);
   if (options.max_message_bytes > 0) {
     builder.SetMaxReceiveMessageSize(static_cast<int>(options.max_message_bytes));
     builder.SetMaxSendMessageSize(static_cast<int>(options.max_message_bytes));
+  }
+  // Built now so that its memory is there from the start, not at the first reflection call.
+  ReflectionNames::Get();
+  {
+    std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> creators;
+    creators.push_back(NewReflectionGuardFactory());
+    builder.experimental().SetInterceptorCreators(std::move(creators));
   }
   if (options.configure) options.configure(builder);
   started.server = builder.BuildAndStart();

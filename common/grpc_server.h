@@ -31,6 +31,9 @@ struct GrpcServerOptions {
   // Registered in order; not owned, must outlive the server.
   std::vector<grpc::Service*> services;
   // Called on the builder after everything above, before BuildAndStart (interceptors, options).
+  // A hook that sets interceptor creators replaces the reflection guard that StartGrpcServer
+  // installs (common/reflection_guard.h), so it must add NewReflectionGuardFactory() itself, as
+  // RpcMetricsHook does.
   std::function<void(grpc::ServerBuilder&)> configure;
 };
 

@@ -8,7 +8,15 @@ namespace tessera {
 
 grpc::Status ToGrpcStatus(const absl::Status& status) {
   if (status.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
+  absl::string_view message = status.message();
+  if (message.size() <= kMaxStatusMessageBytes) {
+    return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(message));
+  }
+  // Messages quote request fields; a hostile request must not make a header that the peer's
+  // metadata limit (8 KiB by default) refuses, which would close its whole connection.
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()),
+                      absl::StrCat(message.substr(0, kMaxStatusMessageBytes), "... (",
+                                   message.size() - kMaxStatusMessageBytes, " more bytes)"));
 }
 
 absl::Status StatusFromCode(int code, absl::string_view message) {

@@ -2,13 +2,19 @@
 #ifndef TESSERA_COMMON_GRPC_STATUS_H_
 #define TESSERA_COMMON_GRPC_STATUS_H_
 
-#include "absl/strings/string_view.h"
+#include <cstddef>
 
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "grpcpp/support/status.h"
 
 namespace tessera {
 
+// Messages longer than this are cut (with a note of how much) by ToGrpcStatus.
+inline constexpr size_t kMaxStatusMessageBytes = 1024;
+
+// The same code and message; a message over kMaxStatusMessageBytes is cut to that length plus
+// "... (N more bytes)", so an error that quotes a huge request field still fits in a header.
 grpc::Status ToGrpcStatus(const absl::Status& status);
 absl::Status FromGrpcStatus(const grpc::Status& status);
 

@@ -1,6 +1,7 @@
 #include "common/process.h"
 
 #include <fcntl.h>
+#include <malloc.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -101,12 +102,25 @@ int WaitForShutdownSignal(const std::function<void()>& on_reload) {
   sigaddset(&set, SIGINT);
   sigaddset(&set, SIGTERM);
   sigaddset(&set, SIGHUP);
+  const timespec trim_interval{kTrimIntervalSeconds, 0};
   for (;;) {
-    int sig = 0;
-    if (sigwait(&set, &sig) != 0) continue;
+    const int sig = sigtimedwait(&set, nullptr, &trim_interval);
+    if (sig < 0) {
+      if (errno == EAGAIN) ReleaseFreeMemory();
+      continue;
+    }
     if (sig != SIGHUP) return sig;
     if (on_reload) on_reload();
   }
+}
+
+void ReleaseFreeMemory() { malloc_trim(0); }
+
+void ConfigureDaemonAllocator() {
+  if (std::getenv("MALLOC_ARENA_MAX") != nullptr || std::getenv("GLIBC_TUNABLES") != nullptr) {
+    return;
+  }
+  mallopt(M_ARENA_MAX, 1);
 }
 
 }  // namespace tessera

@@ -245,6 +245,12 @@ void AddSecurityFlags(CLI::App& app, SecurityOptions* options, bool listener) {
 std::shared_ptr<grpc::Channel> ClientCredentials::CreateChannel(const std::string& target,
                                                                 grpc::ChannelArguments args) const {
   if (!server_name_override.empty()) args.SetSslTargetNameOverride(server_name_override);
+  // Reconnect with capped exponential backoff: gRPC's default grows to 120 s, so a daemon that
+  // comes back (a restarted shard, coordinator, or the end of a partition) would sit unused for
+  // up to two minutes. 2 s keeps reconnection prompt without spinning.
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, kInitialReconnectBackoffMs);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, kInitialReconnectBackoffMs);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, kMaxReconnectBackoffMs);
   return grpc::CreateCustomChannel(
       target, channel != nullptr ? channel : grpc::InsecureChannelCredentials(), args);
 }

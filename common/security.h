@@ -80,8 +80,12 @@ struct ClientCredentials {
   // Non-empty: GRPC_SSL_TARGET_NAME_OVERRIDE_ARG.
   std::string server_name_override;
 
+  // Reconnect backoff of every channel CreateChannel makes: from 200 ms, capped at 2 s.
+  static constexpr int kInitialReconnectBackoffMs = 200;
+  static constexpr int kMaxReconnectBackoffMs = 2000;
+
   // Creates a channel to `target` ("host:port") with these credentials and `args` (the override
-  // added). Makes no RPC.
+  // and the reconnect backoff added). Makes no RPC.
   std::shared_ptr<grpc::Channel> CreateChannel(const std::string& target,
                                                grpc::ChannelArguments args = {}) const;
 };

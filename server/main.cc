@@ -116,8 +116,9 @@ int Run(Flags flags, const tessera::LayeredConfig& config, tessera::Security* se
     agent = std::make_unique<tessera::MemberAgent>(std::move(options));
     agent->Start();
   }
-  // The port answers health checks (SERVING) from here on. TODO(#6): load the checkpoints in
-  // --data_dir before READY.
+  // The port answers health checks (SERVING) from here on, and READY means serving. The shard
+  // loads no checkpoint by itself: only the coordinator knows which checkpoint of a job is
+  // committed, so it sends Restore(job, step) once this shard has registered (docs/checkpoints.md).
   tessera::systemd::NotifyReady(absl::StrCat("serving on ", (*server)->address()));
   tessera::systemd::SystemdWatchdog watchdog;
   watchdog.Start();
@@ -141,10 +142,12 @@ int Run(Flags flags, const tessera::LayeredConfig& config, tessera::Security* se
 
 int main(int argc, char** argv) {
   tessera::ExecWithPassiveOpenMpWait(argv);
+  tessera::ConfigureDaemonAllocator();
   tessera::BlockDaemonSignals();
   // Partitions are 4 MiB: keep freed message buffers in the heap for reuse instead of returning
   // them to the kernel (mmap/munmap and page faults on every message).
   mallopt(M_MMAP_THRESHOLD, 256 << 20);
+  // WaitForShutdownSignal gives what stays free back to the kernel once a second.
   mallopt(M_TRIM_THRESHOLD, 1 << 30);
   Flags flags;
   CLI::App app{
