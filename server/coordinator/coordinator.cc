@@ -19,6 +19,9 @@ namespace tessera::coordinator {
 
 namespace {
 
+// The longest address, hostname or device a member may register with (a DNS name is at most 253).
+constexpr size_t kMaxMemberFieldBytes = 255;
+
 // The longest backoff between two registration attempts of a daemon (MemberAgent's default
 // max_backoff). It bounds how late a daemon registers again after a coordinator restart: its
 // channel (ClientCredentials::CreateChannel, common/security.cc) reconnects with a backoff
@@ -693,6 +696,16 @@ absl::StatusOr<v1::RegisterResponse> Coordinator::Register(const v1::RegisterReq
   }
   if (request.pid() < 0) {
     return absl::InvalidArgumentError(absl::StrCat("pid: must be >= 0, got ", request.pid()));
+  }
+  // Members are kept (and stored) for as long as they are listed: their strings are bounded.
+  for (const auto& [field, value] : {std::pair<const char*, const std::string*>{
+                                         "address", &request.address()},
+                                     {"hostname", &request.hostname()},
+                                     {"device", &request.device()}}) {
+    if (value->size() > kMaxMemberFieldBytes) {
+      return absl::InvalidArgumentError(absl::StrCat(field, ": at most ", kMaxMemberFieldBytes,
+                                                     " bytes, got ", value->size()));
+    }
   }
   v1::RegisterResponse response;
   {

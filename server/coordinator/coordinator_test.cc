@@ -804,7 +804,15 @@ TEST_F(CoordinatorTest, ValidatesEveryRequest) {
     absl::StatusCode code;
     std::string field;
   };
-  std::vector<Case> cases(4);
+  std::vector<Case> cases(6);
+  cases[4].request.set_role(v1::MEMBER_ROLE_WORKER);
+  cases[4].request.set_hostname(std::string(256, 'h'));
+  cases[4].code = absl::StatusCode::kInvalidArgument;
+  cases[4].field = "hostname: at most 255 bytes, got 256";
+  cases[5].request.set_role(v1::MEMBER_ROLE_WORKER);
+  cases[5].request.set_device(std::string(70000, 'd'));
+  cases[5].code = absl::StatusCode::kInvalidArgument;
+  cases[5].field = "device: at most 255 bytes, got 70000";
   cases[0].request.set_role(static_cast<v1::MemberRole>(7));
   cases[0].code = absl::StatusCode::kInvalidArgument;
   cases[0].field = "role:";

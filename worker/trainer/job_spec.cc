@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <climits>
 #include <cmath>
 #include <fstream>
 #include <sstream>
@@ -94,6 +95,10 @@ absl::Status CheckFile(const char* field, const std::string& path, bool required
   if (path.empty()) {
     if (!required) return absl::OkStatus();
     return absl::InvalidArgumentError(absl::StrCat("dataset.", field, ": must be set"));
+  }
+  if (path.size() >= PATH_MAX) {
+    return absl::InvalidArgumentError(absl::StrCat("dataset.", field, ": a path of ", path.size(),
+                                                   " bytes, more than PATH_MAX (", PATH_MAX, ")"));
   }
   if (!options.check_files) return absl::OkStatus();
   struct stat st;

@@ -4,6 +4,7 @@
 #include <string>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/text_format.h"
@@ -271,6 +272,12 @@ TEST(JobSpecTest, FileChecksCanBeSkipped) {
   ValidateOptions options;
   options.check_files = false;
   EXPECT_TRUE(ValidateJobSpec(spec, options).ok());
+  // A path no file system can hold is refused even unchecked (the coordinator stores the spec).
+  spec.mutable_dataset()->set_train_images(std::string(70000, 'p'));
+  const absl::Status long_path = ValidateJobSpec(spec, options);
+  EXPECT_EQ(long_path.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StartsWith(long_path.message(), "dataset.train_images: a path of 70000 bytes"))
+      << long_path;
 }
 
 TEST(JobSpecTest, ReadOptionsFillDefaults) {
