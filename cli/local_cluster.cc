@@ -160,6 +160,8 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const Options&
     absl::StatusOr<std::string> address = cluster->WaitServing(&c);
     if (!address.ok()) return address.status();
     cluster->shard_addresses_.push_back(*address);
+    // Restarts reuse the port (as a systemd restart with a fixed --listen would).
+    c.argv[2] = *address;
   }
 
   // Workers.
@@ -374,27 +376,41 @@ absl::Status LocalCluster::Stop(absl::Duration grace) {
   return absl::OkStatus();
 }
 
-absl::Status LocalCluster::KillCoordinator() {
-  Child& c = children_.front();
-  if (c.pid <= 0) return absl::FailedPreconditionError("the coordinator is not running");
-  kill(c.pid, SIGKILL);
+absl::Status LocalCluster::KillCoordinator() { return Kill("coordinator"); }
+
+absl::Status LocalCluster::RestartCoordinator() { return Restart("coordinator"); }
+
+LocalCluster::Child* LocalCluster::FindChild(const std::string& name) {
+  for (Child& c : children_) {
+    if (c.name == name) return &c;
+  }
+  return nullptr;
+}
+
+absl::Status LocalCluster::Kill(const std::string& name) {
+  Child* c = FindChild(name);
+  if (c == nullptr) return absl::NotFoundError(absl::StrCat("no child named ", name));
+  if (c->pid <= 0) return absl::FailedPreconditionError(absl::StrCat(name, " is not running"));
+  kill(c->pid, SIGKILL);
   int status = 0;
-  waitpid(c.pid, &status, 0);
-  c.pid = -1;
-  c.wait_status = status;
+  waitpid(c->pid, &status, 0);
+  c->pid = -1;
+  c->wait_status = status;
   return absl::OkStatus();
 }
 
-absl::Status LocalCluster::RestartCoordinator() {
-  Child& c = children_.front();
-  if (c.pid > 0) return absl::FailedPreconditionError("the coordinator is still running");
-  absl::Status spawned = Spawn(&c);
+absl::Status LocalCluster::Restart(const std::string& name) {
+  Child* c = FindChild(name);
+  if (c == nullptr) return absl::NotFoundError(absl::StrCat("no child named ", name));
+  if (c->pid > 0) return absl::FailedPreconditionError(absl::StrCat(name, " is still running"));
+  absl::Status spawned = Spawn(c);
   if (!spawned.ok()) return spawned;
-  absl::StatusOr<std::string> address = WaitServing(&c);
+  if (c->port_file.empty()) return absl::OkStatus();  // a worker: nothing to wait for
+  absl::StatusOr<std::string> address = WaitServing(c);
   if (!address.ok()) return address.status();
-  if (*address != coordinator_address_) {
-    return absl::InternalError(absl::StrCat("the coordinator came back on ", *address,
-                                            " instead of ", coordinator_address_));
+  if (*address != c->argv[2]) {
+    return absl::InternalError(
+        absl::StrCat(name, " came back on ", *address, " instead of ", c->argv[2]));
   }
   return absl::OkStatus();
 }

@@ -95,10 +95,15 @@ class LocalCluster {
   // naming the first that did not and the tail of its log. Idempotent.
   absl::Status Stop(absl::Duration grace);
 
-  // SIGKILL to the coordinator, then reaps it (for recovery tests).
+  // SIGKILL to the child named `name` ("coordinator", "shard-1", "worker-0"), then reaps it (for
+  // recovery tests). NOT_FOUND for an unknown name, FAILED_PRECONDITION when it is not running.
+  absl::Status Kill(const std::string& name);
+  // Starts that child again with its first arguments: the same --data_dir and, for the
+  // coordinator and the shards, the same port, as systemd's Restart=on-failure would. Waits for
+  // its port and health (daemons that serve). FAILED_PRECONDITION while it still runs.
+  absl::Status Restart(const std::string& name);
+  // Kill("coordinator") and Restart("coordinator").
   absl::Status KillCoordinator();
-  // Starts the coordinator again with its first arguments: the same --data_dir and the same port,
-  // so the shards and workers find it again. Waits for its port and health.
   absl::Status RestartCoordinator();
 
   // The last `max_bytes` of a child's log.
@@ -107,6 +112,7 @@ class LocalCluster {
  private:
   explicit LocalCluster(Options options) : options_(std::move(options)) {}
 
+  Child* FindChild(const std::string& name);
   absl::Status Spawn(Child* child);
   // Waits for the child's port file and gRPC health; returns "127.0.0.1:<port>".
   absl::StatusOr<std::string> WaitServing(Child* child);

@@ -5,5 +5,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
 scripts/build.sh
-cd "${BUILD_DIR:-build}"
-ctest --output-on-failure -j "$(nproc)" "$@"
+(cd "${BUILD_DIR:-build}" && ctest --output-on-failure -j "$(nproc)" "$@")
+scripts/fuzz.sh --seconds 15 --build-dir "${FUZZ_BUILD_DIR:-build-fuzz}"
