@@ -16,6 +16,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "common/status_macros.h"
 #include "isa-l/crc.h"
 
 namespace tessera::server {
@@ -116,7 +117,12 @@ uint32_t Crc32c(absl::string_view data, uint32_t crc) {
   return ~crc;
 }
 
-absl::StatusOr<CheckpointContents> ParseCheckpoint(absl::string_view bytes) {
+namespace {
+
+// Verifies `bytes` as ParseCheckpoint does and parses the header into *contents; *data_offset
+// receives where the data section starts (its length is what lies between it and the CRC).
+absl::Status VerifyCheckpoint(absl::string_view bytes, CheckpointContents* contents,
+                              size_t* data_offset) {
   const size_t total = bytes.size();
   if (total < kMagicSize + 8 + 8 + 4) {
     return absl::DataLossError(absl::StrCat("checkpoint is short: ", total,
@@ -149,12 +155,34 @@ absl::StatusOr<CheckpointContents> ParseCheckpoint(absl::string_view bytes) {
     return absl::DataLossError(absl::StrCat("checkpoint CRC mismatch: stored ", absl::Hex(stored),
                                             ", computed ", absl::Hex(computed)));
   }
-  CheckpointContents contents;
   if (header_length > static_cast<uint64_t>(std::numeric_limits<int>::max()) ||
-      !contents.header.ParseFromArray(header_bytes.data(), static_cast<int>(header_length))) {
+      !contents->header.ParseFromArray(header_bytes.data(), static_cast<int>(header_length))) {
     return absl::DataLossError("checkpoint header does not parse");
   }
-  contents.data.assign(bytes.data() + at, data_length);
+  *data_offset = at;
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<CheckpointContents> ParseCheckpoint(absl::string_view bytes) {
+  CheckpointContents contents;
+  size_t at = 0;
+  TESSERA_RETURN_IF_ERROR(VerifyCheckpoint(bytes, &contents, &at));
+  contents.data.assign(bytes.data() + at, bytes.size() - at - 4);
+  return contents;
+}
+
+absl::StatusOr<CheckpointContents> ParseCheckpointBuffer(std::string bytes) {
+  CheckpointContents contents;
+  size_t at = 0;
+  TESSERA_RETURN_IF_ERROR(VerifyCheckpoint(bytes, &contents, &at));
+  // The data section becomes `contents.data` in place: shifted to the buffer's start and cut
+  // before the CRC, without a second buffer.
+  const size_t data_length = bytes.size() - at - 4;
+  bytes.erase(0, at);
+  bytes.resize(data_length);
+  contents.data = std::move(bytes);
   return contents;
 }
 
@@ -193,7 +221,7 @@ absl::StatusOr<CheckpointContents> ReadCheckpointFile(const std::string& path) {
   }
   ::close(fd);
   bytes.resize(got);
-  absl::StatusOr<CheckpointContents> contents = ParseCheckpoint(bytes);
+  absl::StatusOr<CheckpointContents> contents = ParseCheckpointBuffer(std::move(bytes));
   if (!contents.ok()) {
     return absl::DataLossError(
         absl::StrCat("checkpoint file ", path, ": ", contents.status().message()));
@@ -302,7 +330,7 @@ absl::StatusOr<std::vector<int64_t>> ListCheckpointSteps(const std::string& job_
 }
 
 absl::StatusOr<int> RemoveTemporaryCheckpointFiles(const std::string& checkpoint_dir,
-                                                    int shard_index) {
+                                                   int shard_index) {
   // Another shard sharing the directory may be writing its own temp file right now.
   const std::string own = absl::StrCat("shard-", shard_index, ".tmp");
   absl::StatusOr<std::vector<std::string>> jobs = ListDir(checkpoint_dir);

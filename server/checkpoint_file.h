@@ -38,9 +38,14 @@ struct CheckpointContents {
 // allocates more than the input's size. The ranges inside the header are NOT checked here (the
 // store checks them against the data before it reads them). Thread-safe.
 absl::StatusOr<CheckpointContents> ParseCheckpoint(absl::string_view bytes);
+// ParseCheckpoint, taking the buffer: the data section is moved into `contents.data` in place
+// (shifted to the front of `bytes`' own allocation), so only one copy of the file's data exists. On
+// an error `bytes` is freed.
+absl::StatusOr<CheckpointContents> ParseCheckpointBuffer(std::string bytes);
 
 // Reads and parses the file at `path`. NOT_FOUND when it does not exist; INTERNAL for other I/O
-// errors; DATA_LOSS as ParseCheckpoint. Every message names the path. Blocks on file I/O.
+// errors; DATA_LOSS as ParseCheckpoint. Every message names the path. Blocks on file I/O. Holds
+// one buffer of the file's size: the returned data is that buffer, not a copy.
 absl::StatusOr<CheckpointContents> ReadCheckpointFile(const std::string& path);
 
 struct WrittenCheckpoint {

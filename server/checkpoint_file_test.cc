@@ -121,6 +121,32 @@ TEST(CheckpointFileTest, EveryCorruptionIsDataLoss) {
   }
 }
 
+// Taking the buffer, the parse hands back the data section in that same allocation: a restore
+// holds one copy of the file's data, not two.
+TEST(CheckpointFileTest, ParsingABufferKeepsItsDataInPlace) {
+  const std::string dir = MakeTempDir();
+  const std::string path = dir + "/f";
+  std::string data(100000, 'x');
+  for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<char>(i * 7);
+  const absl::string_view pieces[] = {data};
+  ASSERT_TRUE(WriteCheckpointFile(path, Header(), pieces).ok());
+  std::string bytes = ReadAll(path);
+  const absl::StatusOr<CheckpointContents> copied = ParseCheckpoint(bytes);
+  ASSERT_TRUE(copied.ok()) << copied.status();
+  const char* buffer = bytes.data();
+  absl::StatusOr<CheckpointContents> moved = ParseCheckpointBuffer(std::move(bytes));
+  ASSERT_TRUE(moved.ok()) << moved.status();
+  EXPECT_EQ(moved->data, data);
+  EXPECT_EQ(moved->data.data(), buffer);
+  EXPECT_EQ(moved->header.SerializeAsString(), copied->header.SerializeAsString());
+  std::string torn = ReadAll(path);
+  torn[torn.size() / 2] ^= 1;
+  EXPECT_EQ(ParseCheckpointBuffer(std::move(torn)).status().code(), absl::StatusCode::kDataLoss);
+  absl::StatusOr<CheckpointContents> read = ReadCheckpointFile(path);
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(read->data, data);
+}
+
 TEST(CheckpointFileTest, WriteErrorIsInternalAndLeavesNoTemp) {
   const std::string dir = MakeTempDir();
   const absl::string_view pieces[] = {"x"};

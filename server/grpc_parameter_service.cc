@@ -397,6 +397,62 @@ class PushPullReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, g
   grpc::Status finish_status_ ABSL_GUARDED_BY(mu_);
 };
 
+// Checkpoint: answered by the store, possibly much later (when its step is written). A cancelled
+// call (client gone, deadline passed) is finished at once with CANCELLED and sets the flag the
+// store reads, so that it stops counting against the job's bounds; the store's late answer then
+// finds the call finished and does nothing.
+class CheckpointReactor final : public grpc::ServerUnaryReactor {
+ public:
+  // What the store's callback holds: outlives the reactor.
+  struct Call {
+    absl::Mutex mu;
+    CheckpointReactor* reactor ABSL_GUARDED_BY(mu) = nullptr;  // null once finished
+    v1::CheckpointResponse* response ABSL_GUARDED_BY(mu) = nullptr;
+  };
+
+  explicit CheckpointReactor(v1::CheckpointResponse* response) {
+    absl::MutexLock lock(&call_->mu);
+    call_->reactor = this;
+    call_->response = response;
+  }
+
+  std::shared_ptr<Call> call() const { return call_; }
+  std::shared_ptr<const std::atomic<bool>> cancelled_flag() const { return cancelled_; }
+
+  // Finishes the call with `result` unless it was finished (cancelled) already.
+  static void Answer(const std::shared_ptr<Call>& call,
+                     absl::StatusOr<v1::CheckpointResponse> result) {
+    CheckpointReactor* reactor;
+    {
+      absl::MutexLock lock(&call->mu);
+      reactor = call->reactor;
+      if (reactor == nullptr) return;
+      if (result.ok()) call->response->Swap(&*result);
+      call->reactor = nullptr;
+      call->response = nullptr;
+    }
+    // OnDone (which deletes the reactor) runs only after this Finish.
+    reactor->Finish(ToGrpcStatus(result.status()));
+  }
+
+  void OnCancel() override {
+    cancelled_->store(true, std::memory_order_release);
+    {
+      absl::MutexLock lock(&call_->mu);
+      if (call_->reactor == nullptr) return;  // answered already
+      call_->reactor = nullptr;
+      call_->response = nullptr;
+    }
+    Finish(grpc::Status(grpc::StatusCode::CANCELLED, "the call was cancelled"));
+  }
+
+  void OnDone() override { delete this; }
+
+ private:
+  const std::shared_ptr<Call> call_ = std::make_shared<Call>();
+  const std::shared_ptr<std::atomic<bool>> cancelled_ = std::make_shared<std::atomic<bool>>(false);
+};
+
 // Pull: parks on the gate without a thread, then streams the weights in messages that each stay
 // under the message limit. At most one write is outstanding, and Finish is never called while a
 // StartWrite is being issued or outstanding, so no write reaches a call that gRPC is done with.
@@ -607,12 +663,15 @@ grpc::ServerUnaryReactor* GrpcParameterService::DropJob(grpc::CallbackServerCont
 grpc::ServerUnaryReactor* GrpcParameterService::Checkpoint(grpc::CallbackServerContext* context,
                                                            const v1::CheckpointRequest* request,
                                                            v1::CheckpointResponse* response) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  (void)context;
   // The store answers from its writer thread once the file is durable: no thread waits for it.
-  store_->Checkpoint(*request, [reactor, response](absl::StatusOr<v1::CheckpointResponse> result) {
-    if (result.ok()) response->Swap(&*result);
-    reactor->Finish(ToGrpcStatus(result.status()));
-  });
+  auto* reactor = new CheckpointReactor(response);
+  store_->Checkpoint(
+      *request,
+      [call = reactor->call()](absl::StatusOr<v1::CheckpointResponse> result) {
+        CheckpointReactor::Answer(call, std::move(result));
+      },
+      reactor->cancelled_flag());
   return reactor;
 }
 

@@ -399,6 +399,71 @@ TEST(GrpcCheckpointTest, CheckpointAndRestoreThroughGrpc) {
   (*server)->Stop(absl::Seconds(1));
 }
 
+// Checkpoint calls whose deadline passes are finished at once and stop holding the job's slots
+// for waiting steps, so the coordinator's later calls are not refused with RESOURCE_EXHAUSTED.
+TEST(GrpcCheckpointTest, CancelledCheckpointCallsFreeTheirSlots) {
+  std::string dir = ::testing::TempDir() + "/grpcckptXXXXXX";
+  ASSERT_NE(::mkdtemp(dir.data()), nullptr);
+  ShardServerOptions options;
+  options.listen = "127.0.0.1:0";
+  options.threads = 2;
+  options.data_dir = dir;
+  auto server = ShardServer::Create(options);
+  ASSERT_TRUE(server.ok()) << server.status();
+  ASSERT_TRUE((*server)->Start().ok());
+  auto channel = grpc::CreateChannel((*server)->address(), grpc::InsecureChannelCredentials());
+  auto stub = v1::ParameterService::NewStub(channel);
+  v1::CreateJobStateRequest job;
+  job.set_job_id("job-c");
+  *job.mutable_config() = Config(v1::CONSISTENCY_BSP, 1, 0.5f);
+  *job.add_partitions() = Dense("w", 0, 4, {1, 2, 3, 4});
+  {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    v1::CreateJobStateResponse response;
+    ASSERT_TRUE(stub->CreateJobState(&context, job, &response).ok());
+  }
+  auto checkpoint = [&](int64_t step, std::chrono::milliseconds timeout) {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + timeout);
+    v1::CheckpointRequest request;
+    request.set_job_id("job-c");
+    request.set_step(step);
+    v1::CheckpointResponse response;
+    grpc::Status status = stub->Checkpoint(&context, request, &response);
+    return std::make_pair(status, response);
+  };
+  // 16 far steps whose callers give up; each call ends with its deadline, not later.
+  std::vector<std::thread> callers;
+  std::atomic<int> expired{0};
+  for (int i = 0; i < 16; ++i) {
+    callers.emplace_back([&, i] {
+      auto [status, response] = checkpoint(1000 + i, std::chrono::milliseconds(300));
+      if (status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) ++expired;
+    });
+  }
+  for (std::thread& t : callers) t.join();
+  EXPECT_EQ(expired.load(), 16);
+  // Step 1 is registered, then reached by a push: before the fix the 16 dead calls kept every
+  // slot and this was RESOURCE_EXHAUSTED.
+  std::thread pusher([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    v1::PushResponse response;
+    EXPECT_TRUE(stub->Push(&context,
+                           Request("job-c", 0, 1, 0, 1, {GradSlice("w", 0, {2, 2, 2, 2})}),
+                           &response)
+                    .ok());
+  });
+  auto [status, response] = checkpoint(1, std::chrono::seconds(10));
+  pusher.join();
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  EXPECT_EQ(response.step(), 1);
+  EXPECT_EQ(response.path(), dir + "/checkpoints/job-c/ckpt-1/shard-0");
+  (*server)->Stop(absl::Seconds(1));
+}
+
 // A parked BSP pull does not hold the stream: a later request on it is answered first, and the
 // parked one comes back with its own seq once the other worker pushes.
 TEST_F(GrpcParameterServiceTest, ParkedPullDoesNotBlockLaterRequestsOnTheStream) {

@@ -7,7 +7,9 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <limits>
+#include <set>
 #include <utility>
 
 #include "absl/container/flat_hash_set.h"
@@ -553,6 +555,13 @@ struct ParameterStore::Job : std::enable_shared_from_this<ParameterStore::Job> {
   std::map<int64_t, std::shared_ptr<Capture>> captures ABSL_GUARDED_BY(ckpt_mu);
   // Set when the job is dropped or replaced: later captures are refused.
   bool retired ABSL_GUARDED_BY(ckpt_mu) = false;
+  // Set by DropJob: captures of the job still queued for the writer are not written.
+  bool dropped ABSL_GUARDED_BY(ckpt_mu) = false;
+  // The largest step a Checkpoint call named (0: none). Automatic files above it were never asked
+  // for, so none of them can be committed; the writer keeps only the newest few of them.
+  int64_t max_requested_step ABSL_GUARDED_BY(ckpt_mu) = 0;
+  // Automatic steps this job wrote that no Checkpoint call named (all > max_requested_step).
+  std::set<int64_t> unrequested_files ABSL_GUARDED_BY(ckpt_mu);
 
   bool bsp() const { return gate.mode() == v1::CONSISTENCY_BSP; }
 
@@ -655,7 +664,12 @@ ParameterStore::ParameterStore(ParameterStoreOptions options)
       budget_(std::make_shared<MemoryBudget>(
           options_.max_memory_bytes > 0 ? options_.max_memory_bytes : DefaultMemoryLimit())),
       counters_(std::make_shared<Counters>()) {
-  if (!options_.checkpoint_dir.empty()) writer_ = std::thread([this] { WriterLoop(); });
+  if (!options_.checkpoint_dir.empty()) {
+    writer_ = std::thread([this] { WriterLoop(); });
+  } else {
+    absl::MutexLock lock(&writer_mu_);
+    writer_joined_ = true;
+  }
 }
 
 ParameterStore::~ParameterStore() {
@@ -667,6 +681,15 @@ ParameterStore::~ParameterStore() {
     }
     writer_.join();
   }
+  // Tasks queued after the writer's last look at its queue: answered (cancelled) here, with no
+  // lock held.
+  std::deque<std::function<void(bool)>> left;
+  {
+    absl::MutexLock lock(&writer_mu_);
+    writer_joined_ = true;
+    left.swap(writer_queue_);
+  }
+  for (std::function<void(bool)>& task : left) task(/*cancelled=*/true);
 }
 
 absl::StatusOr<std::shared_ptr<ParameterStore::Job>> ParameterStore::FindJob(
@@ -1052,6 +1075,19 @@ absl::Status ParameterStore::DropJob(absl::string_view job_id) {
     }
     job = std::move(it->second);
     jobs_.erase(it);
+    {
+      absl::MutexLock ckpt_lock(&job->ckpt_mu);
+      job->dropped = true;  // its writes still queued are skipped
+    }
+    if (!options_.checkpoint_dir.empty()) {
+      // Queued under mu_, so it runs after every write of this job and before any write of a job
+      // created later under the same id.
+      EnqueueWrite([this, dir = absl::StrCat(options_.checkpoint_dir, "/", job->id)](bool) {
+        std::error_code error;
+        std::filesystem::remove_all(dir, error);
+        if (!error) SyncDirectory(options_.checkpoint_dir).IgnoreError();
+      });
+    }
   }
   job->gate.Close(absl::AbortedError(absl::StrCat("job '", job_id, "' was dropped")));
   RetireCaptures(*job, absl::AbortedError(absl::StrCat("job '", job_id, "' was dropped")));
@@ -1639,6 +1675,18 @@ struct ParameterStore::PartitionSnapshot {
   std::vector<float> row_values;
 };
 
+// A Checkpoint call waiting for its capture; `cancelled` (optional) is set once nobody wants the
+// answer (the RPC was cancelled), and such a waiter is answered CANCELLED and dropped.
+struct ParameterStore::CheckpointWaiter {
+  CheckpointDone done;
+  std::shared_ptr<const std::atomic<bool>> cancelled;
+
+  bool is_cancelled() const {
+    return cancelled != nullptr && cancelled->load(std::memory_order_acquire);
+  }
+  void operator()(absl::StatusOr<v1::CheckpointResponse> result) const { done(std::move(result)); }
+};
+
 struct ParameterStore::Capture {
   enum class State { kCapturing, kWriting, kDone };
 
@@ -1656,11 +1704,14 @@ struct ParameterStore::Capture {
   State state = State::kCapturing;
   absl::Status status;  // the first error; a failed capture is answered with it
   int64_t retain_from_step = 0;
+  // Created by a Checkpoint call for a step that is not automatic: it exists only for its waiters
+  // and is dropped when the last one is cancelled. Only these count against kMaxPendingCaptures.
+  bool registered = false;
   int64_t charged = 0;  // bytes of the copies, reserved in `budget`
   absl::flat_hash_set<const Partition*> captured;
   std::vector<PartitionSnapshot> snapshots;
   v1::CheckpointResponse response;
-  std::vector<CheckpointDone> waiters;
+  std::vector<CheckpointWaiter> waiters;
 };
 
 namespace {
@@ -1672,6 +1723,14 @@ constexpr int64_t kNoCapture = std::numeric_limits<int64_t>::max();
 // step.
 constexpr size_t kMaxPendingCaptures = 16;
 constexpr size_t kMaxCheckpointWaiters = 64;
+// How far ahead of the job's completed steps a Checkpoint call may name a step. 2^20 steps is
+// days of training at any realistic rate (the coordinator asks a few seconds of steps ahead);
+// anything further is a mistake or an attempt to hold a registration forever.
+constexpr int64_t kMaxCheckpointStepsAhead = int64_t{1} << 20;
+// Automatic checkpoint files of a job that no Checkpoint call named (so none can be committed:
+// the coordinator commits only steps it asked every shard for) kept on disk; older ones are
+// deleted. They pile up while the coordinator is away; 8 covers a restart of it many times over.
+constexpr size_t kMaxUnrequestedCheckpointFiles = 8;
 
 bool IsAutoStep(const v1::JobConfig& config, int64_t step) {
   return config.checkpoint_every_steps() > 0 && step > 0 &&
@@ -1715,6 +1774,8 @@ void ParameterStore::CaptureLocked(Job& job, Partition& p, int64_t step) {
     bytes += static_cast<int64_t>(p.rows.size()) * (int64_t{p.dim} * 4 * (1 + slots) + 16);
   }
   std::shared_ptr<Capture> capture;
+  std::vector<CheckpointWaiter> failed_waiters;
+  absl::Status failed_status;
   {
     absl::MutexLock lock(&job.ckpt_mu);
     if (job.retired) return;
@@ -1733,19 +1794,21 @@ void ParameterStore::CaptureLocked(Job& job, Partition& p, int64_t step) {
                                                         "' at step ", step, " (key ", p.name, ")"),
                                            bytes);
       capture->ReleaseMemory();
-      // Answered by the registration or the next written capture; nothing more is copied.
-      std::vector<CheckpointDone> waiters;
-      waiters.swap(capture->waiters);
-      const absl::Status status = capture->status;
-      if (!waiters.empty()) {
-        EnqueueWrite([waiters = std::move(waiters), status](bool) {
-          for (const CheckpointDone& w : waiters) w(status);
-        });
-      }
-      return;
+      // Nothing more is copied. The waiters are answered from the writer thread, after every lock
+      // of this thread (p.mu, ckpt_mu) is released: EnqueueWrite never runs a task inline while
+      // captures can happen.
+      failed_waiters.swap(capture->waiters);
+      failed_status = capture->status;
+    } else {
+      capture->charged += bytes;
     }
-    capture->charged += bytes;
   }
+  if (!failed_waiters.empty()) {
+    EnqueueWrite([waiters = std::move(failed_waiters), failed_status](bool) {
+      for (const CheckpointWaiter& w : waiters) w(failed_status);
+    });
+  }
+  if (!failed_status.ok()) return;
   // Copy without ckpt_mu (only p.mu): the partition cannot change meanwhile.
   PartitionSnapshot snap;
   v1::PartitionCheckpoint& meta = snap.meta;
@@ -1807,7 +1870,8 @@ void ParameterStore::CaptureLocked(Job& job, Partition& p, int64_t step) {
   job_ref = job.shared_from_this();
   EnqueueWrite([this, job_ref, capture](bool cancelled) {
     if (cancelled) {
-      CancelCapture(*job_ref, *capture);
+      CancelCapture(*job_ref, *capture,
+                    absl::CancelledError("the parameter store is shutting down"));
       return;
     }
     WriteCapture(job_ref, capture);
@@ -1817,11 +1881,16 @@ void ParameterStore::CaptureLocked(Job& job, Partition& p, int64_t step) {
 void ParameterStore::EnqueueWrite(std::function<void(bool cancelled)> task) {
   {
     absl::MutexLock lock(&writer_mu_);
-    if (!writer_stop_ && writer_.joinable()) {
+    if (!writer_joined_) {
+      // Also while stopping: the writer runs every queued task before it exits, and the
+      // destructor runs (cancelled) what came in after that. A task never runs inline here, so
+      // callers may hold store locks.
       writer_queue_.push_back(std::move(task));
       return;
     }
   }
+  // Only without a checkpoint_dir (no writer): nothing is ever captured then, and every caller
+  // that gets here holds no lock.
   task(/*cancelled=*/true);
 }
 
@@ -1846,6 +1915,16 @@ void ParameterStore::WriterLoop() {
 
 void ParameterStore::WriteCapture(const std::shared_ptr<Job>& job,
                                   const std::shared_ptr<Capture>& capture) {
+  bool dropped;
+  {
+    absl::MutexLock lock(&job->ckpt_mu);
+    dropped = job->dropped;
+  }
+  if (dropped) {
+    CancelCapture(*job, *capture,
+                  absl::AbortedError(absl::StrCat("job '", job->id, "' was dropped")));
+    return;
+  }
   // The capture is kWriting: nothing else touches its snapshots.
   v1::CheckpointHeader header;
   header.set_format_version(1);
@@ -1896,7 +1975,7 @@ void ParameterStore::WriteCapture(const std::shared_ptr<Job>& job,
     written = dirs;
   }
   int64_t retain = 0;
-  std::vector<CheckpointDone> waiters;
+  std::vector<CheckpointWaiter> waiters;
   absl::Status status;
   v1::CheckpointResponse response;
   {
@@ -1919,7 +1998,7 @@ void ParameterStore::WriteCapture(const std::shared_ptr<Job>& job,
     waiters.swap(capture->waiters);
     // Captures older than this one that are still incomplete can no longer complete; forget
     // them, and keep only the newest written ones.
-    std::vector<CheckpointDone> superseded;
+    std::vector<CheckpointWaiter> superseded;
     absl::Status gone = absl::FailedPreconditionError(
         absl::StrCat("checkpoint of job '", job->id, "': the partitions passed this step without ",
                      "all of them being captured (step ", capture->step, " was written since)"));
@@ -1930,18 +2009,19 @@ void ParameterStore::WriteCapture(const std::shared_ptr<Job>& job,
       const bool stale = it->first < capture->step && c.state == Capture::State::kCapturing;
       if (c.state == Capture::State::kDone) ++done;
       if (stale || (c.state == Capture::State::kDone && done > kKeptWrittenCaptures)) {
-        for (CheckpointDone& w : c.waiters) superseded.push_back(std::move(w));
+        for (CheckpointWaiter& w : c.waiters) superseded.push_back(std::move(w));
         c.waiters.clear();
         it = job->captures.erase(it);
       }
     }
-    for (CheckpointDone& w : superseded) {
+    for (CheckpointWaiter& w : superseded) {
       waiters.push_back(
-          [w = std::move(w), gone](absl::StatusOr<v1::CheckpointResponse>) { w(gone); });
+          {[w = std::move(w), gone](absl::StatusOr<v1::CheckpointResponse>) { w(gone); }, nullptr});
     }
   }
   if (status.ok() && retain > 0) ApplyRetention(*job, retain);
-  for (const CheckpointDone& w : waiters) {
+  if (status.ok()) LimitUnrequestedFiles(*job, capture->step);
+  for (const CheckpointWaiter& w : waiters) {
     if (status.ok()) {
       w(response);
     } else {
@@ -1967,9 +2047,36 @@ void ParameterStore::ApplyRetention(const Job& job, int64_t retain_from_step) {
   if (removed) SyncDirectory(job_dir).IgnoreError();
 }
 
-void ParameterStore::CancelCapture(Job& job, Capture& capture) {
-  std::vector<CheckpointDone> waiters;
-  const absl::Status status = absl::CancelledError("the parameter store is shutting down");
+void ParameterStore::LimitUnrequestedFiles(Job& job, int64_t written_step) {
+  std::vector<int64_t> remove;
+  {
+    absl::MutexLock lock(&job.ckpt_mu);
+    std::set<int64_t>& files = job.unrequested_files;
+    if (written_step > job.max_requested_step) files.insert(written_step);
+    files.erase(files.begin(), files.upper_bound(job.max_requested_step));
+    while (files.size() > kMaxUnrequestedCheckpointFiles) {
+      const int64_t step = *files.begin();
+      files.erase(files.begin());
+      remove.push_back(step);
+      // A later Checkpoint of this step must not be answered with the deleted file.
+      auto it = job.captures.find(step);
+      if (it != job.captures.end() && it->second->state == Capture::State::kDone) {
+        job.captures.erase(it);
+      }
+    }
+  }
+  if (remove.empty()) return;
+  for (int64_t step : remove) {
+    const std::string path =
+        CheckpointPath(options_.checkpoint_dir, job.id, step, options_.shard_index);
+    ::unlink(path.c_str());
+    ::rmdir(path.substr(0, path.rfind('/')).c_str());  // only when no other shard's file is left
+  }
+  SyncDirectory(absl::StrCat(options_.checkpoint_dir, "/", job.id)).IgnoreError();
+}
+
+void ParameterStore::CancelCapture(Job& job, Capture& capture, const absl::Status& status) {
+  std::vector<CheckpointWaiter> waiters;
   {
     absl::MutexLock lock(&job.ckpt_mu);
     capture.ReleaseMemory();
@@ -1977,25 +2084,70 @@ void ParameterStore::CancelCapture(Job& job, Capture& capture) {
     capture.status = status;
     waiters.swap(capture.waiters);
   }
-  for (const CheckpointDone& w : waiters) w(status);
+  for (const CheckpointWaiter& w : waiters) w(status);
 }
 
 void ParameterStore::RetireCaptures(Job& job, const absl::Status& status) {
-  std::vector<CheckpointDone> waiters;
+  std::vector<CheckpointWaiter> waiters;
   {
     absl::MutexLock lock(&job.ckpt_mu);
     job.retired = true;
     for (auto& [step, capture] : job.captures) {
       if (capture->state != Capture::State::kCapturing) continue;
-      for (CheckpointDone& w : capture->waiters) waiters.push_back(std::move(w));
+      for (CheckpointWaiter& w : capture->waiters) waiters.push_back(std::move(w));
       capture->waiters.clear();
       capture->ReleaseMemory();
     }
   }
-  for (const CheckpointDone& w : waiters) w(status);
+  for (const CheckpointWaiter& w : waiters) w(status);
 }
 
-void ParameterStore::Checkpoint(const v1::CheckpointRequest& request, CheckpointDone done) {
+int64_t ParameterStore::CompletedSteps(Job& job,
+                                       const std::vector<std::shared_ptr<Partition>>& partitions) {
+  int64_t completed = 0;
+  for (const std::shared_ptr<Partition>& p : partitions) {
+    absl::MutexLock lock(&p->mu);
+    if (job.bsp()) {
+      completed = std::max(completed, p->version.load(std::memory_order_relaxed));
+    } else {
+      for (const auto& clock : p->clocks) {
+        completed = std::max(completed, clock.load(std::memory_order_relaxed));
+      }
+    }
+  }
+  return completed;
+}
+
+size_t ParameterStore::PruneCancelledWaitersLocked(Job& job,
+                                                   std::vector<CheckpointWaiter>* cancelled) {
+  size_t pending = 0;
+  const absl::Status gone = absl::CancelledError("the Checkpoint call was cancelled");
+  for (auto it = job.captures.begin(); it != job.captures.end();) {
+    Capture& c = *it->second;
+    if (c.state != Capture::State::kCapturing) {
+      ++it;
+      continue;
+    }
+    auto keep = std::stable_partition(c.waiters.begin(), c.waiters.end(),
+                                      [](const CheckpointWaiter& w) { return !w.is_cancelled(); });
+    const bool had_cancelled = keep != c.waiters.end();
+    for (auto w = keep; w != c.waiters.end(); ++w) cancelled->push_back(std::move(*w));
+    c.waiters.erase(keep, c.waiters.end());
+    if (c.registered && c.waiters.empty() && had_cancelled) {
+      // Nobody wants this step any more: forget it (a CaptureLocked that holds it sees the status).
+      c.status = gone;
+      c.ReleaseMemory();
+      it = job.captures.erase(it);
+      continue;
+    }
+    if (c.registered || !c.waiters.empty()) ++pending;
+    ++it;
+  }
+  return pending;
+}
+
+void ParameterStore::Checkpoint(const v1::CheckpointRequest& request, CheckpointDone done,
+                                std::shared_ptr<const std::atomic<bool>> cancelled) {
   if (options_.checkpoint_dir.empty()) {
     done(absl::FailedPreconditionError(
         "checkpoints need a data directory: --data_dir not set on this shard"));
@@ -2023,63 +2175,82 @@ void ParameterStore::Checkpoint(const v1::CheckpointRequest& request, Checkpoint
   }
   std::shared_ptr<Job> job = *std::move(found);
   const int64_t step = request.step();
+  const std::vector<std::shared_ptr<Partition>> partitions = job->AllPartitions();
+  // A registration for a step the job will not reach for a very long time would hold its slot
+  // (and its RPC) for that long.
+  const int64_t completed_now = CompletedSteps(*job, partitions);
+  if (step - completed_now > kMaxCheckpointStepsAhead) {
+    done(absl::InvalidArgumentError(absl::StrCat(
+        "step: ", step, " is more than ", kMaxCheckpointStepsAhead, " steps ahead of job '",
+        job->id, "', which has completed ", completed_now, " steps on this shard")));
+    return;
+  }
   std::shared_ptr<Capture> capture;
+  std::shared_ptr<Capture> written;
+  std::vector<CheckpointWaiter> pruned;
+  absl::Status refused;
   {
     absl::MutexLock lock(&job->ckpt_mu);
-    if (job->retired) {
-      done(absl::AbortedError(absl::StrCat("job '", job->id, "' was dropped or restored")));
-      return;
-    }
     auto it = job->captures.find(step);
-    if (it != job->captures.end() && it->second->state == Capture::State::kDone) {
-      // Written already: answer from the writer (retention is file I/O).
-      std::shared_ptr<Capture> c = it->second;
-      const int64_t retain = request.retain_from_step();
-      EnqueueWrite([this, job, c, retain, done = std::move(done)](bool cancelled) {
-        if (cancelled) {
-          done(absl::CancelledError("the parameter store is shutting down"));
-          return;
+    if (job->retired) {
+      refused = absl::AbortedError(absl::StrCat("job '", job->id, "' was dropped or restored"));
+    } else if (it != job->captures.end() && it->second->state == Capture::State::kDone) {
+      written = it->second;
+    } else if (it != job->captures.end() && !it->second->status.ok()) {
+      refused = it->second->status;
+    } else {
+      // Each waiting call holds an open RPC until its step comes: bound them, so that requests
+      // for far-away steps cannot pile up. Cancelled calls no longer count.
+      const size_t pending = PruneCancelledWaitersLocked(*job, &pruned);
+      it = job->captures.find(step);
+      const bool is_new = it == job->captures.end();
+      const bool counts = is_new || (!it->second->registered && it->second->waiters.empty());
+      if ((counts && pending >= kMaxPendingCaptures) ||
+          (!is_new && it->second->waiters.size() >= kMaxCheckpointWaiters)) {
+        refused = absl::ResourceExhaustedError(
+            absl::StrCat("step: job '", job->id, "' already has ", pending,
+                         " checkpoints waiting for their step (at most ", kMaxPendingCaptures,
+                         ", each with at most ", kMaxCheckpointWaiters, " calls waiting)"));
+      } else {
+        if (is_new) {
+          it = job->captures.emplace(step, std::make_shared<Capture>(step, budget_)).first;
+          it->second->registered = !IsAutoStep(job->config, step);
         }
-        if (!c->status.ok()) {
-          done(c->status);
-          return;
-        }
-        if (retain > 0) ApplyRetention(*job, retain);
-        done(c->response);
-      });
-      return;
+        capture = it->second;
+        capture->retain_from_step = std::max(capture->retain_from_step, request.retain_from_step());
+        capture->waiters.push_back({std::move(done), std::move(cancelled)});
+      }
     }
-    if (it != job->captures.end() && !it->second->status.ok()) {
-      done(it->second->status);
-      return;
-    }
-    // Each waiting call holds an open RPC until its step comes: bound them, so that requests for
-    // far-away steps cannot pile up.
-    size_t pending = 0;
-    for (const auto& [s, c] : job->captures) {
-      if (c->state == Capture::State::kCapturing) ++pending;
-    }
-    const bool is_new = it == job->captures.end();
-    if ((is_new && pending >= kMaxPendingCaptures) ||
-        (!is_new && it->second->waiters.size() >= kMaxCheckpointWaiters)) {
-      done(absl::ResourceExhaustedError(
-          absl::StrCat("step: job '", job->id, "' already has ", pending,
-                       " checkpoints waiting for their step (at most ", kMaxPendingCaptures,
-                       ", each with at most ", kMaxCheckpointWaiters, " calls waiting)")));
-      return;
-    }
-    if (is_new) {
-      it = job->captures.emplace(step, std::make_shared<Capture>(step, budget_)).first;
-    }
-    capture = it->second;
-    capture->retain_from_step = std::max(capture->retain_from_step, request.retain_from_step());
-    capture->waiters.push_back(std::move(done));
+    if (refused.ok()) job->max_requested_step = std::max(job->max_requested_step, step);
+  }
+  // Every answer below runs without store locks.
+  const absl::Status gone = absl::CancelledError("the Checkpoint call was cancelled");
+  for (const CheckpointWaiter& w : pruned) w(gone);
+  if (!refused.ok()) {
+    done(refused);
+    return;
+  }
+  if (written != nullptr) {
+    // Written already: answer from the writer (retention is file I/O).
+    const int64_t retain = request.retain_from_step();
+    EnqueueWrite([this, job, written, retain, done = std::move(done)](bool stopping) {
+      if (stopping) {
+        done(absl::CancelledError("the parameter store is shutting down"));
+        return;
+      }
+      if (!written->status.ok()) {
+        done(written->status);
+        return;
+      }
+      if (retain > 0) ApplyRetention(*job, retain);
+      done(written->response);
+    });
+    return;
   }
   // Per partition: capture now when it sits at the boundary, remember the step when it is before
   // it, and fail the capture when it is past it.
   int64_t completed = 0;
   std::string past;
-  const std::vector<std::shared_ptr<Partition>> partitions = job->AllPartitions();
   for (const std::shared_ptr<Partition>& p : partitions) {
     absl::MutexLock lock(&p->mu);
     const int64_t reached = job->bsp() ? p->version.load(std::memory_order_relaxed)
@@ -2100,7 +2271,7 @@ void ParameterStore::Checkpoint(const v1::CheckpointRequest& request, Checkpoint
       p->next_capture = std::min(p->next_capture, step);
     }
   }
-  std::vector<CheckpointDone> failed;
+  std::vector<CheckpointWaiter> failed;
   absl::Status status;
   bool write_empty = false;
   {
@@ -2119,11 +2290,11 @@ void ParameterStore::Checkpoint(const v1::CheckpointRequest& request, Checkpoint
       write_empty = true;
     }
   }
-  for (const CheckpointDone& w : failed) w(status);
+  for (const CheckpointWaiter& w : failed) w(status);
   if (write_empty) {
     EnqueueWrite([this, job, capture](bool cancelled) {
       if (cancelled) {
-        CancelCapture(*job, *capture);
+        CancelCapture(*job, *capture, absl::CancelledError("the parameter store is shutting down"));
         return;
       }
       WriteCapture(job, capture);
@@ -2151,8 +2322,16 @@ absl::StatusOr<v1::RestoreResponse> ParameterStore::Restore(const v1::RestoreReq
         "checkpoint file ", path, " holds job '", absl::CHexEscape(h.job_id().substr(0, 160)),
         "' step ", h.step(), " shard ", h.shard_index(), ", not what its name says"));
   }
+  // Files of this job already on disk may be committed: the restored job never deletes them as
+  // unrequested.
+  int64_t protect_through = h.step();
+  absl::StatusOr<std::vector<int64_t>> existing = ListCheckpointSteps(
+      absl::StrCat(options_.checkpoint_dir, "/", request.job_id()), options_.shard_index);
+  if (existing.ok() && !existing->empty()) {
+    protect_through = std::max(protect_through, existing->back());
+  }
   absl::StatusOr<v1::RestoreResponse> restored =
-      RestoreJobFromCheckpoint(contents, request.min_incarnation());
+      RestoreJobFromCheckpoint(contents, request.min_incarnation(), protect_through);
   if (!restored.ok() && restored.status().code() == absl::StatusCode::kDataLoss) {
     return absl::DataLossError(
         absl::StrCat("checkpoint file ", path, ": ", restored.status().message()));
@@ -2161,7 +2340,7 @@ absl::StatusOr<v1::RestoreResponse> ParameterStore::Restore(const v1::RestoreReq
 }
 
 absl::StatusOr<v1::RestoreResponse> ParameterStore::RestoreJobFromCheckpoint(
-    const CheckpointContents& contents, uint64_t min_incarnation) {
+    const CheckpointContents& contents, uint64_t min_incarnation, int64_t protect_through) {
   const v1::CheckpointHeader& h = contents.header;
   const absl::string_view data = contents.data;
   auto loss = [&](absl::string_view what) {
@@ -2264,6 +2443,7 @@ absl::StatusOr<v1::RestoreResponse> ParameterStore::RestoreJobFromCheckpoint(
   {
     absl::MutexLock lock(&job->ckpt_mu);
     job->retired = true;  // no captures until it is swapped in and its partitions are set
+    job->max_requested_step = std::max(protect_through, h.step());
   }
   TESSERA_RETURN_IF_ERROR(AddToJob(*job, request, table_params).status());
   for (const v1::CheckpointMembership& m : h.membership()) {

@@ -202,14 +202,19 @@ class ParameterStore {
 
   // Makes sure the job's snapshot at request.step is written (registering the capture when the
   // step is not captured anyway), then applies retention (retain_from_step). `done` runs exactly
-  // once, on the writer thread once the file is durable, or inline on an error found at once:
-  // INVALID_ARGUMENT for a bad job_id, step (< 1 or huge) or retain_from_step (< 0 or > step);
-  // FAILED_PRECONDITION without checkpoint_dir or when a partition is already past the step (the
-  // message says the completed steps); NOT_FOUND for an unknown job; RESOURCE_EXHAUSTED when the
-  // copy does not fit max_memory_bytes, or when 16 steps (or 64 calls for this step) already
-  // wait; INTERNAL for I/O errors; ABORTED when the job is dropped
-  // or restored first. Never blocks on file I/O. Thread-safe.
-  void Checkpoint(const v1::CheckpointRequest& request, CheckpointDone done);
+  // once, never under a store lock: on the writer thread once the file is durable, or inline on
+  // an error found at once: INVALID_ARGUMENT for a bad job_id, step (< 1, huge, or more than
+  // 2^20 steps ahead of the steps the job completed on this shard) or retain_from_step (< 0 or
+  // > step); FAILED_PRECONDITION without checkpoint_dir or when a partition is already past the
+  // step (the message says the completed steps); NOT_FOUND for an unknown job;
+  // RESOURCE_EXHAUSTED when the copy does not fit max_memory_bytes, or when 16 registered steps
+  // (or 64 calls for this step) already wait; INTERNAL for I/O errors; ABORTED when the job is
+  // dropped or restored first. Once `cancelled` (optional) is set, the call stops counting
+  // against those bounds: it is answered CANCELLED at the next Checkpoint call of the job (or
+  // when its step is written), and a registered step nobody waits for any more is forgotten.
+  // Never blocks on file I/O. Thread-safe.
+  void Checkpoint(const v1::CheckpointRequest& request, CheckpointDone done,
+                  std::shared_ptr<const std::atomic<bool>> cancelled = nullptr);
 
   // Replaces the job's state (creating the job when absent) with the file of request.step, all or
   // nothing; parked pulls of the replaced state fail with ABORTED, and pushes of an incarnation
@@ -222,11 +227,17 @@ class ParameterStore {
 
   // The part of Restore after the file is read: builds a fresh job from `contents` (every field
   // and range checked first: DATA_LOSS naming what is wrong) and swaps it in under the header's
-  // job_id. Needs no checkpoint_dir or file (the fuzz target calls it). Thread-safe.
+  // job_id. Needs no checkpoint_dir or file (the fuzz target calls it). Automatic files of steps
+  // up to max(protect_through, the header's step) are never deleted as unrequested by the new
+  // job (Restore passes the newest file of the job on disk). Thread-safe.
   absl::StatusOr<v1::RestoreResponse> RestoreJobFromCheckpoint(const CheckpointContents& contents,
-                                                               uint64_t min_incarnation);
+                                                               uint64_t min_incarnation,
+                                                               int64_t protect_through = 0);
 
-  // Removes the job; its parked pulls fail with ABORTED. NOT_FOUND for an unknown job.
+  // Removes the job; its parked pulls and waiting Checkpoint calls fail with ABORTED. With a
+  // checkpoint_dir, the writer thread then skips the job's queued writes and deletes
+  // <checkpoint_dir>/<job_id> (asynchronously, after any write in progress). NOT_FOUND for an
+  // unknown job.
   absl::Status DropJob(absl::string_view job_id);
 
   // Applies the push slices of `request` (all or nothing) and advances the worker's clock on each
@@ -279,6 +290,7 @@ class ParameterStore {
   class MemoryBudget;
   struct PartitionSnapshot;
   struct Capture;
+  struct CheckpointWaiter;
 
   absl::StatusOr<std::shared_ptr<Job>> FindJob(absl::string_view job_id) const;
   // FindJob, then the checks every pull makes: a known `encoding` (INVALID_ARGUMENT naming
@@ -311,9 +323,22 @@ class ParameterStore {
   // Writer thread: writes the capture's file, applies retention, answers its waiters.
   void WriteCapture(const std::shared_ptr<Job>& job, const std::shared_ptr<Capture>& capture);
   void ApplyRetention(const Job& job, int64_t retain_from_step);
+  // Queues `task` for the writer thread; never runs it inline while the writer exists, so callers
+  // may hold store locks. The task gets true when the store is being destroyed.
   void EnqueueWrite(std::function<void(bool cancelled)> task);
-  // Answers a capture the writer will not write (shutdown) with CANCELLED.
-  void CancelCapture(Job& job, Capture& capture);
+  // The largest number of steps any partition of the job completed (BSP: versions; SSP/ASP:
+  // worker clocks). Takes each partition's lock; hold no other store lock.
+  int64_t CompletedSteps(Job& job, const std::vector<std::shared_ptr<Partition>>& partitions);
+  // Moves the cancelled waiters of the job's pending captures into *cancelled, forgets registered
+  // captures left without waiters, and returns how many captures still count against
+  // kMaxPendingCaptures (registered ones, and automatic ones someone waits for).
+  // REQUIRES: job.ckpt_mu held.
+  size_t PruneCancelledWaitersLocked(Job& job, std::vector<CheckpointWaiter>* cancelled);
+  // Answers a capture the writer will not write (shutdown: CANCELLED; dropped job: ABORTED).
+  void CancelCapture(Job& job, Capture& capture, const absl::Status& status);
+  // Writer thread, after `written_step` is written: keeps at most kMaxUnrequestedCheckpointFiles
+  // automatic files above the largest step any Checkpoint call named, deleting the oldest.
+  void LimitUnrequestedFiles(Job& job, int64_t written_step);
   // Fails the job's unwritten captures with `status` and refuses later ones (drop, restore).
   void RetireCaptures(Job& job, const absl::Status& status);
   void WriterLoop();
@@ -332,6 +357,8 @@ class ParameterStore {
   absl::Mutex writer_mu_;
   std::deque<std::function<void(bool)>> writer_queue_ ABSL_GUARDED_BY(writer_mu_);
   bool writer_stop_ ABSL_GUARDED_BY(writer_mu_) = false;
+  // Set once no writer thread will run queued tasks any more (none started, or joined).
+  bool writer_joined_ ABSL_GUARDED_BY(writer_mu_) = false;
   std::thread writer_;
 };
 

@@ -1,8 +1,10 @@
 #include "server/parameter_store.h"
 
 #include <stdlib.h>
+#include <unistd.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <map>
@@ -1419,6 +1421,148 @@ TEST(ParameterStoreCheckpointTest, WaitingCheckpointsEndWithDropAndShutdown) {
   ASSERT_TRUE(shut.has_value());
   EXPECT_EQ(shut->code(), absl::StatusCode::kCancelled);
   EXPECT_EQ(answered, 40);  // the 15 that waited end with the shutdown
+}
+
+// A step far ahead of the job is refused (it would hold a registration for the life of the job),
+// and cancelled calls stop counting: their registrations are forgotten and new ones fit again.
+TEST(ParameterStoreCheckpointTest, FarStepsAreRefusedAndCancelledWaitersAreDropped) {
+  const std::string dir = MakeCheckpointDir();
+  // Declared before the store, which may still answer into them when it is destroyed.
+  std::vector<std::optional<absl::Status>> answers(16);
+  std::vector<std::optional<absl::Status>> later(16);
+  int exhausted = 0;
+  ParameterStore store(CheckpointOptions(dir));
+  ASSERT_TRUE(store.CreateJobState(CheckpointJob("job-x")).ok());
+  for (int64_t s = 0; s < 3; ++s) PushStep(store, "job-x", s, 1, static_cast<uint64_t>(s + 1));
+  const int64_t ahead = int64_t{1} << 20;
+  absl::StatusOr<v1::CheckpointResponse> far = CheckpointAndWait(store, "job-x", 3 + ahead + 1);
+  EXPECT_EQ(far.status().code(), absl::StatusCode::kInvalidArgument) << far.status();
+  EXPECT_THAT(far.status().message(), HasSubstr("step:"));
+  EXPECT_THAT(far.status().message(), HasSubstr("completed 3 steps"));
+  far = CheckpointAndWait(store, "job-x", int64_t{1000000000000});
+  EXPECT_EQ(far.status().code(), absl::StatusCode::kInvalidArgument) << far.status();
+
+  // 16 registrations (the last at the bound itself) fill the job's slots.
+  std::vector<std::shared_ptr<std::atomic<bool>>> flags;
+  for (int i = 0; i < 16; ++i) {
+    flags.push_back(std::make_shared<std::atomic<bool>>(false));
+    v1::CheckpointRequest r;
+    r.set_job_id("job-x");
+    r.set_step(i == 15 ? 3 + ahead : 100 + i);
+    store.Checkpoint(
+        r, [&answers, i](absl::StatusOr<v1::CheckpointResponse> c) { answers[i] = c.status(); },
+        flags.back());
+  }
+  for (int i = 0; i < 16; ++i) EXPECT_FALSE(answers[i].has_value()) << i << ": " << *answers[i];
+  absl::StatusOr<v1::CheckpointResponse> refused = CheckpointAndWait(store, "job-x", 50);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted) << refused.status();
+  // Their callers go away: the next call answers them CANCELLED, forgets their steps, and fits.
+  for (const auto& f : flags) f->store(true);
+  absl::StatusOr<v1::CheckpointResponse> now = CheckpointAndWait(store, "job-x", 3);
+  ASSERT_TRUE(now.ok()) << now.status();
+  EXPECT_EQ(now->step(), 3);
+  for (int i = 0; i < 16; ++i) {
+    ASSERT_TRUE(answers[i].has_value()) << i;
+    EXPECT_EQ(answers[i]->code(), absl::StatusCode::kCancelled) << i << ": " << *answers[i];
+  }
+  // The forgotten steps are not captured: only step 3 has a file after the job passes 100..114.
+  for (int64_t s = 3; s < 120; ++s) PushStep(store, "job-x", s, 1, static_cast<uint64_t>(s + 1));
+  absl::StatusOr<v1::CheckpointResponse> passed = CheckpointAndWait(store, "job-x", 105);
+  EXPECT_EQ(passed.status().code(), absl::StatusCode::kFailedPrecondition) << passed.status();
+  EXPECT_EQ(*ListCheckpointSteps(dir + "/job-x", 0), (std::vector<int64_t>{3}));
+  // 16 new registrations fit again.
+  for (int i = 0; i < 16; ++i) {
+    v1::CheckpointRequest r;
+    r.set_job_id("job-x");
+    r.set_step(200 + i);
+    store.Checkpoint(r, [&later, &exhausted, i](absl::StatusOr<v1::CheckpointResponse> c) {
+      later[i] = c.status();
+      if (c.status().code() == absl::StatusCode::kResourceExhausted) ++exhausted;
+    });
+  }
+  EXPECT_EQ(exhausted, 0);
+  ASSERT_TRUE(store.DropJob("job-x").ok());
+  for (int i = 0; i < 16; ++i) {
+    ASSERT_TRUE(later[i].has_value()) << i;
+    EXPECT_EQ(later[i]->code(), absl::StatusCode::kAborted) << i << ": " << *later[i];
+  }
+}
+
+// A refused Checkpoint is answered with no store lock held: its callback may call the store again
+// (before the fix it ran under the job's checkpoint lock, and this deadlocked).
+TEST(ParameterStoreCheckpointTest, RefusalsAreAnsweredWithoutStoreLocks) {
+  const std::string dir = MakeCheckpointDir();
+  ParameterStore store(CheckpointOptions(dir));
+  ASSERT_TRUE(store.CreateJobState(CheckpointJob("job-y")).ok());
+  v1::CheckpointRequest r;
+  r.set_job_id("job-y");
+  for (int64_t step = 100; step < 116; ++step) {
+    r.set_step(step);
+    store.Checkpoint(r, [](absl::StatusOr<v1::CheckpointResponse>) {});
+  }
+  auto first = std::make_shared<std::optional<absl::Status>>();
+  auto second = std::make_shared<std::optional<absl::Status>>();
+  auto done = std::make_shared<absl::Notification>();
+  std::thread caller([&store, first, second, done] {
+    v1::CheckpointRequest again;
+    again.set_job_id("job-y");
+    again.set_step(50);
+    store.Checkpoint(
+        again, [&store, first, second, done, again](absl::StatusOr<v1::CheckpointResponse> c) {
+          *first = c.status();
+          store.Checkpoint(again, [second, done](absl::StatusOr<v1::CheckpointResponse> c2) {
+            *second = c2.status();
+            done->Notify();
+          });
+        });
+  });
+  if (!done->WaitForNotificationWithTimeout(absl::Seconds(10))) {
+    // The caller is stuck on a store lock: nothing can end this process cleanly.
+    ADD_FAILURE() << "a Checkpoint callback that calls the store again deadlocked";
+    std::_Exit(1);
+  }
+  caller.join();
+  ASSERT_TRUE(first->has_value());
+  EXPECT_EQ((*first)->code(), absl::StatusCode::kResourceExhausted) << **first;
+  ASSERT_TRUE(second->has_value());
+  EXPECT_EQ((*second)->code(), absl::StatusCode::kResourceExhausted) << **second;
+}
+
+// A dropped job's files are deleted (by the writer, after its queued writes), and automatic files
+// nobody asked for are bounded: the oldest beyond 8 go, never one at or below a requested step.
+TEST(ParameterStoreCheckpointTest, DroppedJobsAndUnrequestedAutomaticFilesAreDeleted) {
+  const std::string dir = MakeCheckpointDir();
+  ParameterStore store(CheckpointOptions(dir));
+  ASSERT_TRUE(store.CreateJobState(CheckpointJob("job-g", /*every=*/1)).ok());
+  ASSERT_TRUE(store.CreateJobState(CheckpointJob("job-h")).ok());
+  // The writer runs its tasks in order: a checkpoint of job-h answered means every earlier write
+  // (and deletion) is done.
+  int64_t h_step = 0;
+  auto flush = [&] {
+    PushStep(store, "job-h", h_step, 1, static_cast<uint64_t>(h_step + 1));
+    ++h_step;
+    absl::StatusOr<v1::CheckpointResponse> r = CheckpointAndWait(store, "job-h", h_step);
+    ASSERT_TRUE(r.ok()) << r.status();
+  };
+  for (int64_t s = 0; s < 4; ++s) PushStep(store, "job-g", s, 1, static_cast<uint64_t>(s + 1));
+  flush();
+  absl::StatusOr<v1::CheckpointResponse> four = CheckpointAndWait(store, "job-g", 4);
+  ASSERT_TRUE(four.ok()) << four.status();
+  for (int64_t s = 4; s < 20; ++s) PushStep(store, "job-g", s, 1, static_cast<uint64_t>(s + 1));
+  flush();
+  EXPECT_EQ(*ListCheckpointSteps(dir + "/job-g", 0),
+            (std::vector<int64_t>{1, 2, 3, 4, 13, 14, 15, 16, 17, 18, 19, 20}));
+  // A deleted step is not answered from memory with its old path.
+  absl::StatusOr<v1::CheckpointResponse> gone = CheckpointAndWait(store, "job-g", 6);
+  EXPECT_EQ(gone.status().code(), absl::StatusCode::kFailedPrecondition) << gone.status();
+  absl::StatusOr<v1::CheckpointResponse> kept = CheckpointAndWait(store, "job-g", 14);
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  EXPECT_EQ(kept->path(), dir + "/job-g/ckpt-14/shard-0");
+
+  ASSERT_TRUE(store.DropJob("job-g").ok());
+  flush();
+  EXPECT_EQ(::access((dir + "/job-g").c_str(), F_OK), -1);
+  EXPECT_EQ(::access((dir + "/job-h/ckpt-1/shard-0").c_str(), F_OK), 0);
 }
 
 // The restore path checks every header field against the data before it reads: mutated headers
