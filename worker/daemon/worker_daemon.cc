@@ -182,6 +182,10 @@ absl::StatusOr<std::unique_ptr<WorkerDaemon>> WorkerDaemon::Create(Options optio
     return absl::InvalidArgumentError(
         absl::StrCat("threads: must be >= 0, got ", options.num_threads));
   }
+  if (options.data_plane_attempts < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("data_plane_attempts: must be >= 1, got ",
+                                                   options.data_plane_attempts));
+  }
   if (options.hostname.empty()) {
     char name[256] = {};
     if (gethostname(name, sizeof(name) - 1) == 0) options.hostname = name;
@@ -434,6 +438,7 @@ void WorkerDaemon::RunTask(v1::Task task) {
   o.device = options_.device;
   o.num_threads = options_.num_threads;
   o.progress_interval = options_.progress_interval;
+  o.max_attempts = options_.data_plane_attempts;
   o.credentials = options_.credentials;
   o.on_progress = [&sender](const v1::ProgressReport& p) { sender.Offer(p); };
   // Rank 0's TRAINING_DONE polls go out after every buffered report, so the coordinator sees

@@ -69,6 +69,9 @@ class WorkerDaemon {
     absl::Duration progress_interval = absl::Milliseconds(500);
     // A terminal report is retried for this long before the daemon gives up on it.
     absl::Duration terminal_report_timeout = absl::Seconds(60);
+    // Attempts per data-plane request (DistributedOptions::max_attempts): the default rides out
+    // about 70 s of a partition before the task fails.
+    int data_plane_attempts = 40;
     // How the channels to the coordinator and the shards are made (default: plaintext, no
     // token).
     ClientCredentials credentials;

@@ -230,6 +230,7 @@ class WorkerDaemonTest : public ::testing::Test {
     o.hostname = "test-host";
     o.num_threads = 1;
     o.progress_interval = absl::Milliseconds(50);
+    o.data_plane_attempts = 3;  // a dead shard fails the task within seconds
     auto d = WorkerDaemon::Create(o);
     EXPECT_TRUE(d.ok()) << d.status();
     if (!d.ok()) return nullptr;

@@ -294,6 +294,7 @@ absl::Status DistributedTrainer::Connect() {
   o.push_encoding = WireEncoding(spec);
   o.pull_encoding = WireEncoding(spec);
   o.call_timeout = options_.call_timeout;
+  o.retry.max_attempts = options_.max_attempts;
   o.credentials = options_.credentials;
   TESSERA_ASSIGN_OR_RETURN(client_, client::ParameterClient::Create(o));
 

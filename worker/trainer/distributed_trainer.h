@@ -84,6 +84,10 @@ struct DistributedOptions {
   int64_t memory_limit_bytes = 0;
   // Deadline of each data-plane call (ParameterClient::Options::call_timeout).
   absl::Duration call_timeout = absl::Seconds(30);
+  // Attempts per data-plane request after UNAVAILABLE or DEADLINE_EXCEEDED, with backoff from
+  // 50 ms capped at 2 s: 40 ride out about 70 s of a partition or an unreachable shard before the
+  // task fails (a restarted shard ends the wait sooner: the coordinator rewinds the task).
+  int max_attempts = 40;
   // How the channels to the shards are made (default: plaintext, no token).
   ClientCredentials credentials;
   // Progress reports come at most this often, and at every epoch end.

@@ -385,6 +385,7 @@ TEST_F(DistributedTrainerTest, UnreachableShardFailsNamingItsAddress) {
 
   DistributedOptions o = Options("unreachable", Spec(1, 1), 0, {shards_->addresses()[0], dead});
   o.call_timeout = absl::Seconds(2);
+  o.max_attempts = 3;
   auto t = Make(std::move(o));
   ASSERT_NE(t, nullptr);
   absl::StatusOr<v1::ProgressReport> r = t->Run();
