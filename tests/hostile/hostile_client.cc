@@ -180,8 +180,8 @@ constexpr const char* kKindNames[] = {"garbage", "invalid", "random", "oversize"
 //   oversize  over the receive limit: RESOURCE_EXHAUSTED from the library.
 // A daemon that does not serve the service answers every kind with UNIMPLEMENTED (an oversize
 // request may also get RESOURCE_EXHAUSTED first).
-// UNIMPLEMENTED in Checkpoint, Restore and CheckpointJob: until H1/H2 land them (TODO(#6):
-// remove it then). DEADLINE_EXCEEDED is allowed only where the request may rightly wait: a pull
+// Checkpoint and Restore may answer RESOURCE_EXHAUSTED (too many waiting checkpoint calls, or a
+// restore that does not fit the shard's memory). DEADLINE_EXCEEDED is allowed only where the request may rightly wait: a pull
 // gated on a step nobody reaches, a checkpoint of a step not reached, the open streams (Watch,
 // WatchJob of a live job, WatchTasks). CANCELLED/ABORTED: a parked pull when the call ends or
 // the job is dropped.
@@ -211,14 +211,14 @@ const MethodSpec kMethods[] = {
     {kPs, "CreateJobState", kByShards, kIa | kFp | kRe, kOk | kIa | kFp | kRe},
     {kPs, "UpdateMembership", kByShards, kIa | kNf, kOk | kIa | kNf},
     {kPs, "DropJob", kByShards, kIa | kNf, kOk | kIa | kNf},
-    {kPs, "Checkpoint", kByShards, kIa | kNf | kFp | kUn, kOk | kIa | kNf | kFp | kDe | kUn},
-    {kPs, "Restore", kByShards, kIa | kNf | kDl | kUn, kOk | kIa | kNf | kDl | kUn},
+    {kPs, "Checkpoint", kByShards, kIa | kNf | kFp | kRe, kOk | kIa | kNf | kFp | kRe | kDe},
+    {kPs, "Restore", kByShards, kIa | kNf | kDl | kFp | kRe, kOk | kIa | kNf | kDl | kFp | kRe},
     {kJs, "CreateJob", kByCoordinator, kIa, kOk | kIa},
     {kJs, "GetJob", kByCoordinator, kIa | kNf, kOk | kIa | kNf},
     {kJs, "ListJobs", kByCoordinator, kIa, kOk | kIa},
     {kJs, "CancelJob", kByCoordinator, kIa | kNf, kOk | kIa | kNf | kFp},
     {kJs, "WatchJob", kByCoordinator, kIa | kNf, kOk | kIa | kNf | kDe, kUn, true},
-    {kJs, "CheckpointJob", kByCoordinator, kIa | kNf | kFp | kUn, kIa | kNf | kFp | kUn},
+    {kJs, "CheckpointJob", kByCoordinator, kIa | kNf | kFp, kIa | kNf | kFp},
     {kCs, "Register", kByCoordinator, kIa | kAe, kOk | kIa | kAe},
     {kCs, "Heartbeat", kByCoordinator, kIa | kNf, kOk | kIa | kNf},
     {kCs, "Deregister", kByCoordinator, kIa | kNf, kOk | kIa | kNf},

@@ -2,9 +2,10 @@
 // 3 worker daemons as child processes on loopback (cli/local_cluster.h), training the Fashion-MNIST
 // MLP in BSP with a fixed seed; one process is SIGKILLed in the middle of training.
 //
-//  1. A worker: the job succeeds; figures: the seconds from the kill to the membership change
-//     (the coordinator's "lost" event), and the accuracy against a fault-free run of the same seed
-//     (target: within 0.5 percentage points). The third, idle worker takes the lost rank over.
+//  1. A worker (in a 4-epoch run): the job succeeds; figures: the seconds from the kill to the
+//     membership change (the coordinator's "lost" event), the step the idle third worker took
+//     the rank over at, and the accuracy against a fault-free run of the same seed (target:
+//     within 0.5 percentage points).
 //  2. A shard, with checkpoints every 50 steps, restarted on its port as systemd would: the job
 //     succeeds; figures: steps lost (<= 50 + what the steps of one checkpoint write take), seconds
 //     from the kill to the first step after the rewind, accuracy against the fault-free run.
@@ -67,8 +68,8 @@ bool HaveDataset() {
 
 int64_t NowMs() { return absl::ToUnixMillis(absl::Now()); }
 
-// The 2-epoch MLP of the demo, BSP, seed 1, 2 workers.
-v1::JobSpec Spec(const std::string& name, int64_t checkpoint_every) {
+// The MLP of the demo, BSP, seed 1, 2 workers, `epochs` epochs (the cosine schedule spans them).
+v1::JobSpec Spec(const std::string& name, int64_t checkpoint_every, int epochs = 2) {
   absl::StatusOr<v1::JobSpec> spec = trainer::ReadJobSpecFile(
       absl::StrCat(TESSERA_SOURCE_DIR, "/examples/fashion_mlp_2epochs.textproto"));
   EXPECT_TRUE(spec.ok()) << spec.status();
@@ -76,6 +77,8 @@ v1::JobSpec Spec(const std::string& name, int64_t checkpoint_every) {
   s.set_name(name);
   s.set_num_workers(2);
   s.set_checkpoint_every_steps(checkpoint_every);
+  s.set_epochs(epochs);
+  s.mutable_schedule()->set_total_steps(s.schedule().total_steps() * epochs / 2);
   return s;
 }
 
@@ -176,8 +179,8 @@ class RecoveryE2eTest : public ::testing::Test {
   }
 
   // The fault-free run every faulty run is compared with (same spec and seed).
-  double Baseline() {
-    v1::Job job = RunToEnd(Spec("baseline", 50));
+  double Baseline(int epochs = 2) {
+    v1::Job job = RunToEnd(Spec("baseline", 50, epochs));
     EXPECT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.reason();
     return job.test_accuracy();
   }
@@ -190,9 +193,11 @@ class RecoveryE2eTest : public ::testing::Test {
 TEST_F(RecoveryE2eTest, WorkerKilledMidTrainingJobSucceedsAndIdleWorkerTakesTheRank) {
   SKIP_WITHOUT_DATASET();
   ASSERT_NO_FATAL_FAILURE(StartCluster());
-  const double baseline = Baseline();
+  // 4 epochs (1876 steps a rank): long enough for the idle worker to take the rank over and
+  // train with it before the end.
+  const double baseline = Baseline(4);
 
-  absl::StatusOr<v1::Job> created = client_->CreateJob(Spec("worker-kill", 50));
+  absl::StatusOr<v1::Job> created = client_->CreateJob(Spec("worker-kill", 50, 4));
   ASSERT_TRUE(created.ok()) << created.status();
   const std::string id = created->id();
   v1::Job running = WaitForJob(id, absl::Seconds(120), [](const v1::Job& j) {
@@ -274,6 +279,9 @@ TEST_F(RecoveryE2eTest, ShardKilledMidTrainingJobResumesFromTheLastCheckpoint) {
             1)
       << rewind->message();
   EXPECT_EQ(step % 50, 0) << rewind->message();
+  // The reports trail the workers by up to 0.5 s, while the coordinator commits as soon as the
+  // shards have written a checkpoint: the step reached is at least the one restored.
+  reached = std::max(reached, step);
   const int64_t lost = reached - step;
   const double first_push_s = first_step_ms > 0 ? (first_step_ms - kill_ms) / 1000.0 : -1;
   const double delta_pp = std::fabs(done.test_accuracy() - baseline) * 100;
@@ -283,7 +291,6 @@ TEST_F(RecoveryE2eTest, ShardKilledMidTrainingJobResumesFromTheLastCheckpoint) {
       "every 0.5 s); test accuracy %.4f vs %.4f fault-free (delta %.2f pp)\n",
       static_cast<long long>(reached), static_cast<long long>(step),
       static_cast<long long>(lost), first_push_s, done.test_accuracy(), baseline, delta_pp);
-  EXPECT_GE(lost, 0);
   EXPECT_LE(lost, 50 + 25);  // one interval, plus the steps run while the last one was written
   EXPECT_GT(first_push_s, 0);
   EXPECT_LE(delta_pp, 1.0);
