@@ -96,17 +96,14 @@ std::unique_ptr<ParameterStore> MakeStore() {
 // store's destructor answers it later, into a flag that outlives the store).
 absl::Status PushPullStatus(ParameterStore* store, const v1::PushPullRequest& request) {
   auto result = std::make_shared<absl::Status>(absl::CancelledError("parked"));
-  store->PushPull(request, [result](absl::StatusOr<v1::PushPullResponse> r) {
-    *result = r.status();
-  });
+  store->PushPull(request,
+                  [result](absl::StatusOr<v1::PushPullResponse> r) { *result = r.status(); });
   return *result;
 }
 
 absl::Status PushPullViewStatus(ParameterStore* store, const tessera::server::PushPullView& view) {
   auto result = std::make_shared<absl::Status>(absl::CancelledError("parked"));
-  store->PushPull(view, [result](absl::StatusOr<v1::PushPullResponse> r) {
-    *result = r.status();
-  });
+  store->PushPull(view, [result](absl::StatusOr<v1::PushPullResponse> r) { *result = r.status(); });
   return *result;
 }
 
@@ -214,9 +211,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       v1::PullRequest request;
       if (!request.ParseFromArray(body, static_cast<int>(n))) return 0;
       auto result = std::make_shared<absl::Status>(absl::CancelledError("parked"));
-      store->Pull(request, [result](absl::StatusOr<std::vector<v1::Slice>> r) {
-        *result = r.status();
-      });
+      store->Pull(request,
+                  [result](absl::StatusOr<std::vector<v1::Slice>> r) { *result = r.status(); });
       CheckCode(*result);
       break;
     }
@@ -235,7 +231,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     default: {
       v1::UpdateMembershipRequest request;
       if (!request.ParseFromArray(body, static_cast<int>(n))) return 0;
-      CheckCode(store->UpdateMembership(request));
+      CheckCode(store->UpdateMembership(request).status());
       // The gate after the change: a push and a gated pull of each worker.
       for (uint32_t worker = 0; worker < 2; ++worker) {
         v1::PushPullRequest push;

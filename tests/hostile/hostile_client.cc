@@ -63,12 +63,12 @@
 #include "google/protobuf/message.h"
 #include "google/protobuf/stubs/logging.h"
 #include "google/protobuf/text_format.h"
-#include "grpcpp/create_channel.h"
 #include "grpcpp/client_context.h"
+#include "grpcpp/create_channel.h"
 #include "grpcpp/impl/rpc_method.h"
-#include "grpcpp/support/sync_stream.h"
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/support/byte_buffer.h"
+#include "grpcpp/support/sync_stream.h"
 #include "tessera/v1/job.grpc.pb.h"
 #include "tessera/v1/parameter.grpc.pb.h"
 #include "tests/hostile/daemon_processes.h"
@@ -181,10 +181,10 @@ constexpr const char* kKindNames[] = {"garbage", "invalid", "random", "oversize"
 // A daemon that does not serve the service answers every kind with UNIMPLEMENTED (an oversize
 // request may also get RESOURCE_EXHAUSTED first).
 // Checkpoint and Restore may answer RESOURCE_EXHAUSTED (too many waiting checkpoint calls, or a
-// restore that does not fit the shard's memory). DEADLINE_EXCEEDED is allowed only where the request may rightly wait: a pull
-// gated on a step nobody reaches, a checkpoint of a step not reached, the open streams (Watch,
-// WatchJob of a live job, WatchTasks). CANCELLED/ABORTED: a parked pull when the call ends or
-// the job is dropped.
+// restore that does not fit the shard's memory). DEADLINE_EXCEEDED is allowed only where the
+// request may rightly wait: a pull gated on a step nobody reaches, a checkpoint of a step not
+// reached, the open streams (Watch, WatchJob of a live job, WatchTasks). CANCELLED/ABORTED: a
+// parked pull when the call ends or the job is dropped.
 struct MethodSpec {
   const char* service;
   const char* name;
@@ -192,7 +192,7 @@ struct MethodSpec {
   CodeSet invalid;
   CodeSet random;
   CodeSet garbage = kUn;
-  bool long_lived = false;  // a stream that rightly stays open: short deadline
+  bool long_lived = false;     // a stream that rightly stays open: short deadline
   bool multi_message = false;  // client stream (PushPull): 1-3 requests per call
 };
 
@@ -257,22 +257,40 @@ constexpr char kExtraProtos[] = R"pb(
       name: "ServerReflectionRequest"
       field { name: "host" number: 1 label: LABEL_OPTIONAL type: TYPE_STRING }
       field {
-        name: "file_by_filename" number: 3 label: LABEL_OPTIONAL type: TYPE_STRING oneof_index: 0
-      }
-      field {
-        name: "file_containing_symbol" number: 4 label: LABEL_OPTIONAL type: TYPE_STRING
+        name: "file_by_filename"
+        number: 3
+        label: LABEL_OPTIONAL
+        type: TYPE_STRING
         oneof_index: 0
       }
       field {
-        name: "file_containing_extension" number: 5 label: LABEL_OPTIONAL type: TYPE_MESSAGE
-        type_name: ".grpc.reflection.v1alpha.ExtensionRequest" oneof_index: 0
-      }
-      field {
-        name: "all_extension_numbers_of_type" number: 6 label: LABEL_OPTIONAL type: TYPE_STRING
+        name: "file_containing_symbol"
+        number: 4
+        label: LABEL_OPTIONAL
+        type: TYPE_STRING
         oneof_index: 0
       }
       field {
-        name: "list_services" number: 7 label: LABEL_OPTIONAL type: TYPE_STRING oneof_index: 0
+        name: "file_containing_extension"
+        number: 5
+        label: LABEL_OPTIONAL
+        type: TYPE_MESSAGE
+        type_name: ".grpc.reflection.v1alpha.ExtensionRequest"
+        oneof_index: 0
+      }
+      field {
+        name: "all_extension_numbers_of_type"
+        number: 6
+        label: LABEL_OPTIONAL
+        type: TYPE_STRING
+        oneof_index: 0
+      }
+      field {
+        name: "list_services"
+        number: 7
+        label: LABEL_OPTIONAL
+        type: TYPE_STRING
+        oneof_index: 0
       }
       oneof_decl { name: "message_request" }
     }
@@ -413,8 +431,7 @@ std::string HostileId(Rng& rng, const char* prefix) {
 
 // --- Templates: a valid request of each method ---------------------------------------------------
 
-void FillSlice(Rng& rng, const std::string& tensor, uint32_t index, size_t elements,
-               v1::Slice* s) {
+void FillSlice(Rng& rng, const std::string& tensor, uint32_t index, size_t elements, v1::Slice* s) {
   s->mutable_key()->set_tensor(tensor);
   s->mutable_key()->set_index(index);
   s->set_encoding(v1::ENCODING_FP32);
@@ -425,8 +442,8 @@ void FillSlice(Rng& rng, const std::string& tensor, uint32_t index, size_t eleme
 void PushTemplate(Rng& rng, const std::string& job, bool with_pulls, v1::PushPullRequest* r) {
   const bool asp = job != "hx-bsp";
   r->set_job_id(job);
-  r->set_worker_id(static_cast<uint32_t>(
-      rng.Uniform(asp ? Targets::kAspWorkers : Targets::kBspWorkers)));
+  r->set_worker_id(
+      static_cast<uint32_t>(rng.Uniform(asp ? Targets::kAspWorkers : Targets::kBspWorkers)));
   r->set_incarnation(1 + rng.Uniform(3));
   r->set_step(static_cast<int64_t>(rng.Uniform(asp ? 1000 : 2)));
   r->set_seq(1 + rng.Uniform(uint64_t{1} << 40));
@@ -512,8 +529,8 @@ std::unique_ptr<pb::Message> Template(int m, Rng& rng, const Targets& t,
     *static_cast<v1::CreateJobRequest*>(msg.get())->mutable_spec() =
         BaseSpec(t, "hx", 1 + static_cast<int>(rng.Uniform(2)));
   } else if (name == "GetJob") {
-    static_cast<v1::GetJobRequest*>(msg.get())
-        ->set_job_id(rng.OneIn(2) ? t.valid_job_id : HostileId(rng, "hx"));
+    static_cast<v1::GetJobRequest*>(msg.get())->set_job_id(rng.OneIn(2) ? t.valid_job_id
+                                                                        : HostileId(rng, "hx"));
   } else if (name == "ListJobs") {
     auto* r = static_cast<v1::ListJobsRequest*>(msg.get());
     if (rng.OneIn(2)) r->add_states(v1::JOB_STATE_PENDING);
@@ -589,10 +606,17 @@ std::string InvalidEdit(int m, Rng& rng, const Targets& t, pb::Message* msg) {
     }
     v1::Slice* s = r->mutable_push(0);
     switch (rng.Uniform(name == "PushPull" ? 11 : 9)) {
-      case 0: r->set_job_id(HostileId(rng, "hx-nojob")); return "unknown job";
-      case 1: r->set_job_id(""); return "empty job_id";
-      case 2: s->mutable_key()->set_tensor("no-such-tensor"); return "unknown tensor";
-      case 3: s->mutable_key()->set_index(7 + static_cast<uint32_t>(rng.Uniform(1000)));
+      case 0:
+        r->set_job_id(HostileId(rng, "hx-nojob"));
+        return "unknown job";
+      case 1:
+        r->set_job_id("");
+        return "empty job_id";
+      case 2:
+        s->mutable_key()->set_tensor("no-such-tensor");
+        return "unknown tensor";
+      case 3:
+        s->mutable_key()->set_index(7 + static_cast<uint32_t>(rng.Uniform(1000)));
         return "unknown partition index";
       case 4: {
         std::string data = s->data();
@@ -604,15 +628,20 @@ std::string InvalidEdit(int m, Rng& rng, const Targets& t, pb::Message* msg) {
         s->set_data(data);
         return "wrong data size";
       }
-      case 5: s->set_data(NonFiniteData(rng, s->data().size() / 4)); return "NaN/Inf gradient";
-      case 6: s->set_encoding(static_cast<v1::Encoding>(4 + rng.Uniform(1000)));
+      case 5:
+        s->set_data(NonFiniteData(rng, s->data().size() / 4));
+        return "NaN/Inf gradient";
+      case 6:
+        s->set_encoding(static_cast<v1::Encoding>(4 + rng.Uniform(1000)));
         return "unknown encoding";
       case 7:
         r->set_worker_id(valid_job
                              ? 1 + static_cast<uint32_t>(rng.Uniform(100))
                              : Targets::kAspWorkers + static_cast<uint32_t>(rng.Uniform(1u << 31)));
         return "worker_id out of range";
-      case 8: s->set_encoding(v1::ENCODING_FP16); s->set_data(s->data() + "x");
+      case 8:
+        s->set_encoding(v1::ENCODING_FP16);
+        s->set_data(s->data() + "x");
         return "odd fp16 byte count";
       case 9: {
         v1::Slice* p1 = r->add_pull();
@@ -620,7 +649,8 @@ std::string InvalidEdit(int m, Rng& rng, const Targets& t, pb::Message* msg) {
         *r->add_pull() = *p1;
         return "duplicate pull key";
       }
-      default: r->set_pull_encoding(static_cast<v1::Encoding>(4 + rng.Uniform(100)));
+      default:
+        r->set_pull_encoding(static_cast<v1::Encoding>(4 + rng.Uniform(100)));
         if (r->pull_size() == 0) r->add_pull()->mutable_key()->set_tensor(valid_job ? "v" : "w");
         return "unknown pull_encoding";
     }
@@ -630,30 +660,48 @@ std::string InvalidEdit(int m, Rng& rng, const Targets& t, pb::Message* msg) {
     r->Clear();
     PullTemplate(rng, "hx-asp", r);
     switch (rng.Uniform(6)) {
-      case 0: r->set_job_id(HostileId(rng, "hx-nojob")); return "unknown job";
-      case 1: r->mutable_keys(0)->mutable_key()->set_tensor("nope"); return "unknown key";
-      case 2: *r->add_keys() = r->keys(0); return "duplicate key";
-      case 3: r->set_encoding(static_cast<v1::Encoding>(4 + rng.Uniform(100)));
+      case 0:
+        r->set_job_id(HostileId(rng, "hx-nojob"));
+        return "unknown job";
+      case 1:
+        r->mutable_keys(0)->mutable_key()->set_tensor("nope");
+        return "unknown key";
+      case 2:
+        *r->add_keys() = r->keys(0);
+        return "duplicate key";
+      case 3:
+        r->set_encoding(static_cast<v1::Encoding>(4 + rng.Uniform(100)));
         return "unknown encoding";
-      case 4: r->set_worker_id(Targets::kAspWorkers + static_cast<uint32_t>(rng.Uniform(1000)));
+      case 4:
+        r->set_worker_id(Targets::kAspWorkers + static_cast<uint32_t>(rng.Uniform(1000)));
         return "worker_id out of range";
-      default: r->set_job_id(""); return "empty job_id";
+      default:
+        r->set_job_id("");
+        return "empty job_id";
     }
   }
   if (name == "CreateJobState") {
     auto* r = static_cast<v1::CreateJobStateRequest*>(msg);
     switch (rng.Uniform(10)) {
-      case 0: r->set_job_id(""); return "empty job_id";
-      case 1: r->mutable_partitions(0)->set_num_elements(-1 - static_cast<int64_t>(rng.Uniform(5)));
+      case 0:
+        r->set_job_id("");
+        return "empty job_id";
+      case 1:
+        r->mutable_partitions(0)->set_num_elements(-1 - static_cast<int64_t>(rng.Uniform(5)));
         return "negative num_elements";
-      case 2: r->mutable_partitions(0)->set_initial_values(Floats(FiniteValues(rng, 15)));
+      case 2:
+        r->mutable_partitions(0)->set_initial_values(Floats(FiniteValues(rng, 15)));
         return "initial_values of the wrong size";
-      case 3: r->mutable_config()->set_num_workers(0); return "num_workers 0";
-      case 4: r->mutable_config()->mutable_optimizer()->set_kind(
-                  static_cast<v1::OptimizerKind>(50 + rng.Uniform(100)));
+      case 3:
+        r->mutable_config()->set_num_workers(0);
+        return "num_workers 0";
+      case 4:
+        r->mutable_config()->mutable_optimizer()->set_kind(
+            static_cast<v1::OptimizerKind>(50 + rng.Uniform(100)));
         return "unknown optimizer kind";
-      case 5: r->mutable_config()->mutable_optimizer()->set_learning_rate(
-                  std::numeric_limits<float>::quiet_NaN());
+      case 5:
+        r->mutable_config()->mutable_optimizer()->set_learning_rate(
+            std::numeric_limits<float>::quiet_NaN());
         return "NaN learning rate";
       case 6: {
         v1::SparseTableDecl* tab = r->add_tables();
@@ -661,9 +709,12 @@ std::string InvalidEdit(int m, Rng& rng, const Targets& t, pb::Message* msg) {
         tab->set_dim(0);
         return "table dim 0";
       }
-      case 7: r->mutable_partitions(0)->mutable_key()->set_tensor(""); return "empty tensor name";
-      case 8: r->mutable_config()->set_non_finite_policy(
-                  static_cast<v1::NonFinitePolicy>(2 + rng.Uniform(100)));
+      case 7:
+        r->mutable_partitions(0)->mutable_key()->set_tensor("");
+        return "empty tensor name";
+      case 8:
+        r->mutable_config()->set_non_finite_policy(
+            static_cast<v1::NonFinitePolicy>(2 + rng.Uniform(100)));
         return "unknown non_finite_policy";
       default:
         // The target job exists with 4 workers: another config is FAILED_PRECONDITION.
@@ -675,11 +726,16 @@ std::string InvalidEdit(int m, Rng& rng, const Targets& t, pb::Message* msg) {
   if (name == "UpdateMembership") {
     auto* r = static_cast<v1::UpdateMembershipRequest*>(msg);
     switch (rng.Uniform(3)) {
-      case 0: r->set_job_id(HostileId(rng, "hx-nojob")); return "unknown job";
-      case 1: r->set_job_id("hx-asp");
+      case 0:
+        r->set_job_id(HostileId(rng, "hx-nojob"));
+        return "unknown job";
+      case 1:
+        r->set_job_id("hx-asp");
         r->add_live_workers(Targets::kAspWorkers + static_cast<uint32_t>(rng.Uniform(1000000)));
         return "live worker out of range";
-      default: r->set_job_id(""); return "empty job_id";
+      default:
+        r->set_job_id("");
+        return "empty job_id";
     }
   }
   if (name == "DropJob" || name == "Checkpoint" || name == "Restore" || name == "GetJob" ||
@@ -707,22 +763,41 @@ std::string InvalidEdit(int m, Rng& rng, const Targets& t, pb::Message* msg) {
   if (name == "CreateJob") {
     v1::JobSpec* s = static_cast<v1::CreateJobRequest*>(msg)->mutable_spec();
     switch (rng.Uniform(12)) {
-      case 0: s->set_batch_size(rng.OneIn(2) ? 0 : -5); return "batch_size <= 0";
-      case 1: s->set_num_workers(rng.OneIn(2) ? -1 : 5000); return "num_workers out of range";
-      case 2: s->mutable_optimizer()->set_learning_rate(std::numeric_limits<float>::quiet_NaN());
+      case 0:
+        s->set_batch_size(rng.OneIn(2) ? 0 : -5);
+        return "batch_size <= 0";
+      case 1:
+        s->set_num_workers(rng.OneIn(2) ? -1 : 5000);
+        return "num_workers out of range";
+      case 2:
+        s->mutable_optimizer()->set_learning_rate(std::numeric_limits<float>::quiet_NaN());
         return "NaN learning_rate";
-      case 3: s->set_epochs(-1 - static_cast<int>(rng.Uniform(10))); return "negative epochs";
-      case 4: s->mutable_dataset()->set_train_images("/nonexistent/hostile/train.gz");
+      case 3:
+        s->set_epochs(-1 - static_cast<int>(rng.Uniform(10)));
+        return "negative epochs";
+      case 4:
+        s->mutable_dataset()->set_train_images("/nonexistent/hostile/train.gz");
         return "missing dataset file";
-      case 5: s->mutable_model()->clear_layers(); return "no layers";
-      case 6: s->set_consistency("bogus"); return "unknown consistency";
-      case 7: s->set_wire_encoding("fp8"); return "unknown wire_encoding";
-      case 8: s->set_keep_checkpoints(1001 + static_cast<int>(rng.Uniform(100000)));
+      case 5:
+        s->mutable_model()->clear_layers();
+        return "no layers";
+      case 6:
+        s->set_consistency("bogus");
+        return "unknown consistency";
+      case 7:
+        s->set_wire_encoding("fp8");
+        return "unknown wire_encoding";
+      case 8:
+        s->set_keep_checkpoints(1001 + static_cast<int>(rng.Uniform(100000)));
         return "keep_checkpoints over 1000";
-      case 9: s->mutable_model()->mutable_layers(0)->mutable_dense()->set_units(0);
+      case 9:
+        s->mutable_model()->mutable_layers(0)->mutable_dense()->set_units(0);
         return "dense units 0";
-      case 10: s->mutable_model()->clear_input_shape(); return "no input_shape";
-      default: s->mutable_optimizer()->set_kind(static_cast<v1::OptimizerKind>(77));
+      case 10:
+        s->mutable_model()->clear_input_shape();
+        return "no input_shape";
+      default:
+        s->mutable_optimizer()->set_kind(static_cast<v1::OptimizerKind>(77));
         return "unknown optimizer kind";
     }
   }
@@ -734,17 +809,29 @@ std::string InvalidEdit(int m, Rng& rng, const Targets& t, pb::Message* msg) {
   if (name == "Register") {
     auto* r = static_cast<v1::RegisterRequest*>(msg);
     switch (rng.Uniform(6)) {
-      case 0: r->set_role(v1::MEMBER_ROLE_UNSPECIFIED); return "role unspecified";
-      case 1: r->set_role(static_cast<v1::MemberRole>(3 + rng.Uniform(100))); return "unknown role";
-      case 2: r->set_role(v1::MEMBER_ROLE_SERVER); r->clear_address();
+      case 0:
+        r->set_role(v1::MEMBER_ROLE_UNSPECIFIED);
+        return "role unspecified";
+      case 1:
+        r->set_role(static_cast<v1::MemberRole>(3 + rng.Uniform(100)));
+        return "unknown role";
+      case 2:
+        r->set_role(v1::MEMBER_ROLE_SERVER);
+        r->clear_address();
         return "shard without address";
-      case 3: r->set_role(v1::MEMBER_ROLE_SERVER); r->set_address("127.0.0.1:1");
+      case 3:
+        r->set_role(v1::MEMBER_ROLE_SERVER);
+        r->set_address("127.0.0.1:1");
         r->set_shard_index(rng.OneIn(2) ? -1 : 2 + static_cast<int32_t>(rng.Uniform(1000)));
         return "shard_index out of range";
-      case 4: r->set_role(v1::MEMBER_ROLE_SERVER); r->set_address("127.0.0.1:1");
+      case 4:
+        r->set_role(v1::MEMBER_ROLE_SERVER);
+        r->set_address("127.0.0.1:1");
         r->set_shard_index(static_cast<int32_t>(rng.Uniform(2)));
         return "shard_index already served";
-      default: r->set_pid(-1 - static_cast<int64_t>(rng.Uniform(1000))); return "negative pid";
+      default:
+        r->set_pid(-1 - static_cast<int64_t>(rng.Uniform(1000)));
+        return "negative pid";
     }
   }
   if (name == "Heartbeat" || name == "Deregister" || name == "WatchTasks") {
@@ -759,15 +846,27 @@ std::string InvalidEdit(int m, Rng& rng, const Targets& t, pb::Message* msg) {
   if (name == "ReportProgress") {
     auto* r = static_cast<v1::ProgressReport*>(msg);
     switch (rng.Uniform(7)) {
-      case 0: r->set_job_id(""); return "empty job_id";
-      case 1: r->set_member_id(""); return "empty member_id";
-      case 2: r->set_phase(static_cast<v1::TaskPhase>(rng.OneIn(2) ? 0 : 5 + rng.Uniform(100)));
+      case 0:
+        r->set_job_id("");
+        return "empty job_id";
+      case 1:
+        r->set_member_id("");
+        return "empty member_id";
+      case 2:
+        r->set_phase(static_cast<v1::TaskPhase>(rng.OneIn(2) ? 0 : 5 + rng.Uniform(100)));
         return "unknown phase";
-      case 3: r->set_rank(-1 - static_cast<int32_t>(rng.Uniform(100))); return "negative rank";
-      case 4: r->set_step(-1 - static_cast<int64_t>(rng.Uniform(100))); return "negative step";
-      case 5: r->set_samples_per_second(rng.OneIn(2) ? std::nan("") : -1.0);
+      case 3:
+        r->set_rank(-1 - static_cast<int32_t>(rng.Uniform(100)));
+        return "negative rank";
+      case 4:
+        r->set_step(-1 - static_cast<int64_t>(rng.Uniform(100)));
+        return "negative step";
+      case 5:
+        r->set_samples_per_second(rng.OneIn(2) ? std::nan("") : -1.0);
         return "NaN or negative samples_per_second";
-      default: r->set_job_id(HostileId(rng, "hx-nojob")); return "unknown job";
+      default:
+        r->set_job_id(HostileId(rng, "hx-nojob"));
+        return "unknown job";
     }
   }
   if (name == "Check") {
@@ -816,19 +915,32 @@ double InterestingDouble(Rng& rng) {
 
 std::string InterestingString(Rng& rng, const Targets& t) {
   switch (rng.Uniform(14)) {
-    case 0: return "";
-    case 1: return "hx-asp";
-    case 2: return "hx-bsp";
-    case 3: return t.valid_shard_job;
-    case 4: return t.valid_job_id;
-    case 5: return std::string(1 + rng.Uniform(70000), 'A');
-    case 6: return "\xc3\xa9\xe2\x9c\x93\xf0\x9f\x94\xa5";  // valid UTF-8
-    case 7: return "../../../../etc/passwd";
-    case 8: return "%s%n%x\t\n\r";
-    case 9: return t.dataset_dir + "/train-images-idx3-ubyte.gz";
-    case 10: return "127.0.0.1:1";
-    case 11: return rng.OneIn(2) ? "w" : (rng.OneIn(2) ? "emb" : "b");
-    case 12: return std::string(1, static_cast<char>(rng.Uniform(32)));
+    case 0:
+      return "";
+    case 1:
+      return "hx-asp";
+    case 2:
+      return "hx-bsp";
+    case 3:
+      return t.valid_shard_job;
+    case 4:
+      return t.valid_job_id;
+    case 5:
+      return std::string(1 + rng.Uniform(70000), 'A');
+    case 6:
+      return "\xc3\xa9\xe2\x9c\x93\xf0\x9f\x94\xa5";  // valid UTF-8
+    case 7:
+      return "../../../../etc/passwd";
+    case 8:
+      return "%s%n%x\t\n\r";
+    case 9:
+      return t.dataset_dir + "/train-images-idx3-ubyte.gz";
+    case 10:
+      return "127.0.0.1:1";
+    case 11:
+      return rng.OneIn(2) ? "w" : (rng.OneIn(2) ? "emb" : "b");
+    case 12:
+      return std::string(1, static_cast<char>(rng.Uniform(32)));
     default: {
       std::string s(rng.Uniform(40), ' ');
       for (char& c : s) c = static_cast<char>(' ' + rng.Uniform(95));
@@ -838,8 +950,8 @@ std::string InterestingString(Rng& rng, const Targets& t) {
 }
 
 std::string InterestingBytes(Rng& rng) {
-  const size_t sizes[] = {0, 1, 2, 3, 4, 5, 7, 8, 31, 32, 63, 64, 255, 256, 257, 4096, 65536,
-                          1 << 20};
+  const size_t sizes[] = {0,  1,  2,  3,   4,   5,   7,    8,     31,
+                          32, 63, 64, 255, 256, 257, 4096, 65536, 1 << 20};
   const size_t n = sizes[rng.Uniform(sizeof(sizes) / sizeof(sizes[0]))];
   std::string s(n, '\0');
   if (rng.OneIn(2)) {
@@ -926,7 +1038,9 @@ void MutateMessage(pb::Message* m, Rng& rng, const Targets& t, int depth) {
   if (f->is_repeated()) {
     const int size = r->FieldSize(*m, f);
     switch (rng.Uniform(5)) {
-      case 0: r->ClearField(m, f); return;
+      case 0:
+        r->ClearField(m, f);
+        return;
       case 1:
         if (size > 0 && f->cpp_type() == pb::FieldDescriptor::CPPTYPE_MESSAGE) {
           // Descend into an element (the common case for slices and layers).
@@ -935,7 +1049,9 @@ void MutateMessage(pb::Message* m, Rng& rng, const Targets& t, int depth) {
           return;
         }
         [[fallthrough]];
-      case 2: SetRandomScalar(m, f, rng, t); return;
+      case 2:
+        SetRandomScalar(m, f, rng, t);
+        return;
       case 3:
         if (size > 0 && f->cpp_type() == pb::FieldDescriptor::CPPTYPE_MESSAGE) {
           // Duplicate an element (duplicate keys, layers, partitions).
@@ -979,9 +1095,8 @@ void MutateMessage(pb::Message* m, Rng& rng, const Targets& t, int depth) {
 
 bool IsControl(const std::string& name) {
   static const std::set<std::string> kControl = {
-      "CreateJobState", "UpdateMembership", "DropJob",   "Checkpoint", "Restore",
-      "CancelJob",      "CheckpointJob",    "Deregister", "Heartbeat", "WatchTasks",
-      "ReportProgress"};
+      "CreateJobState", "UpdateMembership", "DropJob",   "Checkpoint", "Restore",       "CancelJob",
+      "CheckpointJob",  "Deregister",       "Heartbeat", "WatchTasks", "ReportProgress"};
   return kControl.count(name) > 0;
 }
 
@@ -997,8 +1112,7 @@ void Protect(int m, Rng& rng, const Targets& t, pb::Message* msg) {
   const bool data_plane = name == "PushPull" || name == "Push" || name == "Pull";
   if (job != nullptr && (IsControl(name) || data_plane)) {
     const std::string id = r->GetString(*msg, job);
-    const bool hit = data_plane ? id == t.valid_shard_job
-                                : t.protected_jobs.count(id) > 0;
+    const bool hit = data_plane ? id == t.valid_shard_job : t.protected_jobs.count(id) > 0;
     if (hit) r->SetString(msg, job, data_plane ? "hx-asp" : HostileId(rng, "hx-prot"));
   }
   if (member != nullptr && IsControl(name) &&
@@ -1022,8 +1136,7 @@ CallResult RawCall(grpc::Channel* channel, const std::string& path,
   CallResult result;
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + deadline));
-  const grpc::internal::RpcMethod method(path.c_str(),
-                                         grpc::internal::RpcMethod::BIDI_STREAMING);
+  const grpc::internal::RpcMethod method(path.c_str(), grpc::internal::RpcMethod::BIDI_STREAMING);
   std::unique_ptr<grpc::ClientReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>> stream(
       grpc::internal::ClientReaderWriterFactory<grpc::ByteBuffer, grpc::ByteBuffer>::Create(
           channel, method, &context));
@@ -1275,8 +1388,8 @@ bool HostileRun::StartDaemons() {
     const int port = testing::WaitForPortFile(absl::StrCat(d, "/shard-", i, ".port"),
                                               &shard.process, absl::Seconds(30));
     if (port <= 0) {
-      failures_.Add(absl::StrCat("shard ", i, " did not start: ",
-                                 testing::FileTail(shard.process.err_path)));
+      failures_.Add(
+          absl::StrCat("shard ", i, " did not start: ", testing::FileTail(shard.process.err_path)));
       return false;
     }
     shard.address = absl::StrCat("127.0.0.1:", port);
@@ -1433,9 +1546,10 @@ bool HostileRun::StartValidTraffic() {
     double worst = 0;
     for (float w : weights) worst = std::max(worst, std::abs(static_cast<double>(w) - expected));
     if (!pulled.ok() || worst != 0) {
-      failures_.Add(absl::StrFormat("valid traffic: after %d pushes valid-job's weights are off "
-                                    "by up to %g from %g (%s)",
-                                    applied, worst, expected, pulled.ToString()));
+      failures_.Add(
+          absl::StrFormat("valid traffic: after %d pushes valid-job's weights are off "
+                          "by up to %g from %g (%s)",
+                          applied, worst, expected, pulled.ToString()));
     }
     valid_pushes_.store(applied);
   });
@@ -1453,8 +1567,8 @@ bool HostileRun::StartValidTraffic() {
       if (!s1.ok() || job.state() != v1::JOB_STATE_PENDING) {
         ++failures;
         failures_.Add(absl::StrCat("valid traffic: GetJob ", targets_.valid_job_id, ": ",
-                                   CodeName(s1.error_code()), " ", s1.error_message(),
-                                   " state ", job.state()));
+                                   CodeName(s1.error_code()), " ", s1.error_message(), " state ",
+                                   job.state()));
       }
       grpc::ClientContext c2;
       c2.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
@@ -1462,16 +1576,14 @@ bool HostileRun::StartValidTraffic() {
       const grpc::Status s2 = cluster->ListMembers(&c2, v1::ListMembersRequest(), &members);
       int live = 0;
       for (const v1::Member& m : members.members()) {
-        if (targets_.protected_members.count(m.id()) > 0 &&
-            m.state() == v1::MEMBER_STATE_READY) {
+        if (targets_.protected_members.count(m.id()) > 0 && m.state() == v1::MEMBER_STATE_READY) {
           ++live;
         }
       }
       if (!s2.ok() || live != 3) {
         ++failures;
-        failures_.Add(absl::StrCat("valid traffic: ListMembers: ", CodeName(s2.error_code()),
-                                   " ", s2.error_message(), "; ", live,
-                                   " of the 3 real members READY"));
+        failures_.Add(absl::StrCat("valid traffic: ListMembers: ", CodeName(s2.error_code()), " ",
+                                   s2.error_message(), "; ", live, " of the 3 real members READY"));
       }
       valid_ops_.fetch_add(2);
       absl::SleepFor(absl::Milliseconds(5));
@@ -1490,8 +1602,8 @@ void HostileRun::CheckHealthAndLife(const char* when) {
   for (int i = 0; i < kNumDaemons; ++i) {
     Daemon& d = daemons_[i];
     if (testing::HasExited(&d.process)) {
-      failures_.Add(absl::StrCat(kDaemonNames[i], " ", testing::DescribeEnd(d.process), " ",
-                                 when, "; stderr tail:\n", testing::FileTail(d.process.err_path)));
+      failures_.Add(absl::StrCat(kDaemonNames[i], " ", testing::DescribeEnd(d.process), " ", when,
+                                 "; stderr tail:\n", testing::FileTail(d.process.err_path)));
       continue;
     }
     if (!HealthServing(Channel(d.address).get())) {
@@ -1517,13 +1629,11 @@ void HostileRun::CountRequest() {
   }
 }
 
-void HostileRun::Judge(int daemon, int m, Kind kind, const std::string& edit,
-                       const CodeSet allowed, const std::vector<std::string>& requests,
-                       const CallResult& result) {
+void HostileRun::Judge(int daemon, int m, Kind kind, const std::string& edit, const CodeSet allowed,
+                       const std::vector<std::string>& requests, const CallResult& result) {
   const MethodSpec& spec = kMethods[m];
   std::vector<int> codes;
-  if (spec.multi_message && (spec.served_by & (1u << daemon)) != 0 &&
-      kind != Kind::kOversize) {
+  if (spec.multi_message && (spec.served_by & (1u << daemon)) != 0 && kind != Kind::kOversize) {
     // Each answered request has its own status; the unanswered ones get the call's.
     for (const std::string& bytes : result.responses) {
       v1::PushPullResponse response;
@@ -1550,12 +1660,11 @@ void HostileRun::Judge(int daemon, int m, Kind kind, const std::string& edit,
     if (code >= 0 && code <= 16 && (allowed & C(static_cast<grpc::StatusCode>(code))) != 0) {
       continue;
     }
-    failures_.Add(absl::StrCat(kDaemonNames[daemon], " /", spec.service, "/", spec.name, " ",
-                               kKindNames[static_cast<int>(kind)],
-                               edit.empty() ? "" : absl::StrCat(" (", edit, ")"), ": got ",
-                               CodeName(code), " \"", result.status.error_message(),
-                               "\"; request ", i, " of ", requests.size(), ", ",
-                               requests[i].size(), " bytes: ", Hex(requests[i])));
+    failures_.Add(absl::StrCat(
+        kDaemonNames[daemon], " /", spec.service, "/", spec.name, " ",
+        kKindNames[static_cast<int>(kind)], edit.empty() ? "" : absl::StrCat(" (", edit, ")"),
+        ": got ", CodeName(code), " \"", result.status.error_message(), "\"; request ", i, " of ",
+        requests.size(), ", ", requests[i].size(), " bytes: ", Hex(requests[i])));
   }
 }
 
@@ -1566,8 +1675,10 @@ void HostileRun::SendOne(int thread, Rng& rng,
                          const std::vector<std::unique_ptr<v1::ParameterService::Stub>>& shards) {
   // Daemon: the shards and the coordinator take most; the worker serves health and reflection.
   const uint64_t d_pick = rng.Uniform(20);
-  const int daemon = d_pick < 6 ? kCoordinator : d_pick < 12 ? kShard0 : d_pick < 18 ? kShard1
-                                                                                    : kWorker;
+  const int daemon = d_pick < 6    ? kCoordinator
+                     : d_pick < 12 ? kShard0
+                     : d_pick < 18 ? kShard1
+                                   : kWorker;
   const Daemon& target = daemons_[daemon];
   // Method: served ones four times as often as the others (which answer UNIMPLEMENTED).
   int m = 0;
@@ -1582,7 +1693,7 @@ void HostileRun::SendOne(int thread, Rng& rng,
   const MethodSpec& spec = kMethods[m];
   const bool served = (spec.served_by & (1u << daemon)) != 0;
   const uint64_t k_pick = rng.Uniform(1000);
-  Kind kind = k_pick < 2 ? Kind::kOversize
+  Kind kind = k_pick < 2     ? Kind::kOversize
               : k_pick < 200 ? Kind::kGarbage
               : k_pick < 600 ? Kind::kInvalid
                              : Kind::kRandom;
@@ -1692,8 +1803,8 @@ void HostileRun::SendOne(int thread, Rng& rng,
     cancel.set_job_id(job.id());
     v1::Job cancelled;
     const grpc::Status s = jobs[daemon]->CancelJob(&context, cancel, &cancelled);
-    if (!s.ok()) failures_.Add(absl::StrCat("cancelling accepted job ", job.id(), ": ",
-                                            s.error_message()));
+    if (!s.ok())
+      failures_.Add(absl::StrCat("cancelling accepted job ", job.id(), ": ", s.error_message()));
     accepted_jobs_.fetch_add(1);
   } else if (name == "CreateJobState") {
     v1::CreateJobStateRequest request;
@@ -1704,8 +1815,9 @@ void HostileRun::SendOne(int thread, Rng& rng,
     drop.set_job_id(request.job_id());
     v1::DropJobResponse dropped;
     const grpc::Status s = shards[daemon]->DropJob(&context, drop, &dropped);
-    if (!s.ok()) failures_.Add(absl::StrCat("dropping accepted job state '", request.job_id(),
-                                            "': ", s.error_message()));
+    if (!s.ok())
+      failures_.Add(absl::StrCat("dropping accepted job state '", request.job_id(),
+                                 "': ", s.error_message()));
     accepted_job_states_.fetch_add(1);
   } else if (name == "Register") {
     v1::RegisterResponse registered;
@@ -1716,8 +1828,9 @@ void HostileRun::SendOne(int thread, Rng& rng,
     deregister.set_member_id(registered.member_id());
     v1::DeregisterResponse response;
     const grpc::Status s = cluster[daemon]->Deregister(&context, deregister, &response);
-    if (!s.ok()) failures_.Add(absl::StrCat("deregistering accepted member ",
-                                            registered.member_id(), ": ", s.error_message()));
+    if (!s.ok())
+      failures_.Add(absl::StrCat("deregistering accepted member ", registered.member_id(), ": ",
+                                 s.error_message()));
     accepted_members_.fetch_add(1);
   }
 }
@@ -1805,20 +1918,19 @@ int HostileRun::Run() {
                               : std::nan("");
     const bool alive = d.process.pid > 0;
     const bool serving = alive && HealthServing(Channel(d.address).get());
-    std::printf("hostile: %s %s ; %d crashes; health %s; RSS %+.1f%% (%lld -> %lld KiB; by "
-                "tenths: %s; threads %lld -> %lld)\n",
-                kDaemonNames[i], d.tally.Summary().c_str(), alive ? 0 : 1,
-                serving ? "SERVING" : "NOT SERVING", growth * 100,
-                static_cast<long long>(d.rss_base_kib), static_cast<long long>(d.rss_end_kib),
-                absl::StrJoin(d.rss_curve, " ").c_str(), static_cast<long long>(d.threads_base),
-                static_cast<long long>(d.threads_end));
+    std::printf(
+        "hostile: %s %s ; %d crashes; health %s; RSS %+.1f%% (%lld -> %lld KiB; by "
+        "tenths: %s; threads %lld -> %lld)\n",
+        kDaemonNames[i], d.tally.Summary().c_str(), alive ? 0 : 1,
+        serving ? "SERVING" : "NOT SERVING", growth * 100, static_cast<long long>(d.rss_base_kib),
+        static_cast<long long>(d.rss_end_kib), absl::StrJoin(d.rss_curve, " ").c_str(),
+        static_cast<long long>(d.threads_base), static_cast<long long>(d.threads_end));
     if (!(growth <= options_.max_rss_growth)) {
-      failures_.Add(absl::StrFormat("%s: RSS grew by %.1f%% after warm-up (%lld -> %lld KiB), "
-                                    "over %.1f%%",
-                                    kDaemonNames[i], growth * 100,
-                                    static_cast<long long>(d.rss_base_kib),
-                                    static_cast<long long>(d.rss_end_kib),
-                                    options_.max_rss_growth * 100));
+      failures_.Add(
+          absl::StrFormat("%s: RSS grew by %.1f%% after warm-up (%lld -> %lld KiB), "
+                          "over %.1f%%",
+                          kDaemonNames[i], growth * 100, static_cast<long long>(d.rss_base_kib),
+                          static_cast<long long>(d.rss_end_kib), options_.max_rss_growth * 100));
     }
     const std::vector<std::string> missing = d.tally.MissingKinds();
     if (!missing.empty() && !out_of_time_.load()) {
@@ -1826,16 +1938,16 @@ int HostileRun::Run() {
                                  absl::StrJoin(missing, ", ")));
     }
   }
-  std::printf("hostile: valid traffic %lld operations (%lld pushes of valid-job, all in its "
-              "final weights); accepted mutants undone: %lld jobs "
-              "cancelled, %lld job states dropped, %lld members deregistered; %lld random "
-              "edits; %.1f s\n",
-              static_cast<long long>(valid_ops_.load()),
-              static_cast<long long>(valid_pushes_.load()),
-              static_cast<long long>(accepted_jobs_.load()),
-              static_cast<long long>(accepted_job_states_.load()),
-              static_cast<long long>(accepted_members_.load()),
-              static_cast<long long>(edits_.load()), seconds);
+  std::printf(
+      "hostile: valid traffic %lld operations (%lld pushes of valid-job, all in its "
+      "final weights); accepted mutants undone: %lld jobs "
+      "cancelled, %lld job states dropped, %lld members deregistered; %lld random "
+      "edits; %.1f s\n",
+      static_cast<long long>(valid_ops_.load()), static_cast<long long>(valid_pushes_.load()),
+      static_cast<long long>(accepted_jobs_.load()),
+      static_cast<long long>(accepted_job_states_.load()),
+      static_cast<long long>(accepted_members_.load()), static_cast<long long>(edits_.load()),
+      seconds);
   // Every daemon ends cleanly on SIGTERM.
   for (int i = kNumDaemons - 1; i >= 0; --i) {
     Daemon& d = daemons_[i];

@@ -265,18 +265,17 @@ TEST_F(RecoveryE2eTest, ShardKilledMidTrainingJobResumesFromTheLastCheckpoint) {
   int64_t reached = running.step();
   int64_t restored = -1;
   int64_t first_step_ms = 0;
-  v1::Job done = WaitForJob(
-      id, absl::Seconds(240), Ended, [&](const v1::Job& j) {
-        if (restored < 0 && j.recoveries() == 0) {
-          for (const v1::JobWorker& w : j.workers()) reached = std::max(reached, w.step());
-        }
-        if (restored < 0 && j.recoveries() > 0) restored = j.last_checkpoint_step();
-        if (restored >= 0 && first_step_ms == 0) {
-          for (const v1::JobWorker& w : j.workers()) {
-            if (w.step() > restored) first_step_ms = NowMs();
-          }
-        }
-      });
+  v1::Job done = WaitForJob(id, absl::Seconds(240), Ended, [&](const v1::Job& j) {
+    if (restored < 0 && j.recoveries() == 0) {
+      for (const v1::JobWorker& w : j.workers()) reached = std::max(reached, w.step());
+    }
+    if (restored < 0 && j.recoveries() > 0) restored = j.last_checkpoint_step();
+    if (restored >= 0 && first_step_ms == 0) {
+      for (const v1::JobWorker& w : j.workers()) {
+        if (w.step() > restored) first_step_ms = NowMs();
+      }
+    }
+  });
   ASSERT_EQ(done.state(), v1::JOB_STATE_SUCCEEDED) << done.reason();
   EXPECT_GE(done.recoveries(), 1);
   const std::vector<v1::JobEvent> events = Events(id);
@@ -300,8 +299,8 @@ TEST_F(RecoveryE2eTest, ShardKilledMidTrainingJobResumesFromTheLastCheckpoint) {
       "recovery: shard-kill: shard 1 killed with %lld steps reached; restored checkpoint %lld "
       "(%lld steps lost); first step after the rewind %.2f s after the kill (progress reports "
       "every 0.5 s); test accuracy %.4f vs %.4f fault-free (delta %.2f pp)\n",
-      static_cast<long long>(reached), static_cast<long long>(step),
-      static_cast<long long>(lost), first_push_s, done.test_accuracy(), baseline, delta_pp);
+      static_cast<long long>(reached), static_cast<long long>(step), static_cast<long long>(lost),
+      first_push_s, done.test_accuracy(), baseline, delta_pp);
   EXPECT_LE(lost, 50 + 25);  // one interval, plus the steps run while the last one was written
   EXPECT_GT(first_push_s, 0);
   EXPECT_LE(delta_pp, 1.0);
