@@ -83,8 +83,7 @@ class ReflectionGuard final : public grpc::experimental::Interceptor {
   }
 };
 
-class ReflectionGuardFactory final
-    : public grpc::experimental::ServerInterceptorFactoryInterface {
+class ReflectionGuardFactory final : public grpc::experimental::ServerInterceptorFactoryInterface {
  public:
   grpc::experimental::Interceptor* CreateServerInterceptor(
       grpc::experimental::ServerRpcInfo* info) override {
@@ -131,8 +130,7 @@ ReflectionNames::ReflectionNames() {
   }
 }
 
-std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>
-NewReflectionGuardFactory() {
+std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface> NewReflectionGuardFactory() {
   return std::make_unique<ReflectionGuardFactory>();
 }
 

@@ -48,8 +48,7 @@ class ReflectionNames {
 // A factory for ServerBuilder::experimental().SetInterceptorCreators(): its interceptors rewrite
 // unknown names in /grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo requests as
 // described above and pass every other call through untouched. Thread-safe.
-std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>
-NewReflectionGuardFactory();
+std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface> NewReflectionGuardFactory();
 
 }  // namespace tessera
 

@@ -84,8 +84,8 @@ Answer Parse(const std::string& bytes, int field) {
 
 // Sends each request on one ServerReflectionInfo stream and parses the answers.
 std::vector<Answer> Ask(int port, int field, const std::vector<std::string>& names) {
-  auto channel = grpc::CreateChannel(absl::StrCat("127.0.0.1:", port),
-                                     grpc::InsecureChannelCredentials());
+  auto channel =
+      grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials());
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
   const grpc::internal::RpcMethod method(

@@ -698,13 +698,13 @@ absl::StatusOr<v1::RegisterResponse> Coordinator::Register(const v1::RegisterReq
     return absl::InvalidArgumentError(absl::StrCat("pid: must be >= 0, got ", request.pid()));
   }
   // Members are kept (and stored) for as long as they are listed: their strings are bounded.
-  for (const auto& [field, value] : {std::pair<const char*, const std::string*>{
-                                         "address", &request.address()},
-                                     {"hostname", &request.hostname()},
-                                     {"device", &request.device()}}) {
+  for (const auto& [field, value] :
+       {std::pair<const char*, const std::string*>{"address", &request.address()},
+        {"hostname", &request.hostname()},
+        {"device", &request.device()}}) {
     if (value->size() > kMaxMemberFieldBytes) {
-      return absl::InvalidArgumentError(absl::StrCat(field, ": at most ", kMaxMemberFieldBytes,
-                                                     " bytes, got ", value->size()));
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ": at most ", kMaxMemberFieldBytes, " bytes, got ", value->size()));
     }
   }
   v1::RegisterResponse response;

@@ -274,7 +274,7 @@ class Coordinator {
     // starts there). Cleared by a recovery (every rank restarts at the checkpoint); re-derived
     // after a restart (Load).
     std::map<int, int64_t> joins;
-    int handover_attempts = 0;  // hand-overs that came too late, since the last success
+    int handover_attempts = 0;   // hand-overs that came too late, since the last success
     int64_t handover_floor = 0;  // the most steps a shard said it had done in such an answer
     // Workers of the job whose trainer ended (they reported FAILED while the job recovered): they
     // stay BUSY for the recovery's new Task, and are released, not cancelled, if the job ends.

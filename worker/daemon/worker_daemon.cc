@@ -183,8 +183,8 @@ absl::StatusOr<std::unique_ptr<WorkerDaemon>> WorkerDaemon::Create(Options optio
         absl::StrCat("threads: must be >= 0, got ", options.num_threads));
   }
   if (options.data_plane_attempts < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("data_plane_attempts: must be >= 1, got ",
-                                                   options.data_plane_attempts));
+    return absl::InvalidArgumentError(
+        absl::StrCat("data_plane_attempts: must be >= 1, got ", options.data_plane_attempts));
   }
   if (options.hostname.empty()) {
     char name[256] = {};

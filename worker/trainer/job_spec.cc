@@ -285,9 +285,8 @@ absl::Status ValidateDistributedFields(const v1::JobSpec& spec) {
         absl::StrCat("checkpoint_every_steps: must be >= 0, got ", spec.checkpoint_every_steps()));
   }
   if (spec.keep_checkpoints() < 0 || spec.keep_checkpoints() > 1000) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("keep_checkpoints: must be in [0, 1000] (0 means 3), got ",
-                     spec.keep_checkpoints()));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "keep_checkpoints: must be in [0, 1000] (0 means 3), got ", spec.keep_checkpoints()));
   }
   return absl::OkStatus();
 }
