@@ -3,31 +3,35 @@
 # each for a bounded time. Exit status 1 when a target crashed (the reproducer's path and the
 # command to replay it are printed), 2 for a usage or build error.
 #
-#   scripts/fuzz.sh [--seconds N] [--build-dir DIR] [--max-len BYTES] [--target NAME]...
+#   scripts/fuzz.sh [--seconds N] [--seed N] [--build-dir DIR] [--max-len BYTES] [--target NAME]...
 #
-# Defaults: 20 s per target, build-fuzz/, inputs of at most 4096 bytes, every target. The corpus
-# grows in DIR/fuzz-corpus/<target> (seeded from tests/fuzz/corpus/<target>), crashes land in
-# DIR/fuzz-artifacts/. Longer runs by hand: scripts/fuzz.sh --seconds 3600.
+# Defaults: 20 s per target, a random seed (--seed N > 0 fixes libFuzzer's, so that CI, which
+# passes one through scripts/test.sh, mutates from the same random state on every run), build-fuzz/,
+# inputs of at most 4096 bytes, every target. The corpus grows in DIR/fuzz-corpus/<target> (seeded
+# from tests/fuzz/corpus/<target>), crashes land in DIR/fuzz-artifacts/. Longer runs by hand: scripts/fuzz.sh --seconds 3600.
 # Needs clang and libclang-rt-14-dev (scripts/install-deps.sh installs them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 seconds=20
+seed=0
 build_dir=build-fuzz
 max_len=4096
 targets=()
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --seconds) seconds="$2"; shift 2 ;;
+    --seed) seed="$2"; shift 2 ;;
     --build-dir) build_dir="$2"; shift 2 ;;
     --max-len) max_len="$2"; shift 2 ;;
     --target) targets+=("$2"); shift 2 ;;
-    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
     *) echo "fuzz.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
-if ! [[ "$seconds" =~ ^[0-9]+$ && "$seconds" -gt 0 && "$max_len" =~ ^[0-9]+$ ]]; then
-  echo "fuzz.sh: --seconds and --max-len take positive integers" >&2
+if ! [[ "$seconds" =~ ^[0-9]+$ && "$seconds" -gt 0 && "$max_len" =~ ^[0-9]+$ &&
+      "$seed" =~ ^[0-9]+$ ]]; then
+  echo "fuzz.sh: --seconds, --seed and --max-len take positive integers" >&2
   exit 2
 fi
 for tool in clang clang++ cmake; do
@@ -64,7 +68,7 @@ for target in "${targets[@]}"; do
   # detect_leaks=0: Debian's uninstrumented gRPC and protobuf keep process-lifetime allocations.
   if ASAN_OPTIONS=detect_leaks=0:allocator_may_return_null=1 "$build_dir/bin/$target" \
       -max_total_time="$seconds" -max_len="$max_len" -timeout=10 -rss_limit_mb=2048 \
-      -print_final_stats=1 -artifact_prefix="$artifacts/" "$corpus" "${seeds[@]}" >"$log" 2>&1; then
+      -print_final_stats=1 -seed="$seed" -artifact_prefix="$artifacts/" "$corpus" "${seeds[@]}" >"$log" 2>&1; then
     runs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$log" | grep -o '[0-9]*$' || true)
     echo "fuzz.sh: $target: ${runs:-?} inputs in ${seconds} s, no crash ($(ls "$corpus" | wc -l) corpus files)"
   else

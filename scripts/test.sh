@@ -6,4 +6,4 @@ cd "$(dirname "$0")/.."
 scripts/install-deps.sh
 scripts/build.sh
 (cd "${BUILD_DIR:-build}" && ctest --output-on-failure -j "$(nproc)" "$@")
-scripts/fuzz.sh --seconds 15 --build-dir "${FUZZ_BUILD_DIR:-build-fuzz}"
+scripts/fuzz.sh --seconds 15 --seed 1 --build-dir "${FUZZ_BUILD_DIR:-build-fuzz}"

@@ -963,6 +963,10 @@ TEST(PushPullWireTest, MalformedMessagesAreInvalidArgument) {
        "past the end", true},
       {"group wire type", seq7 + std::string("\x0b", 1), "wire type 3", true},
       {"field number 0", seq7 + std::string("\x00\x01", 2), "field number", true},
+      // Found by tessera_fuzz_pushpull: a fixed32 field whose tag takes 6 bytes (protobuf reads
+      // tags of at most 5).
+      {"tag of 6 bytes", seq7 + std::string("\xf5\x9e\xfc\xf8\x8c\x00\x8f\xef\x00\x73", 10),
+       "field tag", true},
       {"job_id not UTF-8", seq7 + std::string("\x0a\x02\xc3\x28", 4), "UTF-8", true},
       {"overlong UTF-8", seq7 + std::string("\x0a\x02\xc0\x80", 4), "UTF-8", true},
       {"bad varint inside a push key", std::string("\x32\x04\x0a\x02\x10\xff", 6) + seq7, "index",

@@ -313,11 +313,14 @@ inline absl::Status Malformed(absl::string_view what, size_t position) {
       absl::StrCat("malformed PushPullRequest: ", what, " at byte ", position));
 }
 
-// Reads a field's tag; fails on field number 0, a number over 2^29 - 1, or wire types 3, 4, 6, 7.
+// Reads a field's tag; fails on a tag of more than 5 bytes (protobuf refuses those, however small
+// the value), field number 0, a number over 2^29 - 1, or wire types 3, 4, 6, 7.
 inline absl::Status ReadTag(Cursor* in, size_t limit, uint32_t* field, uint32_t* wire_type) {
   const size_t at = in->position();
   uint64_t tag;
-  if (!in->ReadVarint(limit, &tag)) return Malformed("truncated or overlong field tag", at);
+  if (!in->ReadVarint(limit, &tag) || in->position() - at > 5) {
+    return Malformed("truncated or overlong field tag", at);
+  }
   *field = static_cast<uint32_t>(tag >> 3);
   *wire_type = static_cast<uint32_t>(tag & 7);
   if (tag > 0xffffffffu || *field == 0) return Malformed("bad field number", at);
