@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <set>
 #include <utility>
 
 #include "absl/strings/match.h"
@@ -27,6 +28,8 @@ constexpr size_t kMaxMemberFieldBytes = 255;
 // channel (ClientCredentials::CreateChannel, common/security.cc) reconnects with a backoff
 // capped at 2 s, below this, instead of gRPC's default that grows to 120 s.
 constexpr absl::Duration kDaemonMaxBackoff = absl::Seconds(5);
+// The longest wait between two tries of an owed DropJob on a live shard.
+constexpr absl::Duration kMaxDropBackoff = absl::Seconds(60);
 
 constexpr int64_t kProgressEventIntervalMs = 1000;
 constexpr int64_t kRecordWriteIntervalMs = 500;
@@ -240,6 +243,7 @@ int64_t Coordinator::NowMs() const {
 absl::Status Coordinator::Load() {
   TESSERA_ASSIGN_OR_RETURN(std::vector<v1::Member> members, store_->LoadMembers());
   TESSERA_ASSIGN_OR_RETURN(std::vector<StoredJob> jobs, store_->LoadJobs());
+  TESSERA_ASSIGN_OR_RETURN(std::vector<ShardDrop> drops, store_->LoadDrops());
   // Whether each succeeded job still has weights on the shards: its last event says.
   std::map<std::string, bool> weights;
   for (const StoredJob& stored : jobs) {
@@ -259,6 +263,7 @@ absl::Status Coordinator::Load() {
   }
   const int64_t now = NowMs();
   absl::MutexLock lock(&mu_);
+  for (ShardDrop& drop : drops) drops_.emplace(std::move(drop), DropRetry{});
   int lost = 0;
   for (v1::Member& member : members) {
     MemberEntry entry;
@@ -305,10 +310,10 @@ absl::Status Coordinator::Load() {
   }
   if (!jobs_.empty() || !members_.empty()) {
     spdlog::info(
-        "coordinator: loaded {} jobs ({} running, waiting {} for their workers) and {} "
-        "members ({} marked LOST until they register again)",
+        "coordinator: loaded {} jobs ({} running, waiting {} for their workers), {} "
+        "members ({} marked LOST until they register again) and {} owed DropJob calls",
         jobs_.size(), running, SecondsText(options_.lease + kDaemonMaxBackoff), members_.size(),
-        lost);
+        lost, drops_.size());
   }
   return absl::OkStatus();
 }
@@ -487,7 +492,7 @@ void Coordinator::EndJob(JobEntry& entry, v1::JobState state, const std::string&
   }
   entry.stopped_members.clear();
   if (was_running) {
-    for (const std::string& address : job.shard_addresses()) drops_.push_back({address, job.id()});
+    for (const std::string& address : job.shard_addresses()) QueueDrop(address, job.id());
     ForgetCheckpoints(entry);
   }
   job.clear_recovery();
@@ -749,6 +754,12 @@ absl::StatusOr<v1::RegisterResponse> Coordinator::Register(const v1::RegisterReq
     member.set_registered_ms(NowMs());
     member.set_last_seen_ms(member.registered_ms());
     QueueMember(entry);
+    if (server) {
+      // What this address is owed is tried at the next tick.
+      for (auto& [drop, retry] : drops_) {
+        if (drop.address == member.address()) retry.next_try_ms = 0;
+      }
+    }
     response.set_member_id(member.id());
     spdlog::info("coordinator: {} registered: {}{} (pid {})", member.id(),
                  server ? absl::StrCat("shard ", member.shard_index(), " at ", member.address())
@@ -1094,7 +1105,7 @@ void Coordinator::ApplyRetention() {
     JobEntry& old = *kept[i];
     old.weights_on_shards = false;
     for (const std::string& address : old.job.shard_addresses()) {
-      drops_.push_back({address, old.job.id()});
+      QueueDrop(address, old.job.id());
     }
     ForgetCheckpoints(old);
     AddEvent(old, absl::StrCat(kWeightsDropped, " (--retain_models ", options_.retain_models, ")"));
@@ -1166,19 +1177,51 @@ void Coordinator::SetPendingReason(JobEntry& entry, const std::string& reason) {
   QueueJob(entry);
 }
 
+void Coordinator::QueueDrop(const std::string& address, const std::string& job_id) {
+  ShardDrop drop{address, job_id};
+  if (drops_.emplace(drop, DropRetry{}).second) pending_.drops.push_back(std::move(drop));
+}
+
 void Coordinator::RunShardDrops() {
-  std::vector<ShardDrop> drops;
+  std::vector<ShardDrop> due;
   {
     absl::MutexLock lock(&mu_);
-    drops.swap(drops_);
+    if (drops_.empty()) return;
+    // A shard that is not live would only make the call wait for its deadline; its drops wait
+    // until a shard registers at the address again.
+    std::set<std::string> live;
+    for (const auto& [id, member] : members_) {
+      if (member.member.role() == v1::MEMBER_ROLE_SERVER && IsLive(member.member)) {
+        live.insert(member.member.address());
+      }
+    }
+    const int64_t now = NowMs();
+    for (const auto& [drop, retry] : drops_) {
+      if (retry.next_try_ms <= now && live.count(drop.address) > 0) due.push_back(drop);
+    }
   }
   // Unlocked: RPCs.
-  for (const ShardDrop& drop : drops) {
-    absl::Status status = shards_->DropJob(drop.address, drop.job_id);
-    if (!status.ok() && status.code() != absl::StatusCode::kNotFound) {
-      spdlog::warn("coordinator: dropping job {} on shard {} failed: {}", drop.job_id, drop.address,
-                   status.ToString());
+  std::vector<absl::Status> results;
+  results.reserve(due.size());
+  for (const ShardDrop& drop : due) results.push_back(shards_->DropJob(drop.address, drop.job_id));
+  absl::MutexLock lock(&mu_);
+  const int64_t now = NowMs();
+  for (size_t i = 0; i < due.size(); ++i) {
+    auto it = drops_.find(due[i]);
+    if (it == drops_.end()) continue;
+    const absl::Status& status = results[i];
+    if (status.ok() || status.code() == absl::StatusCode::kNotFound) {
+      pending_.removed_drops.push_back(it->first);
+      drops_.erase(it);
+      continue;
     }
+    DropRetry& retry = it->second;
+    retry.backoff_ms =
+        std::clamp<int64_t>(2 * retry.backoff_ms, 1000, absl::ToInt64Milliseconds(kMaxDropBackoff));
+    retry.next_try_ms = now + retry.backoff_ms;
+    spdlog::warn("coordinator: dropping job {} on shard {} failed, trying again in {}: {}",
+                 due[i].job_id, due[i].address, SecondsText(absl::Milliseconds(retry.backoff_ms)),
+                 status.ToString());
   }
 }
 
@@ -1294,11 +1337,11 @@ bool Coordinator::Schedule() {
     if (entry->job.state() != v1::JOB_STATE_PENDING) {
       // Cancelled while the shards were called.
       release_picked();
-      for (const std::string& address : addresses) drops_.push_back({address, job_id});
+      for (const std::string& address : addresses) QueueDrop(address, job_id);
       return true;  // the queue moved
     } else if (!shard_error.ok()) {
       release_picked();
-      for (const std::string& address : addresses) drops_.push_back({address, job_id});
+      for (const std::string& address : addresses) QueueDrop(address, job_id);
       EndJob(*entry, v1::JOB_STATE_FAILED, std::string(shard_error.message()), "");
       return true;
     } else {
@@ -1958,7 +2001,7 @@ void Coordinator::Recover(const RecoveryPlan& plan) {
     v1::Job& job = entry->job;
     if (job.state() != v1::JOB_STATE_RUNNING) {
       // Ended meanwhile: what Restore created on the shards goes too.
-      for (const std::string& address : plan.addresses) drops_.push_back({address, job.id()});
+      for (const std::string& address : plan.addresses) QueueDrop(address, job.id());
       return;
     }
     if (!retry.ok()) {

@@ -308,9 +308,10 @@ class Coordinator {
     std::vector<uint32_t> live_ranks;  // without `rank`
     MembershipLayers resend;           // sent before the join (empty: none)
   };
-  struct ShardDrop {
-    std::string address;
-    std::string job_id;
+  // When an owed DropJob is tried next (ShardDrop is the store's).
+  struct DropRetry {
+    int64_t next_try_ms = 0;
+    int64_t backoff_ms = 0;  // 0: never failed
   };
 
   Coordinator(const CoordinatorOptions& options, JobStore* store, ShardControl* shards);
@@ -321,7 +322,15 @@ class Coordinator {
 
   // Writes the queued rows; returns the store's (sticky) error.
   absl::Status FlushWrites() ABSL_LOCKS_EXCLUDED(mu_);
+  // Calls DropJob for the owed drops that are due and whose shard address is a live shard; an
+  // answer OK or NOT_FOUND settles a drop (deleted from the database), another error retries it
+  // with a backoff from 1 s doubling to kMaxDropBackoff, and at once when a shard registers at
+  // that address.
   void RunShardDrops() ABSL_LOCKS_EXCLUDED(mu_);
+  // Owes DropJob(job_id) to the shard at `address`, in memory and (with the next FlushWrites) in
+  // the database, so that a coordinator restart does not forget it.
+  void QueueDrop(const std::string& address, const std::string& job_id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // One scheduling pass over the oldest PENDING job; true when it started.
   bool Schedule() ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -412,7 +421,7 @@ class Coordinator {
   int64_t next_shard_n_ ABSL_GUARDED_BY(mu_) = 1;
   int64_t next_worker_n_ ABSL_GUARDED_BY(mu_) = 1;
   StoreWrite pending_ ABSL_GUARDED_BY(mu_);
-  std::vector<ShardDrop> drops_ ABSL_GUARDED_BY(mu_);
+  std::map<ShardDrop, DropRetry> drops_ ABSL_GUARDED_BY(mu_);
   absl::Status store_error_ ABSL_GUARDED_BY(mu_);
   bool wake_ ABSL_GUARDED_BY(mu_) = false;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;

@@ -45,7 +45,8 @@ class FakeShards : public ShardControl {
   absl::Status DropJob(const std::string& address, const std::string& job_id) override {
     absl::MutexLock lock(&mu);
     dropped.push_back(address + " " + job_id);
-    return absl::OkStatus();
+    auto it = drop_fail.find(address);
+    return it == drop_fail.end() ? absl::OkStatus() : it->second;
   }
   absl::StatusOr<v1::CheckpointResponse> Checkpoint(const std::string& address,
                                                     const v1::CheckpointRequest& request,
@@ -149,6 +150,7 @@ class FakeShards : public ShardControl {
   std::vector<std::string> dropped;
   std::map<std::string, v1::JobConfig> configs;
   std::map<std::string, absl::Status> fail;
+  std::map<std::string, absl::Status> drop_fail;  // DropJob's answer, by address (default OK)
   std::vector<v1::CheckpointRequest> checkpoints;
   std::vector<std::string> checkpoint_addresses;
   std::vector<absl::Duration> timeouts;
@@ -558,6 +560,53 @@ TEST_F(CoordinatorTest, WorkerFailureCancelsTheOthersAndDropsTheJob) {
   EXPECT_EQ(Member(w1).state(), v1::MEMBER_STATE_READY);
   coordinator_->Tick();
   EXPECT_EQ(shards_.dropped, (std::vector<std::string>{"127.0.0.1:4000 " + id}));
+}
+
+// A DropJob the shard could not take is owed, also across a coordinator restart: retried with a
+// backoff while the shard is live, at once when a shard registers at the address again, and
+// settled by OK or NOT_FOUND.
+TEST_F(CoordinatorTest, OwedDropsAreRetriedAndSurviveARestart) {
+  const std::string s0 = RegisterShard(0);
+  RegisterWorker("host-a");
+  RegisterWorker("host-b");
+  const std::string id = StartTwoWorkerJob();
+  const std::string drop = "127.0.0.1:4000 " + id;
+  shards_.drop_fail["127.0.0.1:4000"] = absl::UnavailableError("connection refused");
+  ASSERT_TRUE(coordinator_->CancelJob(id).ok());
+  coordinator_->Tick();
+  ASSERT_EQ(shards_.dropped, (std::vector<std::string>{drop}));
+  auto owed = store_->LoadDrops();
+  ASSERT_TRUE(owed.ok()) << owed.status();
+  ASSERT_EQ(owed->size(), 1u);
+  EXPECT_EQ((*owed)[0].address, "127.0.0.1:4000");
+  EXPECT_EQ((*owed)[0].job_id, id);
+  // Backoff: 1 s, then 2 s.
+  now_ms_ += 999;
+  coordinator_->Tick();
+  EXPECT_EQ(shards_.dropped.size(), 1u);
+  now_ms_ += 1;
+  coordinator_->Tick();
+  EXPECT_EQ(shards_.dropped.size(), 2u);
+  now_ms_ += 1999;
+  coordinator_->Tick();
+  EXPECT_EQ(shards_.dropped.size(), 2u);
+
+  // After a restart the drop is still owed; it waits until the shard is live again (no call to
+  // a shard that would only time out), then runs at once.
+  Restart();
+  coordinator_->Tick();
+  EXPECT_EQ(shards_.dropped.size(), 2u);
+  EXPECT_EQ(Member(s0).state(), v1::MEMBER_STATE_LOST);
+  shards_.drop_fail["127.0.0.1:4000"] = absl::NotFoundError("no job");  // a new shard process
+  RegisterShard(0);
+  coordinator_->Tick();
+  EXPECT_EQ(shards_.dropped, (std::vector<std::string>{drop, drop, drop}));
+  owed = store_->LoadDrops();
+  ASSERT_TRUE(owed.ok()) << owed.status();
+  EXPECT_TRUE(owed->empty());
+  now_ms_ += 120'000;
+  coordinator_->Tick();
+  EXPECT_EQ(shards_.dropped.size(), 3u);  // settled: never called again
 }
 
 TEST_F(CoordinatorTest, ShardErrorFailsTheJob) {

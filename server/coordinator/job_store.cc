@@ -10,10 +10,13 @@
 namespace tessera::coordinator {
 namespace {
 
-constexpr int kSchemaVersion = 2;
-constexpr char kCreateCheckpoints[] =
+constexpr int kSchemaVersion = 3;
+// Schema 2 (issue #6) added the checkpoints table, schema 3 the owed DropJob calls.
+constexpr char kCreateLaterTables[] =
     "CREATE TABLE IF NOT EXISTS checkpoints (job_id TEXT NOT NULL, step INTEGER NOT NULL, "
-    "  time_ms INTEGER NOT NULL, record BLOB NOT NULL, PRIMARY KEY (job_id, step));";
+    "  time_ms INTEGER NOT NULL, record BLOB NOT NULL, PRIMARY KEY (job_id, step));"
+    "CREATE TABLE IF NOT EXISTS shard_drops (address TEXT NOT NULL, job_id TEXT NOT NULL, "
+    "  PRIMARY KEY (address, job_id));";
 constexpr int kBusyTimeoutMs = 5000;
 
 // Resets a prepared statement (and its bindings) when the scope ends.
@@ -68,9 +71,10 @@ absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path
 
 JobStore::~JobStore() {
   absl::MutexLock lock(&mu_);
-  for (sqlite3_stmt* stmt : {put_job_, put_event_, put_member_, delete_member_, load_jobs_,
-                             load_members_, read_events_, last_seq_, put_checkpoint_,
-                             delete_checkpoint_, delete_job_checkpoints_, load_checkpoints_}) {
+  for (sqlite3_stmt* stmt :
+       {put_job_, put_event_, put_member_, delete_member_, load_jobs_, load_members_, read_events_,
+        last_seq_, put_checkpoint_, delete_checkpoint_, delete_job_checkpoints_, load_checkpoints_,
+        put_drop_, delete_drop_, load_drops_}) {
     sqlite3_finalize(stmt);
   }
   sqlite3_close(db_);
@@ -110,19 +114,20 @@ absl::Status JobStore::Init() {
            "CREATE TABLE IF NOT EXISTS events (job_id TEXT NOT NULL, seq INTEGER NOT NULL, "
            "  time_ms INTEGER NOT NULL, record BLOB NOT NULL, PRIMARY KEY (job_id, seq));"
            "CREATE TABLE IF NOT EXISTS members (id TEXT PRIMARY KEY, record BLOB NOT NULL);"
-           "INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', '2');"
+           "INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', '3');"
            "COMMIT;"));
   TESSERA_ASSIGN_OR_RETURN(std::string found, SchemaVersion());
-  if (found == "1") {
-    // Schema 1 (issues #4, #5) lacks the checkpoints table; everything else is unchanged.
+  if (found == "1" || found == "2") {
+    // Schema 1 (issues #4, #5) lacks the checkpoints and shard_drops tables, schema 2 (issue #6)
+    // the shard_drops table; everything else is unchanged.
     TESSERA_RETURN_IF_ERROR(
-        Exec(absl::StrCat("BEGIN IMMEDIATE;", kCreateCheckpoints,
-                          "UPDATE meta SET value = '2' WHERE key = 'schema_version';"
+        Exec(absl::StrCat("BEGIN IMMEDIATE;", kCreateLaterTables,
+                          "UPDATE meta SET value = '3' WHERE key = 'schema_version';"
                           "COMMIT;")
                  .c_str()));
     TESSERA_ASSIGN_OR_RETURN(found, SchemaVersion());
   } else if (found == std::to_string(kSchemaVersion)) {
-    TESSERA_RETURN_IF_ERROR(Exec(kCreateCheckpoints));
+    TESSERA_RETURN_IF_ERROR(Exec(kCreateLaterTables));
   }
   if (found != std::to_string(kSchemaVersion)) {
     return absl::FailedPreconditionError(absl::StrCat("coordinator database has schema version '",
@@ -152,6 +157,12 @@ absl::Status JobStore::Init() {
       Prepare("DELETE FROM checkpoints WHERE job_id = ?1", &delete_job_checkpoints_));
   TESSERA_RETURN_IF_ERROR(Prepare(
       "SELECT record FROM checkpoints WHERE job_id = ?1 ORDER BY step DESC", &load_checkpoints_));
+  TESSERA_RETURN_IF_ERROR(
+      Prepare("INSERT OR IGNORE INTO shard_drops (address, job_id) VALUES (?1, ?2)", &put_drop_));
+  TESSERA_RETURN_IF_ERROR(
+      Prepare("DELETE FROM shard_drops WHERE address = ?1 AND job_id = ?2", &delete_drop_));
+  TESSERA_RETURN_IF_ERROR(
+      Prepare("SELECT address, job_id FROM shard_drops ORDER BY job_id, address", &load_drops_));
   return absl::OkStatus();
 }
 
@@ -232,6 +243,18 @@ absl::Status JobStore::WriteLocked(const StoreWrite& write) {
     if (step >= 0) sqlite3_bind_int64(stmt, 2, step);
     if (sqlite3_step(stmt) != SQLITE_DONE) return Error("removing a checkpoint");
   }
+  for (const ShardDrop& drop : write.drops) {
+    StatementScope scope(put_drop_);
+    BindText(put_drop_, 1, drop.address);
+    BindText(put_drop_, 2, drop.job_id);
+    if (sqlite3_step(put_drop_) != SQLITE_DONE) return Error("writing an owed DropJob");
+  }
+  for (const ShardDrop& drop : write.removed_drops) {
+    StatementScope scope(delete_drop_);
+    BindText(delete_drop_, 1, drop.address);
+    BindText(delete_drop_, 2, drop.job_id);
+    if (sqlite3_step(delete_drop_) != SQLITE_DONE) return Error("removing an owed DropJob");
+  }
   return absl::OkStatus();
 }
 
@@ -305,6 +328,21 @@ absl::StatusOr<std::vector<v1::CheckpointRecord>> JobStore::LoadCheckpoints(
   }
   if (rc != SQLITE_DONE) return Error("reading checkpoints");
   return records;
+}
+
+absl::StatusOr<std::vector<ShardDrop>> JobStore::LoadDrops() {
+  absl::MutexLock lock(&mu_);
+  std::vector<ShardDrop> drops;
+  StatementScope scope(load_drops_);
+  int rc;
+  while ((rc = sqlite3_step(load_drops_)) == SQLITE_ROW) {
+    ShardDrop drop;
+    drop.address = reinterpret_cast<const char*>(sqlite3_column_text(load_drops_, 0));
+    drop.job_id = reinterpret_cast<const char*>(sqlite3_column_text(load_drops_, 1));
+    drops.push_back(std::move(drop));
+  }
+  if (rc != SQLITE_DONE) return Error("reading owed DropJob calls");
+  return drops;
 }
 
 }  // namespace tessera::coordinator

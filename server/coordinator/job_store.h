@@ -2,8 +2,9 @@
 //
 // Tables: jobs (id, n, state, record = serialized v1::Job), events (job_id, seq, time_ms,
 // record = serialized v1::JobEvent), members (id, record = serialized v1::Member), checkpoints
-// (job_id, step, time_ms, record = serialized v1::CheckpointRecord; key (job_id, step)) and meta
-// (schema_version = 2). A schema-1 database (before checkpoints) is migrated in place on Open. The
+// (job_id, step, time_ms, record = serialized v1::CheckpointRecord; key (job_id, step)),
+// shard_drops (address, job_id: the DropJob calls the coordinator still owes a shard) and meta
+// (schema_version = 3). A schema-1 or schema-2 database is migrated in place on Open. The
 // database runs in WAL mode with synchronous=FULL, so a write that returned OK survives the process
 // being killed (and the machine losing power). Every Write() is one transaction: all of it lands or
 // none of it does.
@@ -16,6 +17,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -29,6 +31,16 @@ struct sqlite3;
 struct sqlite3_stmt;
 
 namespace tessera::coordinator {
+
+// A DropJob call owed to the shard at `address`.
+struct ShardDrop {
+  std::string address;
+  std::string job_id;
+  bool operator<(const ShardDrop& o) const {
+    return std::tie(job_id, address) < std::tie(o.job_id, o.address);
+  }
+  bool operator==(const ShardDrop& o) const { return address == o.address && job_id == o.job_id; }
+};
 
 // One batch of changes, written in one transaction.
 struct StoreWrite {
@@ -44,10 +56,13 @@ struct StoreWrite {
   // Checkpoint records deleted after the inserts: one (job_id, step), or (job_id, -1) for every
   // record of the job.
   std::vector<std::pair<std::string, int64_t>> removed_checkpoints;
+  std::vector<ShardDrop> drops;          // inserted (kept once)
+  std::vector<ShardDrop> removed_drops;  // deleted, after the inserts
 
   bool empty() const {
     return jobs.empty() && events.empty() && members.empty() && removed_members.empty() &&
-           checkpoints.empty() && removed_checkpoints.empty();
+           checkpoints.empty() && removed_checkpoints.empty() && drops.empty() &&
+           removed_drops.empty();
   }
 };
 
@@ -63,7 +78,7 @@ class JobStore {
   // Opens (creating when missing) the database at `path`, sets WAL, synchronous=FULL and a busy
   // timeout, creates the tables and checks the schema version. INTERNAL with SQLite's message
   // when the file cannot be opened; FAILED_PRECONDITION for a database of a newer (or unknown)
-  // schema version. A schema-1 database gets the checkpoints table and becomes schema 2.
+  // schema version. A schema-1 or schema-2 database gets the tables it lacks and becomes schema 3.
   static absl::StatusOr<std::unique_ptr<JobStore>> Open(const std::string& path);
   ~JobStore();
 
@@ -84,6 +99,8 @@ class JobStore {
   // The committed checkpoints of `job_id`, newest (highest step) first. DATA_LOSS for a record
   // that does not parse.
   absl::StatusOr<std::vector<v1::CheckpointRecord>> LoadCheckpoints(const std::string& job_id);
+  // The owed DropJob calls, by job then address.
+  absl::StatusOr<std::vector<ShardDrop>> LoadDrops();
 
  private:
   explicit JobStore(sqlite3* db) : db_(db) {}
@@ -109,6 +126,9 @@ class JobStore {
   sqlite3_stmt* delete_checkpoint_ ABSL_GUARDED_BY(mu_) = nullptr;
   sqlite3_stmt* delete_job_checkpoints_ ABSL_GUARDED_BY(mu_) = nullptr;
   sqlite3_stmt* load_checkpoints_ ABSL_GUARDED_BY(mu_) = nullptr;
+  sqlite3_stmt* put_drop_ ABSL_GUARDED_BY(mu_) = nullptr;
+  sqlite3_stmt* delete_drop_ ABSL_GUARDED_BY(mu_) = nullptr;
+  sqlite3_stmt* load_drops_ ABSL_GUARDED_BY(mu_) = nullptr;
 };
 
 }  // namespace tessera::coordinator

@@ -256,10 +256,63 @@ TEST(JobStoreTest, MigratesASchema1Database) {
     write.checkpoints.push_back(MakeCheckpoint("old-1", 40));
     ASSERT_TRUE((*store)->Write(write).ok());
   }
-  EXPECT_EQ(ReadSchemaVersion(path), "2");
+  EXPECT_EQ(ReadSchemaVersion(path), "3");
   auto store = JobStore::Open(path);
   ASSERT_TRUE(store.ok()) << store.status();
   EXPECT_EQ(Steps(*(*store)->LoadCheckpoints("old-1")), (std::vector<int64_t>{40}));
+  EXPECT_TRUE((*store)->LoadDrops()->empty());
+}
+
+// Schema 2 (issue #6) lacks the shard_drops table: it is added and the rest kept.
+TEST(JobStoreTest, MigratesASchema2Database) {
+  const std::string path = TempDir() + "/coordinator.db";
+  {
+    sqlite3* db = nullptr;
+    ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+    const std::string schema2 = absl::StrCat(
+        kSchema1,
+        "CREATE TABLE IF NOT EXISTS checkpoints (job_id TEXT NOT NULL, step INTEGER NOT NULL, "
+        "  time_ms INTEGER NOT NULL, record BLOB NOT NULL, PRIMARY KEY (job_id, step));"
+        "UPDATE meta SET value = '2' WHERE key = 'schema_version';");
+    ASSERT_EQ(sqlite3_exec(db, schema2.c_str(), nullptr, nullptr, nullptr), SQLITE_OK);
+    sqlite3_close(db);
+  }
+  ASSERT_EQ(ReadSchemaVersion(path), "2");
+  {
+    auto store = JobStore::Open(path);
+    ASSERT_TRUE(store.ok()) << store.status();
+    StoreWrite write;
+    write.checkpoints.push_back(MakeCheckpoint("old-1", 40));
+    write.drops.push_back({"127.0.0.1:4000", "old-1"});
+    ASSERT_TRUE((*store)->Write(write).ok());
+  }
+  EXPECT_EQ(ReadSchemaVersion(path), "3");
+  auto store = JobStore::Open(path);
+  ASSERT_TRUE(store.ok()) << store.status();
+  EXPECT_EQ(Steps(*(*store)->LoadCheckpoints("old-1")), (std::vector<int64_t>{40}));
+  EXPECT_EQ(*(*store)->LoadDrops(), (std::vector<ShardDrop>{{"127.0.0.1:4000", "old-1"}}));
+}
+
+// Owed DropJob calls: kept once however often written, deleted one by one, and read back by job
+// then address.
+TEST(JobStoreTest, OwedDropsRoundTrip) {
+  auto store = JobStore::Open(TempDir() + "/coordinator.db");
+  ASSERT_TRUE(store.ok()) << store.status();
+  StoreWrite write;
+  write.drops = {{"127.0.0.1:4001", "b-2"},
+                 {"127.0.0.1:4000", "b-2"},
+                 {"127.0.0.1:4000", "a-1"},
+                 {"127.0.0.1:4000", "a-1"}};
+  ASSERT_TRUE((*store)->Write(write).ok());
+  ASSERT_TRUE((*store)->Write(write).ok());
+  EXPECT_EQ(*(*store)->LoadDrops(),
+            (std::vector<ShardDrop>{
+                {"127.0.0.1:4000", "a-1"}, {"127.0.0.1:4000", "b-2"}, {"127.0.0.1:4001", "b-2"}}));
+  StoreWrite settle;
+  settle.removed_drops = {{"127.0.0.1:4000", "b-2"}, {"127.0.0.1:4009", "x-9"}};
+  ASSERT_TRUE((*store)->Write(settle).ok());
+  EXPECT_EQ(*(*store)->LoadDrops(),
+            (std::vector<ShardDrop>{{"127.0.0.1:4000", "a-1"}, {"127.0.0.1:4001", "b-2"}}));
 }
 
 }  // namespace
