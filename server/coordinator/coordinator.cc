@@ -454,8 +454,44 @@ std::string Coordinator::WorkerName(const v1::JobWorker& worker) const {
                       worker.hostname().empty() ? "?" : worker.hostname());
 }
 
+void Coordinator::RecordAssign(MemberEntry& member, const v1::TaskEvent& event) {
+  member.assign = event;
+  member.assign_sent = false;
+}
+
+void Coordinator::SendAssigns(const std::vector<std::pair<std::string, v1::TaskEvent>>& assigns) {
+  absl::MutexLock lock(&mu_);
+  for (const auto& [member_id, event] : assigns) {
+    MemberEntry* member = FindMember(member_id);
+    if (member == nullptr || !member->assign.has_value() || member->stream == nullptr) continue;
+    const v1::Task& current = member->assign->assign();
+    if (current.job_id() != event.assign().job_id() || current.rank() != event.assign().rank() ||
+        current.incarnation() != event.assign().incarnation()) {
+      continue;  // released or reassigned meanwhile
+    }
+    member->assign_sent = true;
+    member->stream->Send(event);
+  }
+}
+
+bool Coordinator::StillAssigned(const MemberEntry& member) {
+  if (!member.assign.has_value() || member.member.state() != v1::MEMBER_STATE_BUSY) return false;
+  const v1::Task& task = member.assign->assign();
+  if (member.member.job_id() != task.job_id()) return false;
+  const JobEntry* entry = FindJob(task.job_id());
+  if (entry == nullptr || entry->job.state() != v1::JOB_STATE_RUNNING || task.rank() < 0 ||
+      task.rank() >= entry->job.workers_size()) {
+    return false;
+  }
+  const v1::JobWorker& worker = entry->job.workers(task.rank());
+  return worker.member_id() == member.member.id() && worker.incarnation() == task.incarnation() &&
+         !worker.lost();
+}
+
 void Coordinator::ReleaseWorker(MemberEntry& member, const std::string& job_id) {
   if (member.member.job_id() != job_id) return;
+  member.assign.reset();
+  member.assign_sent = false;
   member.member.clear_job_id();
   member.member.clear_rank();
   if (member.member.state() == v1::MEMBER_STATE_BUSY) {
@@ -844,6 +880,12 @@ absl::Status Coordinator::OpenTaskStream(const std::string& member_id,
   }
   member->stream = std::move(stream);
   member->member.set_last_seen_ms(NowMs());
+  if (member->assign.has_value() && member->assign_sent && StillAssigned(*member)) {
+    const v1::Task& task = member->assign->assign();
+    spdlog::info("coordinator: {}: new task stream; sending job {} rank {} incarnation {} again",
+                 member_id, task.job_id(), task.rank(), task.incarnation());
+    member->stream->Send(*member->assign);
+  }
   Wake();
   return absl::OkStatus();
 }
@@ -1230,7 +1272,7 @@ bool Coordinator::Schedule() {
   v1::JobConfig config;
   std::vector<std::string> addresses;
   std::vector<std::string> picked;
-  std::vector<std::pair<std::shared_ptr<TaskStream>, v1::TaskEvent>> assigns;
+  std::vector<std::pair<std::string, v1::TaskEvent>> assigns;
   {
     absl::MutexLock lock(&mu_);
     JobEntry* entry = nullptr;
@@ -1386,7 +1428,8 @@ bool Coordinator::Schedule() {
           for (const std::string& address : addresses) task->add_shard_addresses(address);
           *task->mutable_spec() = job.spec();
           task->set_incarnation(job.workers(static_cast<int>(rank)).incarnation());
-          assigns.emplace_back(member.stream, std::move(event));
+          RecordAssign(member, event);
+          assigns.emplace_back(member.member.id(), std::move(event));
         }
       }
     }
@@ -1401,7 +1444,7 @@ bool Coordinator::Schedule() {
     spdlog::error("coordinator: job {} not started: {}", job_id, flushed.ToString());
     return false;
   }
-  for (auto& [stream, event] : assigns) stream->Send(event);
+  SendAssigns(assigns);
   return true;
 }
 
@@ -1991,7 +2034,7 @@ void Coordinator::Recover(const RecoveryPlan& plan) {
     }
   }
 
-  std::vector<std::pair<std::shared_ptr<TaskStream>, v1::TaskEvent>> assigns;
+  std::vector<std::pair<std::string, v1::TaskEvent>> assigns;
   {
     absl::MutexLock lock(&mu_);
     JobEntry* entry = FindJob(plan.job_id);
@@ -2068,14 +2111,15 @@ void Coordinator::Recover(const RecoveryPlan& plan) {
         task->set_incarnation(worker.incarnation());
         task->set_start_step(restored);
         *task->mutable_data_position() = PositionAt(job, restored);
-        assigns.emplace_back(member->stream, std::move(event));
+        RecordAssign(*member, event);
+        assigns.emplace_back(member->member.id(), std::move(event));
       }
       QueueJob(*entry);
     }
   }
   // As in Schedule: the tasks go out once the rewind is durable.
   if (!FlushWrites().ok()) return;
-  for (auto& [stream, event] : assigns) stream->Send(event);
+  SendAssigns(assigns);
 }
 
 void Coordinator::Handover(const HandoverPlan& plan) {
@@ -2102,7 +2146,7 @@ void Coordinator::Handover(const HandoverPlan& plan) {
     SendMembership(plan.job_id, plan.addresses, {{plan.start_step, plan.live_ranks}});
   }
 
-  std::vector<std::pair<std::shared_ptr<TaskStream>, v1::TaskEvent>> assigns;
+  std::vector<std::pair<std::string, v1::TaskEvent>> assigns;
   {
     absl::MutexLock lock(&mu_);
     JobEntry* entry = FindJob(plan.job_id);
@@ -2162,10 +2206,11 @@ void Coordinator::Handover(const HandoverPlan& plan) {
     task->set_incarnation(worker.incarnation());
     task->set_start_step(plan.start_step);
     *task->mutable_data_position() = PositionAt(job, plan.start_step);
-    assigns.emplace_back(member->stream, std::move(event));
+    RecordAssign(*member, event);
+    assigns.emplace_back(member->member.id(), std::move(event));
   }
   if (!FlushWrites().ok()) return;
-  for (auto& [stream, event] : assigns) stream->Send(event);
+  SendAssigns(assigns);
 }
 
 }  // namespace tessera::coordinator

@@ -37,6 +37,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -246,6 +247,11 @@ class Coordinator {
     int64_t n = 0;  // the number in "s-<n>"/"w-<n>"
     v1::Member member;
     std::shared_ptr<TaskStream> stream;
+    // The worker's current assignment (until it is released), and whether it has been sent: a
+    // task stream that replaces another gets it again, since the old one may have taken it to
+    // a worker that was no longer reading (the worker ignores an assignment it already runs).
+    std::optional<v1::TaskEvent> assign;
+    bool assign_sent = false;
   };
   struct JobEntry {
     int64_t n = 0;
@@ -344,6 +350,15 @@ class Coordinator {
   // (except `except_member`), queues DropJob on its shards.
   void EndJob(JobEntry& entry, v1::JobState state, const std::string& reason,
               const std::string& except_member) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether the member's recorded assignment is still its rank's current one in a RUNNING job.
+  bool StillAssigned(const MemberEntry& member) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Records `event` as the member's assignment, to be sent by SendAssigns once durable.
+  void RecordAssign(MemberEntry& member, const v1::TaskEvent& event)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Sends each (member id, assign) on the member's current task stream, unless the member has
+  // been released or given another assignment since.
+  void SendAssigns(const std::vector<std::pair<std::string, v1::TaskEvent>>& assigns)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // A worker back to READY (when it is BUSY with `job_id`).
   void ReleaseWorker(MemberEntry& member, const std::string& job_id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -623,6 +623,34 @@ TEST_F(CoordinatorTest, ShardErrorFailsTheJob) {
   EXPECT_EQ(shards_.dropped.size(), 2u);
 }
 
+// A task stream that replaces another gets the worker's assignment again (the old stream may
+// have taken it to a worker no longer reading), the very same one; not once the job has ended.
+TEST_F(CoordinatorTest, ReplacedTaskStreamGetsTheAssignmentAgain) {
+  RegisterShard(0);
+  const std::string w1 = RegisterWorker("host-a");
+  const std::string w2 = RegisterWorker("host-b");
+  const std::string id = StartTwoWorkerJob();
+  ASSERT_EQ(streams_[w1]->events.size(), 1u);
+  const v1::Task first = streams_[w1]->events[0].assign();
+  ASSERT_EQ(first.job_id(), id);
+  const std::shared_ptr<FakeStream> old_stream = streams_[w1];
+  OpenStream(w1);
+  EXPECT_TRUE(old_stream->closed());
+  ASSERT_EQ(streams_[w1]->events.size(), 1u);
+  const v1::Task again = streams_[w1]->events[0].assign();
+  EXPECT_EQ(again.job_id(), id);
+  EXPECT_EQ(again.rank(), first.rank());
+  EXPECT_EQ(again.incarnation(), first.incarnation());
+  EXPECT_EQ(again.world_size(), 2);
+  EXPECT_EQ(again.shard_addresses(0), "127.0.0.1:4000");
+  // The other worker's stream is untouched.
+  EXPECT_EQ(streams_[w2]->events.size(), 1u);
+  // Once the job is cancelled, a new stream gets nothing (the cancel went out on the old one).
+  ASSERT_TRUE(coordinator_->CancelJob(id).ok());
+  OpenStream(w2);
+  EXPECT_TRUE(streams_[w2]->events.empty());
+}
+
 TEST_F(CoordinatorTest, Cancel) {
   ASSERT_TRUE(coordinator_->CreateJob(MlpSpec("mlp", 2, "/data")).ok());
   auto cancelled = coordinator_->CancelJob("mlp-1");

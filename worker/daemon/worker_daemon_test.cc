@@ -339,6 +339,46 @@ TEST_F(WorkerDaemonTest, CancelTaskStopsTheTaskAndStopReportsWorkerStopped) {
 // ceil(300 / 16) steps per epoch for Assign()'s task.
 constexpr int64_t kStepsPerEpoch = 19;
 
+// The coordinator sends the assignment again on a task stream that replaced another: the worker
+// running it goes on, without starting over.
+TEST_F(WorkerDaemonTest, TheSameAssignmentAgainIsIgnored) {
+  std::unique_ptr<WorkerDaemon> daemon = StartDaemon();
+  ASSERT_NE(daemon, nullptr);
+  const std::string asp = R"(consistency: "asp")";
+  coordinator_.Send(Assign("dup", 100000, asp));
+  std::optional<v1::ProgressReport> first = coordinator_.WaitReport(
+      [](const v1::ProgressReport& r) {
+        return r.phase() == v1::TASK_PHASE_TRAINING && r.step() > 0;
+      },
+      absl::Seconds(20));
+  ASSERT_TRUE(first.has_value());
+  const size_t before = coordinator_.reports().size();
+  coordinator_.Send(Assign("dup", 100000, asp));
+  // Time for the event to arrive, then a report from after it.
+  absl::SleepFor(absl::Milliseconds(500));
+  int64_t seen = 0;
+  for (const v1::ProgressReport& r : coordinator_.reports()) seen = std::max(seen, r.step());
+  std::optional<v1::ProgressReport> later = coordinator_.WaitReport(
+      [seen](const v1::ProgressReport& r) {
+        return r.phase() == v1::TASK_PHASE_TRAINING && r.step() > seen;
+      },
+      absl::Seconds(20));
+  ASSERT_TRUE(later.has_value());
+  EXPECT_EQ(daemon->current_job(), "dup");
+  daemon->Stop();
+  // One run of incarnation 1 throughout: its reports' steps only grow (a run started over
+  // would report an epoch's end again).
+  const std::vector<v1::ProgressReport> reports = coordinator_.reports();
+  ASSERT_GT(reports.size(), before);
+  int64_t last = -1;
+  for (size_t i = 0; i < reports.size(); ++i) {
+    EXPECT_EQ(reports[i].incarnation(), first->incarnation());
+    if (reports[i].phase() != v1::TASK_PHASE_TRAINING) continue;
+    EXPECT_GT(reports[i].step(), last) << "report " << i << " started over";
+    last = reports[i].step();
+  }
+}
+
 TEST_F(WorkerDaemonTest, AHigherIncarnationPreemptsTheTaskAndALowerOneIsIgnored) {
   std::unique_ptr<WorkerDaemon> daemon = StartDaemon();
   ASSERT_NE(daemon, nullptr);
