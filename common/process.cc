@@ -9,8 +9,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
 #include "spdlog/pattern_formatter.h"
 #include "spdlog/sinks/stdout_color_sinks.h"
 #include "spdlog/spdlog.h"
@@ -121,6 +125,20 @@ void ConfigureDaemonAllocator() {
     return;
   }
   mallopt(M_ARENA_MAX, 1);
+}
+
+absl::Status MutexResponds(absl::Mutex* mu, absl::Duration within, absl::string_view what) {
+  // A blocking ReaderLock on a helper thread: absl's ReaderTryLock also fails while any thread
+  // waits on the mutex (an Await), which daemons' loops do most of the time.
+  auto taken = std::make_shared<absl::Notification>();
+  std::thread([mu, taken] {
+    mu->ReaderLock();
+    mu->ReaderUnlock();
+    taken->Notify();
+  }).detach();
+  if (taken->WaitForNotificationWithTimeout(within)) return absl::OkStatus();
+  return absl::DeadlineExceededError(
+      absl::StrCat(what, " has been held for more than ", absl::FormatDuration(within)));
 }
 
 }  // namespace tessera

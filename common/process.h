@@ -8,6 +8,8 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 
 namespace tessera {
 
@@ -58,6 +60,12 @@ void ReleaseFreeMemory();
 // lock. Does nothing when MALLOC_ARENA_MAX or GLIBC_TUNABLES is set (the operator's choice wins).
 // Call first thing in a daemon's main(), before any thread exists.
 void ConfigureDaemonAllocator();
+
+// OK when `mu` can be taken (shared) within `within`; DEADLINE_EXCEEDED naming `what` otherwise.
+// The daemons' liveness probe for their central lock (systemd::SystemdWatchdog::Start). The lock
+// is taken on a detached helper thread, which goes on waiting after a timeout.
+// REQUIRES: *mu outlives the helper: a lock that lives as long as the daemon.
+absl::Status MutexResponds(absl::Mutex* mu, absl::Duration within, absl::string_view what);
 
 }  // namespace tessera
 

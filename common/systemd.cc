@@ -32,17 +32,28 @@ bool NotifyStatus(absl::string_view text) { return Notify(absl::StrCat("STATUS="
 
 SystemdWatchdog::~SystemdWatchdog() { Stop(); }
 
-bool SystemdWatchdog::Start() {
+bool SystemdWatchdog::Start(std::function<absl::Status()> probe) {
   if (std::getenv("NOTIFY_SOCKET") == nullptr) return false;
   uint64_t usec = 0;
   if (sd_watchdog_enabled(/*unset_environment=*/0, &usec) <= 0 || usec == 0) return false;
   interval_ = absl::Microseconds(usec / 2);
-  thread_ = std::thread([this] {
+  const bool probed = probe != nullptr;
+  thread_ = std::thread([this, probe = std::move(probe)] {
+    bool failing = false;
     do {
-      Notify("WATCHDOG=1");
+      const absl::Status live = probe ? probe() : absl::OkStatus();
+      if (live.ok()) {
+        if (failing) spdlog::info("systemd watchdog: the liveness probe passes again");
+        failing = false;
+        Notify("WATCHDOG=1");
+      } else if (!failing) {
+        failing = true;
+        spdlog::error("systemd watchdog: liveness probe failed, not pinging: {}", live.ToString());
+      }
     } while (!stop_.WaitForNotificationWithTimeout(interval_));
   });
-  spdlog::info("systemd watchdog: WATCHDOG=1 every {}", absl::FormatDuration(interval_));
+  spdlog::info("systemd watchdog: WATCHDOG=1 every {}{}", absl::FormatDuration(interval_),
+               probed ? " while the liveness probe passes" : "");
   return true;
 }
 

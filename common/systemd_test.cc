@@ -4,11 +4,15 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <string>
+#include <thread>
 
 #include "absl/strings/match.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "common/process.h"
 #include "gtest/gtest.h"
 
 namespace tessera::systemd {
@@ -82,6 +86,64 @@ TEST(SystemdTest, WatchdogPingsEveryHalfInterval) {
   // The first ping goes at once, the next four 50 ms apart.
   EXPECT_GE(took, absl::Milliseconds(150));
   EXPECT_LT(took, absl::Seconds(2));
+}
+
+// While the probe fails nothing is sent; once it passes the pings come back.
+TEST(SystemdTest, WatchdogPingsOnlyWhileTheProbePasses) {
+  NotifySocket socket;
+  ::setenv("WATCHDOG_USEC", "100000", 1);
+  std::atomic<bool> live{false};
+  std::atomic<int> probes{0};
+  SystemdWatchdog watchdog;
+  ASSERT_TRUE(watchdog.Start([&]() -> absl::Status {
+    ++probes;
+    return live ? absl::OkStatus() : absl::DeadlineExceededError("the loop has stopped");
+  }));
+  // A second without a message (Receive() gives up after one) while the probe ran ~20 times.
+  EXPECT_EQ(socket.Receive(), "");
+  EXPECT_GE(probes.load(), 5);
+  live = true;
+  int pings = 0;
+  const absl::Time start = absl::Now();
+  while (pings < 3 && absl::Now() - start < absl::Seconds(5)) {
+    if (socket.Receive() == "WATCHDOG=1") ++pings;
+  }
+  live = false;
+  watchdog.Stop();
+  ::unsetenv("WATCHDOG_USEC");
+  EXPECT_EQ(pings, 3);
+}
+
+TEST(SystemdTest, MutexRespondsUnlessHeld) {
+  // Lives as long as the process, as MutexResponds requires (its helper may outlast a timeout).
+  static absl::Mutex* const mu = new absl::Mutex;
+  EXPECT_TRUE(tessera::MutexResponds(mu, absl::Seconds(2), "the store lock").ok());
+  {
+    absl::ReaderMutexLock shared(mu);  // readers do not block the probe
+    EXPECT_TRUE(tessera::MutexResponds(mu, absl::Seconds(2), "the store lock").ok());
+  }
+  // A thread waiting on a condition (as daemon loops do) does not block it either.
+  absl::Notification stop;
+  std::thread waiter([&] {
+    absl::MutexLock lock(mu);
+    mu->AwaitWithTimeout(absl::Condition(&stop, &absl::Notification::HasBeenNotified),
+                         absl::Seconds(5));
+  });
+  absl::SleepFor(absl::Milliseconds(50));
+  EXPECT_TRUE(tessera::MutexResponds(mu, absl::Seconds(2), "the store lock").ok());
+  stop.Notify();
+  waiter.join();
+  mu->Lock();
+  const absl::Time start = absl::Now();
+  const absl::Status held = tessera::MutexResponds(mu, absl::Milliseconds(100), "the store lock");
+  const absl::Duration took = absl::Now() - start;
+  mu->Unlock();
+  EXPECT_EQ(held.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_TRUE(absl::StrContains(held.message(), "the store lock has been held for more than"))
+      << held;
+  EXPECT_GE(took, absl::Milliseconds(100));
+  EXPECT_LT(took, absl::Seconds(2));
+  EXPECT_TRUE(tessera::MutexResponds(mu, absl::Seconds(2), "the store lock").ok());
 }
 
 TEST(SystemdTest, WatchdogOffWithoutWatchdogUsec) {

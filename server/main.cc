@@ -121,7 +121,8 @@ int Run(Flags flags, const tessera::LayeredConfig& config, tessera::Security* se
   // committed, so it sends Restore(job, step) once this shard has registered (docs/checkpoints.md).
   tessera::systemd::NotifyReady(absl::StrCat("serving on ", (*server)->address()));
   tessera::systemd::SystemdWatchdog watchdog;
-  watchdog.Start();
+  tessera::server::ParameterStore* store = (*server)->store();
+  watchdog.Start([store] { return store->CheckLive(); });
   const int signal = tessera::WaitForShutdownSignal(
       [&] { tessera::ReloadDaemonConfig(config, security, "tessera-server"); });
   // Health NOT_SERVING for the whole drain, before the agent deregisters from the coordinator.

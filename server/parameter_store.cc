@@ -18,6 +18,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/encoding.h"
+#include "common/process.h"
 #include "common/status_macros.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "kernels/schedule.h"
@@ -1063,6 +1064,10 @@ absl::StatusOr<v1::UpdateMembershipResponse> ParameterStore::UpdateMembership(
   v1::UpdateMembershipResponse response;
   response.set_completed_steps(completed);
   return response;
+}
+
+absl::Status ParameterStore::CheckLive() const {
+  return MutexResponds(&mu_, absl::Seconds(5), "the parameter store's lock");
 }
 
 absl::Status ParameterStore::DropJob(absl::string_view job_id) {

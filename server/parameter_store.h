@@ -240,6 +240,9 @@ class ParameterStore {
   // unknown job.
   absl::Status DropJob(absl::string_view job_id);
 
+  // The systemd watchdog's liveness probe: OK when the store's lock can be taken within 5 s.
+  absl::Status CheckLive() const;
+
   // Applies the push slices of `request` (all or nothing) and advances the worker's clock on each
   // pushed partition; ignores its pull slices. Never waits. RESOURCE_EXHAUSTED when the new
   // sparse rows or BSP staging it needs would exceed max_memory_bytes.

@@ -210,7 +210,8 @@ int RunDaemon(const WorkerFlags& flags, const tessera::LayeredConfig& config,
   // Registration goes on in the background (with retries): the worker is up once started.
   tessera::systemd::NotifyReady(absl::StrCat("worker for ", options.coordinator));
   tessera::systemd::SystemdWatchdog watchdog;
-  watchdog.Start();
+  tessera::worker::WorkerDaemon* worker_daemon = daemon->get();
+  watchdog.Start([worker_daemon] { return worker_daemon->CheckLive(); });
   const int signal = tessera::WaitForShutdownSignal(
       [&] { tessera::ReloadDaemonConfig(config, security, "tessera-worker"); });
   if (health.ok() && health->server != nullptr)

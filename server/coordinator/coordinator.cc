@@ -12,6 +12,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "common/process.h"
 #include "common/status_macros.h"
 #include "spdlog/spdlog.h"
 #include "worker/trainer/job_spec.h"
@@ -322,6 +323,7 @@ void Coordinator::Start() {
   absl::MutexLock lock(&mu_);
   if (started_ || stopping_) return;
   started_ = true;
+  last_tick_ns_.store(absl::GetCurrentTimeNanos(), std::memory_order_relaxed);
   thread_ = std::thread([this] { Run(); });
 }
 
@@ -365,7 +367,20 @@ void Coordinator::Run() {
       wake_ = false;
     }
     Tick();
+    last_tick_ns_.store(absl::GetCurrentTimeNanos(), std::memory_order_relaxed);
   }
+}
+
+absl::Status Coordinator::CheckLive(absl::Duration max_tick_age) const {
+  TESSERA_RETURN_IF_ERROR(MutexResponds(&mu_, absl::Seconds(5), "the coordinator's lock"));
+  const int64_t last = last_tick_ns_.load(std::memory_order_relaxed);
+  if (last == 0) return absl::OkStatus();
+  const absl::Duration age = absl::Nanoseconds(absl::GetCurrentTimeNanos() - last);
+  if (age > max_tick_age) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        "the coordinator's tick loop has not finished a tick for ", absl::FormatDuration(age)));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status Coordinator::FlushWrites() {

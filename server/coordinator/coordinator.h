@@ -32,6 +32,7 @@
 #ifndef TESSERA_SERVER_COORDINATOR_COORDINATOR_H_
 #define TESSERA_SERVER_COORDINATOR_COORDINATOR_H_
 
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -242,6 +243,11 @@ class Coordinator {
   // (one pass over jobs and members, no I/O). Thread-safe.
   CoordinatorMetricsSnapshot MetricsSnapshot() const;
 
+  // The systemd watchdog's liveness probe: OK when the coordinator's lock can be taken within 5 s
+  // and, once Start() has run, the tick loop has finished a tick within `max_tick_age` (a tick
+  // waits on shard calls, each bounded by its deadline); DEADLINE_EXCEEDED otherwise.
+  absl::Status CheckLive(absl::Duration max_tick_age) const;
+
  private:
   struct MemberEntry {
     int64_t n = 0;  // the number in "s-<n>"/"w-<n>"
@@ -442,6 +448,9 @@ class Coordinator {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool started_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;
+  // When the tick loop last finished a tick (or started), in absl::GetCurrentTimeNanos(); 0
+  // before Start().
+  std::atomic<int64_t> last_tick_ns_{0};
 
   struct ActionThread {
     std::thread thread;

@@ -43,6 +43,12 @@ class FakeShards : public ShardControl {
     return it == fail.end() ? absl::OkStatus() : it->second;
   }
   absl::Status DropJob(const std::string& address, const std::string& job_id) override {
+    std::function<void()> hook;
+    {
+      absl::MutexLock lock(&mu);
+      hook = drop_hook;
+    }
+    if (hook) hook();
     absl::MutexLock lock(&mu);
     dropped.push_back(address + " " + job_id);
     auto it = drop_fail.find(address);
@@ -151,6 +157,7 @@ class FakeShards : public ShardControl {
   std::map<std::string, v1::JobConfig> configs;
   std::map<std::string, absl::Status> fail;
   std::map<std::string, absl::Status> drop_fail;  // DropJob's answer, by address (default OK)
+  std::function<void()> drop_hook;                // runs in DropJob, unlocked
   std::vector<v1::CheckpointRequest> checkpoints;
   std::vector<std::string> checkpoint_addresses;
   std::vector<absl::Duration> timeouts;
@@ -607,6 +614,40 @@ TEST_F(CoordinatorTest, OwedDropsAreRetriedAndSurviveARestart) {
   now_ms_ += 120'000;
   coordinator_->Tick();
   EXPECT_EQ(shards_.dropped.size(), 3u);  // settled: never called again
+}
+
+// The watchdog's probe: OK while the tick loop turns, DEADLINE_EXCEEDED while a tick hangs.
+TEST_F(CoordinatorTest, CheckLiveFailsWhileATickHangs) {
+  EXPECT_TRUE(coordinator_->CheckLive(absl::Milliseconds(200)).ok());  // not started: no loop
+  RegisterShard(0);
+  RegisterWorker("host-a");
+  RegisterWorker("host-b");
+  const std::string id = StartTwoWorkerJob();
+  auto release = std::make_shared<absl::Notification>();
+  auto entered = std::make_shared<absl::Notification>();
+  {
+    absl::MutexLock lock(&shards_.mu);
+    shards_.drop_hook = [release, entered] {
+      if (!entered->HasBeenNotified()) entered->Notify();
+      release->WaitForNotification();
+    };
+  }
+  coordinator_->Start();
+  EXPECT_TRUE(coordinator_->CheckLive(absl::Seconds(5)).ok());
+  ASSERT_TRUE(coordinator_->CancelJob(id).ok());  // the next tick calls DropJob, which hangs
+  ASSERT_TRUE(entered->WaitForNotificationWithTimeout(absl::Seconds(10)));
+  absl::SleepFor(absl::Milliseconds(400));
+  const absl::Status stuck = coordinator_->CheckLive(absl::Milliseconds(300));
+  EXPECT_EQ(stuck.code(), absl::StatusCode::kDeadlineExceeded) << stuck;
+  EXPECT_TRUE(absl::StrContains(stuck.message(), "tick loop has not finished a tick")) << stuck;
+  release->Notify();
+  absl::Status live = absl::UnknownError("not checked");
+  for (int i = 0; i < 100 && !live.ok(); ++i) {
+    absl::SleepFor(absl::Milliseconds(20));
+    live = coordinator_->CheckLive(absl::Milliseconds(300));
+  }
+  EXPECT_TRUE(live.ok()) << live;
+  coordinator_->Stop();
 }
 
 TEST_F(CoordinatorTest, ShardErrorFailsTheJob) {

@@ -99,7 +99,10 @@ int Run(Flags flags, const tessera::LayeredConfig& config, tessera::Security* se
   // The port answers health checks (SERVING) and the database is loaded (Create()).
   tessera::systemd::NotifyReady(absl::StrCat("serving on port ", (*server)->port()));
   tessera::systemd::SystemdWatchdog watchdog;
-  watchdog.Start();
+  // A tick that waits on hung shards takes up to a few shard deadlines (10 s each); two minutes
+  // without one means the loop is stuck.
+  tessera::coordinator::Coordinator* coordinator = (*server)->coordinator();
+  watchdog.Start([coordinator] { return coordinator->CheckLive(absl::Minutes(2)); });
   const int signal = tessera::WaitForShutdownSignal(
       [&] { tessera::ReloadDaemonConfig(config, security, "tessera-coordinator"); });
   // Health NOT_SERVING for the whole drain (Stop() would set it too, but only after the log

@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
+#include "common/process.h"
 #include "grpcpp/channel.h"
 #include "spdlog/spdlog.h"
 
@@ -241,6 +242,10 @@ void WorkerDaemon::Stop() {
   if (task.joinable()) task.join();
   if (watch_thread_.joinable()) watch_thread_.join();
   agent_->Stop(/*deregister=*/true);
+}
+
+absl::Status WorkerDaemon::CheckLive() const {
+  return MutexResponds(&mu_, absl::Seconds(5), "the worker daemon's lock");
 }
 
 std::string WorkerDaemon::current_job() const {

@@ -96,6 +96,8 @@ class WorkerDaemon {
   std::string member_id() const { return agent_->member_id(); }
   // The job of the task in hand, empty when idle.
   std::string current_job() const;
+  // The systemd watchdog's liveness probe: OK when the daemon's lock can be taken within 5 s.
+  absl::Status CheckLive() const;
 
  private:
   class ProgressSender;
