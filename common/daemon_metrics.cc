@@ -1,5 +1,6 @@
 #include "common/daemon_metrics.h"
 
+#include <memory>
 #include <utility>
 #include <vector>
 
@@ -8,8 +9,35 @@
 #include "common/config.h"
 #include "common/process.h"
 #include "common/reflection_guard.h"
+#include "common/security.h"
+#include "prometheus/collectable.h"
+#include "prometheus/metric_family.h"
 
 namespace tessera {
+namespace {
+
+// tessera_auth_failures_total{reason}: calls refused for their bearer token (AuthFailures()).
+class AuthFailuresCollectable final : public prometheus::Collectable {
+ public:
+  std::vector<prometheus::MetricFamily> Collect() const override {
+    const AuthFailureCounts counts = AuthFailures();
+    prometheus::MetricFamily family;
+    family.name = "tessera_auth_failures_total";
+    family.help = "Calls refused UNAUTHENTICATED for their bearer token, by reason";
+    family.type = prometheus::MetricType::Counter;
+    for (const auto& [reason, value] :
+         {std::pair<const char*, uint64_t>{"missing_token", counts.missing_token},
+          {"bad_token", counts.bad_token}}) {
+      prometheus::ClientMetric metric;
+      metric.label.push_back({"reason", reason});
+      metric.counter.value = static_cast<double>(value);
+      family.metric.push_back(std::move(metric));
+    }
+    return {std::move(family)};
+  }
+};
+
+}  // namespace
 
 void AddMetricsFlags(CLI::App& app, MetricsFlags* flags, absl::string_view help_prefix) {
   app.add_option("--metrics_listen", flags->listen,
@@ -41,7 +69,9 @@ absl::Status ValidateMetricsFlags(const MetricsFlags& flags, bool insecure) {
 absl::StatusOr<std::unique_ptr<Metrics>> StartMetrics(const std::string& daemon,
                                                       const MetricsFlags& flags) {
   absl::StatusOr<std::unique_ptr<Metrics>> metrics = Metrics::Create(daemon, flags.listen);
-  if (!metrics.ok() || flags.port_file.empty()) return metrics;
+  if (!metrics.ok()) return metrics;
+  (*metrics)->AddCollectable(std::make_shared<AuthFailuresCollectable>());
+  if (flags.port_file.empty()) return metrics;
   absl::Status written = WritePortFile(flags.port_file, (*metrics)->port());
   if (!written.ok()) {
     return absl::Status(written.code(), absl::StrCat("--metrics_port_file: ", written.message()));

@@ -37,7 +37,9 @@ void AddMetricsFlags(CLI::App& app, MetricsFlags* flags, absl::string_view help_
 // --metrics_listen. Binds nothing.
 absl::Status ValidateMetricsFlags(const MetricsFlags& flags, bool insecure);
 
-// Metrics::Create(daemon, flags.listen), then the bound port written to flags.port_file when set.
+// Metrics::Create(daemon, flags.listen) with tessera_auth_failures_total{reason="missing_token"|
+// "bad_token"} (AuthFailures() of common/security.h, read at scrape time) added, then the bound
+// port written to flags.port_file when set.
 // The errors of Metrics::Create; the port file's error naming --metrics_port_file.
 absl::StatusOr<std::unique_ptr<Metrics>> StartMetrics(const std::string& daemon,
                                                       const MetricsFlags& flags);

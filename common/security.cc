@@ -4,6 +4,7 @@
 #include <openssl/crypto.h>
 #include <sys/stat.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -54,6 +55,9 @@ bool ConstantTimeEquals(absl::string_view a, absl::string_view b) {
   return a.size() == b.size() && CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
 }
 
+std::atomic<uint64_t> missing_token_failures{0};
+std::atomic<uint64_t> bad_token_failures{0};
+
 // Checks `authorization: Bearer <token>` on every call of a TLS listener. Runs inline on the
 // transport thread (cheap, no I/O).
 class BearerTokenProcessor : public grpc::AuthMetadataProcessor {
@@ -68,6 +72,7 @@ class BearerTokenProcessor : public grpc::AuthMetadataProcessor {
                        OutputMetadata* /*response_metadata*/) override {
     auto it = auth_metadata.find(kAuthorizationKey);
     if (it == auth_metadata.end()) {
+      missing_token_failures.fetch_add(1, std::memory_order_relaxed);
       return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
                           "missing bearer token (authorization: Bearer <token>)");
     }
@@ -75,6 +80,7 @@ class BearerTokenProcessor : public grpc::AuthMetadataProcessor {
     const std::string expected = token_->Get();
     if (!absl::StartsWith(value, kBearerPrefix) || expected.empty() ||
         !ConstantTimeEquals(value.substr(sizeof(kBearerPrefix) - 1), expected)) {
+      bad_token_failures.fetch_add(1, std::memory_order_relaxed);
       return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "bad bearer token");
     }
     // The handlers never see the token.
@@ -462,5 +468,12 @@ absl::Status Security::Reload() { return impl_->Reload(); }
 bool Security::server_tls() const { return impl_->server_tls(); }
 bool Security::client_tls() const { return impl_->client_tls(); }
 bool Security::has_token() const { return impl_->has_token(); }
+
+AuthFailureCounts AuthFailures() {
+  AuthFailureCounts counts;
+  counts.missing_token = missing_token_failures.load(std::memory_order_relaxed);
+  counts.bad_token = bad_token_failures.load(std::memory_order_relaxed);
+  return counts;
+}
 
 }  // namespace tessera

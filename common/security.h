@@ -33,6 +33,7 @@
 #ifndef TESSERA_COMMON_SECURITY_H_
 #define TESSERA_COMMON_SECURITY_H_
 
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -145,6 +146,14 @@ class Security {
   explicit Security(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
+
+// Calls this process's listeners refused for their bearer token since it started (every
+// Security of the process together), for tessera_auth_failures_total. Thread-safe.
+struct AuthFailureCounts {
+  uint64_t missing_token = 0;  // no `authorization` header
+  uint64_t bad_token = 0;      // a header that is not `Bearer <the token>`
+};
+AuthFailureCounts AuthFailures();
 
 }  // namespace tessera
 

@@ -215,6 +215,7 @@ TEST_F(SecurityTest, TlsWithTheRightTokenIsServed) {
 
 TEST_F(SecurityTest, MissingOrBadTokenIsUnauthenticated) {
   StartServer(TlsServer(/*mutual=*/false));
+  const AuthFailureCounts before = AuthFailures();
   grpc::Status status = CheckWith(TlsClient(""));
   EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAUTHENTICATED);
   EXPECT_THAT(status.error_message(), HasSubstr("missing bearer token"));
@@ -224,6 +225,11 @@ TEST_F(SecurityTest, MissingOrBadTokenIsUnauthenticated) {
   status = CheckWith(TlsClient("neartoken"));
   EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAUTHENTICATED);
   EXPECT_THAT(status.error_message(), HasSubstr("bad bearer token"));
+  // Counted for tessera_auth_failures_total; a call with the right token is not.
+  EXPECT_TRUE(CheckWith(TlsClient("token")).ok());
+  const AuthFailureCounts after = AuthFailures();
+  EXPECT_EQ(after.missing_token - before.missing_token, 1u);
+  EXPECT_EQ(after.bad_token - before.bad_token, 2u);
 }
 
 TEST_F(SecurityTest, PlaintextClientOfATlsServerIsUnavailable) {
