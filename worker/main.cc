@@ -24,6 +24,7 @@
 #include <string>
 
 #include "CLI/CLI.hpp"
+#include "absl/cleanup/cleanup.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
@@ -38,6 +39,7 @@
 #include "kernels/backend.h"
 #include "spdlog/spdlog.h"
 #include "worker/daemon/worker_daemon.h"
+#include "worker/daemon/worker_metrics.h"
 #include "worker/trainer/job_spec.h"
 #include "worker/trainer/progress.h"
 #include "worker/trainer/standalone_trainer.h"
@@ -187,6 +189,9 @@ int RunDaemon(const WorkerFlags& flags, const tessera::LayeredConfig& config,
   absl::StatusOr<std::unique_ptr<tessera::worker::WorkerDaemon>> daemon =
       tessera::worker::WorkerDaemon::Create(options);
   if (!daemon.ok()) return Fail(daemon.status(), false);
+  (*metrics)->AddCollectable(tessera::worker::NewWorkerCollectable(daemon->get()));
+  // The endpoint reads the daemon at scrape time: it stops before the daemon goes, on every path.
+  absl::Cleanup stop_metrics = [&metrics] { metrics->reset(); };
   (*daemon)->Start();
   // grpc.health.v1 and reflection only: the worker's work comes over the channels it dials.
   absl::StatusOr<tessera::StartedGrpcServer> health;

@@ -244,6 +244,31 @@ void WorkerDaemon::Stop() {
   agent_->Stop(/*deregister=*/true);
 }
 
+WorkerDaemon::Stats WorkerDaemon::stats() const {
+  absl::MutexLock lock(&mu_);
+  Stats out = stats_;
+  out.busy = task_running_ && !terminal_reported_;
+  out.job_id = out.busy ? task_.job_id() : "";
+  out.rank = out.busy ? task_.rank() : 0;
+  if (!out.busy) {
+    out.step = 0;
+    out.samples_per_second = 0;
+    out.loss = 0;
+  }
+  return out;
+}
+
+void WorkerDaemon::RecordProgress(const v1::ProgressReport& report) {
+  absl::MutexLock lock(&mu_);
+  if (!task_running_ || report.incarnation() != task_.incarnation()) return;
+  if (report.step() > stats_.step) {
+    stats_.steps_total += report.step() - stats_.step;
+    stats_.step = report.step();
+  }
+  stats_.samples_per_second = report.samples_per_second();
+  stats_.loss = report.loss();
+}
+
 absl::Status WorkerDaemon::CheckLive() const {
   return MutexResponds(&mu_, absl::Seconds(5), "the worker daemon's lock");
 }
@@ -376,6 +401,9 @@ void WorkerDaemon::HandleEvent(const v1::TaskEvent& event) {
       terminal_reported_ = false;
       preempted_ = false;
       task_ = task;
+      stats_.step = task.start_step();
+      stats_.samples_per_second = 0;
+      stats_.loss = 0;
       cancel_requested_ = false;
       cancel_reason_.clear();
       task_thread_ = std::thread([this, task] { RunTask(task); });
@@ -445,7 +473,10 @@ void WorkerDaemon::RunTask(v1::Task task) {
   o.progress_interval = options_.progress_interval;
   o.max_attempts = options_.data_plane_attempts;
   o.credentials = options_.credentials;
-  o.on_progress = [&sender](const v1::ProgressReport& p) { sender.Offer(p); };
+  o.on_progress = [this, &sender](const v1::ProgressReport& p) {
+    RecordProgress(p);
+    sender.Offer(p);
+  };
   // Rank 0's TRAINING_DONE polls go out after every buffered report, so the coordinator sees
   // the reports in order.
   o.report = [this, &task,

@@ -99,6 +99,20 @@ class WorkerDaemon {
   // The systemd watchdog's liveness probe: OK when the daemon's lock can be taken within 5 s.
   absl::Status CheckLive() const;
 
+  // What the metrics endpoint shows (worker/daemon/worker_metrics.h), as of the trainer's last
+  // progress report (at most every Options::progress_interval and at each epoch end).
+  struct Stats {
+    int64_t steps_total = 0;  // training steps completed by this process, every task together
+    bool busy = false;        // a task is in hand
+    std::string job_id;       // the task in hand ("" when idle)
+    int rank = 0;
+    int64_t step = 0;  // the task's step at its last report (its start_step before one)
+    double samples_per_second = 0;
+    double loss = 0;
+  };
+  // Thread-safe.
+  Stats stats() const;
+
  private:
   class ProgressSender;
 
@@ -107,6 +121,8 @@ class WorkerDaemon {
   void WatchLoop();
   void HandleEvent(const v1::TaskEvent& event);
   void RunTask(v1::Task task);
+  // Folds a progress report of the task in hand into stats_.
+  void RecordProgress(const v1::ProgressReport& report) ABSL_LOCKS_EXCLUDED(mu_);
   // One ReportProgress with member_id, job_id, rank and incarnation filled in. UNAVAILABLE while
   // not registered.
   absl::StatusOr<v1::ProgressAck> Report(const v1::Task& task, v1::ProgressReport report);
@@ -134,6 +150,7 @@ class WorkerDaemon {
   // have freed this worker and assign the next task while the trainer still winds down.
   bool terminal_reported_ ABSL_GUARDED_BY(mu_) = false;
   v1::Task task_ ABSL_GUARDED_BY(mu_);
+  Stats stats_ ABSL_GUARDED_BY(mu_);
   bool cancel_requested_ ABSL_GUARDED_BY(mu_) = false;
   std::string cancel_reason_ ABSL_GUARDED_BY(mu_);
   trainer::DistributedTrainer* trainer_ ABSL_GUARDED_BY(mu_) = nullptr;  // owned by RunTask

@@ -16,6 +16,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/metrics.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/text_format.h"
 #include "grpcpp/server.h"
@@ -23,6 +24,7 @@
 #include "gtest/gtest.h"
 #include "worker/client/local_shards.h"
 #include "worker/client/parameter_client.h"
+#include "worker/daemon/worker_metrics.h"
 
 #ifndef TESSERA_SERVER_BINARY
 #error "TESSERA_SERVER_BINARY must name the tessera-server binary"
@@ -365,7 +367,26 @@ TEST_F(WorkerDaemonTest, TheSameAssignmentAgainIsIgnored) {
       absl::Seconds(20));
   ASSERT_TRUE(later.has_value());
   EXPECT_EQ(daemon->current_job(), "dup");
+  // The metrics: one task from step 0, so the steps counted are its step.
+  const WorkerDaemon::Stats stats = daemon->stats();
+  EXPECT_TRUE(stats.busy);
+  EXPECT_EQ(stats.job_id, "dup");
+  EXPECT_GE(stats.step, later->step());
+  EXPECT_EQ(stats.steps_total, stats.step);
+  auto metrics = Metrics::Create("worker", "");
+  ASSERT_TRUE(metrics.ok()) << metrics.status();
+  (*metrics)->AddCollectable(NewWorkerCollectable(daemon.get()));
+  const std::string text = (*metrics)->Serialize();
+  EXPECT_NE(text.find("tessera_worker_busy 1"), std::string::npos) << text;
+  EXPECT_NE(text.find("tessera_worker_task_step{job=\"dup\",rank=\"0\"}"), std::string::npos)
+      << text;
+  const size_t at = text.find("\ntessera_worker_steps_total ");
+  ASSERT_NE(at, std::string::npos) << text;
+  EXPECT_GE(std::stoll(text.substr(at + 28)), stats.steps_total);
+  metrics->reset();
   daemon->Stop();
+  EXPECT_FALSE(daemon->stats().busy);
+  EXPECT_GE(daemon->stats().steps_total, stats.steps_total);
   // One run of incarnation 1 throughout: its reports' steps only grow (a run started over
   // would report an epoch's end again).
   const std::vector<v1::ProgressReport> reports = coordinator_.reports();
