@@ -36,72 +36,11 @@ CONFIGS=$SRC/deploy/config
 DATASET=/usr/share/datasets/fashion-mnist
 DEADLINE=$((SECONDS + 270))   # the whole test, below the ctest timeout of 300 s
 
-skip() { echo "SKIP: $*"; exit 77; }
-log() { echo "[$(date -u +%H:%M:%S)] $*"; }
-
-# --- Can this host make namespaces? ------------------------------------------------------------
-[[ $(id -u) -eq 0 ]] || skip "needs root to create network namespaces (ip netns)"
-command -v ip >/dev/null || skip "no 'ip' command (Debian: apt-get install iproute2)"
-command -v openssl >/dev/null || skip "no openssl (Debian: apt-get install openssl)"
-PYTHON=$(command -v /usr/bin/python3 || command -v python3) || skip "no python3 (the sd_notify listener)"
-for f in train-images-idx3-ubyte.gz train-labels-idx1-ubyte.gz t10k-images-idx3-ubyte.gz \
-         t10k-labels-idx1-ubyte.gz; do
-  [[ -r $DATASET/$f ]] || skip "$DATASET/$f missing (Debian: apt-get install dataset-fashion-mnist)"
-done
-for b in tessera-coordinator tessera-server tessera-worker tessera; do
-  [[ -x $BIN/$b ]] || { echo "FAIL: $BIN/$b is not built"; exit 1; }
-done
-
-SUFFIX=$(od -An -N3 -tx1 /dev/urandom | tr -d ' \n')
-PROBE=tsrprobe$SUFFIX
-if ! ip netns add "$PROBE" 2>/dev/null; then
-  skip "cannot create a network namespace here ('ip netns add' failed: not permitted in this container?)"
-fi
-ip netns del "$PROBE"
-
-NS_BR=tsr${SUFFIX}br
-NS=(unused "tsr${SUFFIX}h1" "tsr${SUFFIX}h2" "tsr${SUFFIX}h3" "tsr${SUFFIX}h4")
-T=$(mktemp -d /tmp/tessera-cluster.XXXXXX) || exit 1
-PIDS=()      # every process this test started (daemons and notify listeners)
+# shellcheck source=netns_lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/netns_lib.sh"
+netns_require "$BIN" openssl
+netns_setup tsr tessera-cluster
 DAEMONS=()   # "name pid" of each daemon
-KEEP=${TESSERA_CLUSTER_KEEP:-0}
-
-cleanup() {
-  local rc=$?
-  trap - EXIT INT TERM
-  local pid
-  for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null; done
-  for _ in $(seq 1 50); do
-    local alive=0
-    for pid in "${PIDS[@]}"; do kill -0 "$pid" 2>/dev/null && alive=1; done
-    [[ $alive -eq 0 ]] && break
-    sleep 0.1
-  done
-  for pid in "${PIDS[@]}"; do kill -KILL "$pid" 2>/dev/null; done
-  for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null; done
-  local ns
-  for ns in "${NS[@]:1}" "$NS_BR"; do
-    if ip netns list | grep -qw "$ns"; then
-      # Anything still inside was started by this test (the namespaces are its own).
-      for pid in $(ip netns pids "$ns" 2>/dev/null); do kill -KILL "$pid" 2>/dev/null; done
-      ip netns del "$ns" 2>/dev/null || echo "warning: could not delete namespace $ns"
-    fi
-  done
-  if [[ $rc -ne 0 && $rc -ne 77 ]]; then
-    local f
-    for f in "$T"/logs/*.log; do
-      [[ -f $f ]] || continue
-      echo "----- last lines of $(basename "$f") -----"
-      tail -n 25 "$f"
-    done
-  fi
-  if [[ $KEEP == 1 ]]; then echo "kept $T"; else rm -rf "$T"; fi
-  exit $rc
-}
-trap cleanup EXIT
-trap 'exit 1' INT TERM
-
-fail() { echo "FAIL: $*"; exit 1; }
 remaining() { echo $((DEADLINE - SECONDS)); }
 
 # --- Four hosts on one bridge, all inside the test's own namespaces ----------------------------
