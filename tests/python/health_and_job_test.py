@@ -19,9 +19,7 @@ Exits 0 on success, 1 on a failed check, 77 (skip) when Fashion-MNIST is not ins
 import argparse
 import os
 import sys
-import tempfile
 import time
-import traceback
 
 import tessera_testlib as tl
 
@@ -260,20 +258,7 @@ def main():
               "dataset-fashion-mnist, scripts/install-deps.sh installs it)" % (
                   DATASET_DIR, ", ".join(missing)), flush=True)
         return tl.SKIP
-    scratch = tl.Scratch("tessera-py-health-")
-    ok = False
-    try:
-        tl.generate_stubs(args, tempfile.mkdtemp(dir=scratch.path, prefix="stubs-"))
-        c = run(args, scratch)
-        ok = not c.failures
-        if c.failures:
-            tl.log("%d checks failed:\n  %s" % (len(c.failures), "\n  ".join(c.failures)))
-    except Exception:
-        traceback.print_exc()
-    finally:
-        scratch.close(dump_logs=not ok)
-    tl.log("PASSED" if ok else "FAILED")
-    return 0 if ok else 1
+    return tl.run_test(args, "tessera-py-health-", run)
 
 
 if __name__ == "__main__":

@@ -29,9 +29,7 @@ Exits 0 on success, 1 on a failed check.
 import argparse
 import os
 import sys
-import tempfile
 import time
-import traceback
 
 import tessera_testlib as tl
 from tessera_testlib import grpc
@@ -247,20 +245,7 @@ def run(args, scratch):
 def main():
     args = parse_args()
     tl.exit_on_signals()
-    scratch = tl.Scratch("tessera-py-matrix-")
-    ok = False
-    try:
-        tl.generate_stubs(args, tempfile.mkdtemp(dir=scratch.path, prefix="stubs-"))
-        c = run(args, scratch)
-        ok = not c.failures
-        if c.failures:
-            tl.log("%d checks failed:\n  %s" % (len(c.failures), "\n  ".join(c.failures)))
-    except Exception:
-        traceback.print_exc()
-    finally:
-        scratch.close(dump_logs=not ok)
-    tl.log("PASSED" if ok else "FAILED")
-    return 0 if ok else 1
+    return tl.run_test(args, "tessera-py-matrix-", run)
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 
 import grpc
 
@@ -298,6 +299,26 @@ class Scratch:
             log("scratch kept in " + self.path)
         else:
             shutil.rmtree(self.path, ignore_errors=True)
+
+
+def run_test(args, scratch_prefix, run):
+    """A test's main body: generates the stubs into a fresh Scratch, calls run(args, scratch),
+    which returns a Checker, and logs the failed checks and PASSED or FAILED. Returns the exit
+    status (0 or 1); the daemons' logs are printed when it fails."""
+    scratch = Scratch(scratch_prefix)
+    ok = False
+    try:
+        generate_stubs(args, tempfile.mkdtemp(dir=scratch.path, prefix="stubs-"))
+        c = run(args, scratch)
+        ok = not c.failures
+        if c.failures:
+            log("%d checks failed:\n  %s" % (len(c.failures), "\n  ".join(c.failures)))
+    except Exception:
+        traceback.print_exc()
+    finally:
+        scratch.close(dump_logs=not ok)
+    log("PASSED" if ok else "FAILED")
+    return 0 if ok else 1
 
 
 def security_flags(pki, token_file, client_ca=False):
