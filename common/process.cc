@@ -127,18 +127,40 @@ void ConfigureDaemonAllocator() {
   mallopt(M_ARENA_MAX, 1);
 }
 
+namespace {
+
+// MutexResponds helpers still running (WaitForMutexProbes).
+absl::Mutex probes_mu(absl::kConstInit);
+int probes_running ABSL_GUARDED_BY(probes_mu) = 0;
+
+}  // namespace
+
 absl::Status MutexResponds(absl::Mutex* mu, absl::Duration within, absl::string_view what) {
   // A blocking ReaderLock on a helper thread: absl's ReaderTryLock also fails while any thread
   // waits on the mutex (an Await), which daemons' loops do most of the time.
   auto taken = std::make_shared<absl::Notification>();
+  {
+    absl::MutexLock lock(&probes_mu);
+    ++probes_running;
+  }
   std::thread([mu, taken] {
     mu->ReaderLock();
     mu->ReaderUnlock();
     taken->Notify();
+    absl::MutexLock lock(&probes_mu);
+    --probes_running;
   }).detach();
   if (taken->WaitForNotificationWithTimeout(within)) return absl::OkStatus();
   return absl::DeadlineExceededError(
       absl::StrCat(what, " has been held for more than ", absl::FormatDuration(within)));
+}
+
+bool WaitForMutexProbes(absl::Duration timeout) {
+  absl::MutexLock lock(&probes_mu);
+  return probes_mu.AwaitWithTimeout(
+      absl::Condition(
+          +[](int* running) { return *running == 0; }, &probes_running),
+      timeout);
 }
 
 }  // namespace tessera

@@ -64,8 +64,12 @@ void ConfigureDaemonAllocator();
 // OK when `mu` can be taken (shared) within `within`; DEADLINE_EXCEEDED naming `what` otherwise.
 // The daemons' liveness probe for their central lock (systemd::SystemdWatchdog::Start). The lock
 // is taken on a detached helper thread, which goes on waiting after a timeout.
-// REQUIRES: *mu outlives the helper: a lock that lives as long as the daemon.
+// REQUIRES: *mu outlives the helper: call WaitForMutexProbes() before destroying it
+// (SystemdWatchdog::Stop() does).
 absl::Status MutexResponds(absl::Mutex* mu, absl::Duration within, absl::string_view what);
+// Waits until every MutexResponds helper has finished, at most `timeout`; false on timeout (a
+// lock that stays held: the helper then still waits on it).
+bool WaitForMutexProbes(absl::Duration timeout);
 
 }  // namespace tessera
 

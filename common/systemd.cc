@@ -5,6 +5,7 @@
 #include <cstdlib>
 
 #include "absl/strings/str_cat.h"
+#include "common/process.h"
 #include "spdlog/spdlog.h"
 
 namespace tessera::systemd {
@@ -61,6 +62,10 @@ void SystemdWatchdog::Stop() {
   if (!thread_.joinable()) return;
   if (!stop_.HasBeenNotified()) stop_.Notify();
   thread_.join();
+  // The probe's lock helpers must be done before the daemon destroys the locks.
+  if (!WaitForMutexProbes(absl::Seconds(10))) {
+    spdlog::error("systemd watchdog: a liveness probe still waits on a lock after 10 s");
+  }
 }
 
 }  // namespace tessera::systemd

@@ -137,7 +137,10 @@ TEST(SystemdTest, MutexRespondsUnlessHeld) {
   const absl::Time start = absl::Now();
   const absl::Status held = tessera::MutexResponds(mu, absl::Milliseconds(100), "the store lock");
   const absl::Duration took = absl::Now() - start;
+  // Its helper still waits on the lock, and is done soon after the lock is free.
+  EXPECT_FALSE(tessera::WaitForMutexProbes(absl::Milliseconds(50)));
   mu->Unlock();
+  EXPECT_TRUE(tessera::WaitForMutexProbes(absl::Seconds(5)));
   EXPECT_EQ(held.code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_TRUE(absl::StrContains(held.message(), "the store lock has been held for more than"))
       << held;

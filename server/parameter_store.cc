@@ -1076,6 +1076,17 @@ absl::Status ParameterStore::DropJob(absl::string_view job_id) {
     absl::MutexLock lock(&mu_);
     auto it = jobs_.find(job_id);
     if (it == jobs_.end()) {
+      // Not in memory (this process started after the job was created, and nobody restored it),
+      // but its checkpoint files may be on disk: they go too. A job id that is no file name has
+      // none.
+      if (!options_.checkpoint_dir.empty() && ValidateJobId(job_id).ok()) {
+        EnqueueWrite([this, dir = absl::StrCat(options_.checkpoint_dir, "/", job_id)](bool) {
+          std::error_code error;
+          if (std::filesystem::remove_all(dir, error) > 0 && !error) {
+            SyncDirectory(options_.checkpoint_dir).IgnoreError();
+          }
+        });
+      }
       return absl::NotFoundError(absl::StrCat("job_id: unknown job '", job_id, "' on this shard"));
     }
     job = std::move(it->second);

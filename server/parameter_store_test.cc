@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <limits>
 #include <map>
 #include <optional>
@@ -1486,6 +1487,27 @@ TEST(ParameterStoreCheckpointTest, FarStepsAreRefusedAndCancelledWaitersAreDropp
     ASSERT_TRUE(later[i].has_value()) << i;
     EXPECT_EQ(later[i]->code(), absl::StatusCode::kAborted) << i << ": " << *later[i];
   }
+}
+
+// A shard process that restarted holds no job in memory, but the checkpoint files of an ended job
+// are still on disk: DropJob (NOT_FOUND, which settles the coordinator's owed drop) removes them.
+TEST(ParameterStoreCheckpointTest, DropJobOfAJobNotInMemoryRemovesItsFiles) {
+  const std::string dir = MakeCheckpointDir();
+  {
+    ParameterStore store(CheckpointOptions(dir));
+    ASSERT_TRUE(store.CreateJobState(CheckpointJob("job-z")).ok());
+    PushStep(store, "job-z", 0, 1, 1);
+    const absl::StatusOr<v1::CheckpointResponse> written = CheckpointAndWait(store, "job-z", 1);
+    ASSERT_TRUE(written.ok()) << written.status();
+  }
+  ASSERT_TRUE(std::filesystem::exists(dir + "/job-z"));
+  {
+    ParameterStore restarted(CheckpointOptions(dir));
+    EXPECT_EQ(restarted.DropJob("job-z").code(), absl::StatusCode::kNotFound);
+    EXPECT_EQ(restarted.DropJob("..").code(), absl::StatusCode::kNotFound);  // no file name
+  }  // the writer thread has run the removal
+  EXPECT_FALSE(std::filesystem::exists(dir + "/job-z"));
+  EXPECT_TRUE(std::filesystem::exists(dir));
 }
 
 // A refused Checkpoint is answered with no store lock held: its callback may call the store again

@@ -333,6 +333,7 @@ void Coordinator::Stop() {
     if (stopping_ && !thread_.joinable()) return;
     stopping_ = true;
   }
+  ticks_stopped_.store(true, std::memory_order_relaxed);
   // The shard calls in flight (a Checkpoint long-polls for up to checkpoint_timeout, a Restore
   // reads a file) end now, so the joins below do not wait for their deadlines.
   shards_->CancelAll();
@@ -374,7 +375,7 @@ void Coordinator::Run() {
 absl::Status Coordinator::CheckLive(absl::Duration max_tick_age) const {
   TESSERA_RETURN_IF_ERROR(MutexResponds(&mu_, absl::Seconds(5), "the coordinator's lock"));
   const int64_t last = last_tick_ns_.load(std::memory_order_relaxed);
-  if (last == 0) return absl::OkStatus();
+  if (last == 0 || ticks_stopped_.load(std::memory_order_relaxed)) return absl::OkStatus();
   const absl::Duration age = absl::Nanoseconds(absl::GetCurrentTimeNanos() - last);
   if (age > max_tick_age) {
     return absl::DeadlineExceededError(absl::StrCat(
@@ -471,21 +472,22 @@ std::string Coordinator::WorkerName(const v1::JobWorker& worker) const {
 
 void Coordinator::RecordAssign(MemberEntry& member, const v1::TaskEvent& event) {
   member.assign = event;
-  member.assign_sent = false;
+  member.assign_durable = false;
 }
 
 void Coordinator::SendAssigns(const std::vector<std::pair<std::string, v1::TaskEvent>>& assigns) {
   absl::MutexLock lock(&mu_);
   for (const auto& [member_id, event] : assigns) {
     MemberEntry* member = FindMember(member_id);
-    if (member == nullptr || !member->assign.has_value() || member->stream == nullptr) continue;
+    if (member == nullptr || !member->assign.has_value()) continue;
     const v1::Task& current = member->assign->assign();
     if (current.job_id() != event.assign().job_id() || current.rank() != event.assign().rank() ||
-        current.incarnation() != event.assign().incarnation()) {
-      continue;  // released or reassigned meanwhile
+        current.incarnation() != event.assign().incarnation() || !StillAssigned(*member)) {
+      continue;  // released, reassigned or ended meanwhile
     }
-    member->assign_sent = true;
-    member->stream->Send(event);
+    member->assign_durable = true;
+    // Without a stream now, the next one the worker opens gets it (OpenTaskStream).
+    if (member->stream != nullptr) member->stream->Send(event);
   }
 }
 
@@ -494,19 +496,20 @@ bool Coordinator::StillAssigned(const MemberEntry& member) {
   const v1::Task& task = member.assign->assign();
   if (member.member.job_id() != task.job_id()) return false;
   const JobEntry* entry = FindJob(task.job_id());
-  if (entry == nullptr || entry->job.state() != v1::JOB_STATE_RUNNING || task.rank() < 0 ||
-      task.rank() >= entry->job.workers_size()) {
+  if (entry == nullptr || entry->job.state() != v1::JOB_STATE_RUNNING ||
+      !entry->job.recovery().empty() || entry->stopped_members.count(member.member.id()) > 0 ||
+      task.rank() < 0 || task.rank() >= entry->job.workers_size()) {
     return false;
   }
   const v1::JobWorker& worker = entry->job.workers(task.rank());
   return worker.member_id() == member.member.id() && worker.incarnation() == task.incarnation() &&
-         !worker.lost();
+         !worker.lost() && !worker.done();
 }
 
 void Coordinator::ReleaseWorker(MemberEntry& member, const std::string& job_id) {
   if (member.member.job_id() != job_id) return;
   member.assign.reset();
-  member.assign_sent = false;
+  member.assign_durable = false;
   member.member.clear_job_id();
   member.member.clear_rank();
   if (member.member.state() == v1::MEMBER_STATE_BUSY) {
@@ -895,7 +898,7 @@ absl::Status Coordinator::OpenTaskStream(const std::string& member_id,
   }
   member->stream = std::move(stream);
   member->member.set_last_seen_ms(NowMs());
-  if (member->assign.has_value() && member->assign_sent && StillAssigned(*member)) {
+  if (member->assign.has_value() && member->assign_durable && StillAssigned(*member)) {
     const v1::Task& task = member->assign->assign();
     spdlog::info("coordinator: {}: new task stream; sending job {} rank {} incarnation {} again",
                  member_id, task.job_id(), task.rank(), task.incarnation());
@@ -1236,11 +1239,23 @@ void Coordinator::SetPendingReason(JobEntry& entry, const std::string& reason) {
 
 void Coordinator::QueueDrop(const std::string& address, const std::string& job_id) {
   ShardDrop drop{address, job_id};
-  if (drops_.emplace(drop, DropRetry{}).second) pending_.drops.push_back(std::move(drop));
+  // A settle of the same drop still waiting in this batch must not delete the row (a batch
+  // deletes after it inserts).
+  pending_.removed_drops.erase(
+      std::remove(pending_.removed_drops.begin(), pending_.removed_drops.end(), drop),
+      pending_.removed_drops.end());
+  auto [it, added] = drops_.emplace(drop, DropRetry{});
+  if (!added) {
+    // Owed again, perhaps while a call for it runs (a Restore recreated the job): that call
+    // does not settle it.
+    ++it->second.generation;
+    it->second.next_try_ms = 0;
+  }
+  pending_.drops.push_back(std::move(drop));
 }
 
 void Coordinator::RunShardDrops() {
-  std::vector<ShardDrop> due;
+  std::vector<std::pair<ShardDrop, uint64_t>> due;  // with the generation it had
   {
     absl::MutexLock lock(&mu_);
     if (drops_.empty()) return;
@@ -1254,30 +1269,49 @@ void Coordinator::RunShardDrops() {
     }
     const int64_t now = NowMs();
     for (const auto& [drop, retry] : drops_) {
-      if (retry.next_try_ms <= now && live.count(drop.address) > 0) due.push_back(drop);
+      if (retry.next_try_ms <= now && live.count(drop.address) > 0) {
+        due.emplace_back(drop, retry.generation);
+      }
     }
   }
-  // Unlocked: RPCs.
-  std::vector<absl::Status> results;
-  results.reserve(due.size());
-  for (const ShardDrop& drop : due) results.push_back(shards_->DropJob(drop.address, drop.job_id));
+  // Unlocked: RPCs. After a failure the address's other drops wait for its backoff, so a shard
+  // that cannot be called costs one deadline per tick, not one per drop.
+  std::vector<absl::Status> results(due.size(), absl::CancelledError("not tried"));
+  std::set<std::string> failed;
+  for (size_t i = 0; i < due.size(); ++i) {
+    const ShardDrop& drop = due[i].first;
+    if (failed.count(drop.address) > 0) continue;
+    results[i] = shards_->DropJob(drop.address, drop.job_id);
+    if (!results[i].ok() && results[i].code() != absl::StatusCode::kNotFound) {
+      failed.insert(drop.address);
+    }
+  }
   absl::MutexLock lock(&mu_);
   const int64_t now = NowMs();
   for (size_t i = 0; i < due.size(); ++i) {
-    auto it = drops_.find(due[i]);
+    const auto& [drop, generation] = due[i];
+    auto it = drops_.find(drop);
     if (it == drops_.end()) continue;
     const absl::Status& status = results[i];
     if (status.ok() || status.code() == absl::StatusCode::kNotFound) {
-      pending_.removed_drops.push_back(it->first);
+      if (it->second.generation != generation) continue;  // owed again meanwhile
+      pending_.drops.erase(std::remove(pending_.drops.begin(), pending_.drops.end(), drop),
+                           pending_.drops.end());
+      pending_.removed_drops.push_back(drop);
       drops_.erase(it);
       continue;
     }
-    DropRetry& retry = it->second;
-    retry.backoff_ms =
-        std::clamp<int64_t>(2 * retry.backoff_ms, 1000, absl::ToInt64Milliseconds(kMaxDropBackoff));
-    retry.next_try_ms = now + retry.backoff_ms;
+    if (status.code() == absl::StatusCode::kCancelled) continue;  // not tried this round
+    // The backoff applies to every drop the address is owed.
+    const int64_t backoff = std::clamp<int64_t>(2 * it->second.backoff_ms, 1000,
+                                                absl::ToInt64Milliseconds(kMaxDropBackoff));
+    for (auto& [other, retry] : drops_) {
+      if (other.address != drop.address) continue;
+      retry.backoff_ms = backoff;
+      retry.next_try_ms = now + backoff;
+    }
     spdlog::warn("coordinator: dropping job {} on shard {} failed, trying again in {}: {}",
-                 due[i].job_id, due[i].address, SecondsText(absl::Milliseconds(retry.backoff_ms)),
+                 drop.job_id, drop.address, SecondsText(absl::Milliseconds(backoff)),
                  status.ToString());
   }
 }

@@ -8,7 +8,8 @@
 // after releasing it (FlushWrites: writers take turns on a second mutex, so rows land in the order
 // they were queued). A call that changed state returns only once its rows are durable.
 //
-// Tick() does the periodic work: the DropJob calls queued by cancels and failures, one scheduling
+// Tick() does the periodic work: the owed DropJob calls (ended jobs, retained weights that go;
+// kept in SQLite and retried with a backoff per shard address until settled), one scheduling
 // pass (strict FIFO gang scheduling of the oldest PENDING job), lease expiry, the restart grace
 // for RUNNING jobs, throttled progress writes, and the fault-tolerance actions (DESIGN.md §7,
 // docs/coordinator.md "Fault tolerance"): committing the automatic checkpoints, recovering a job
@@ -86,7 +87,8 @@ class ShardControl {
 };
 
 // A worker's WatchTasks stream as the coordinator sees it. Implementations never block: Send
-// queues. Thread-safe.
+// queues. Thread-safe. The coordinator calls Send and Close while holding its own lock, so they
+// must never call into the coordinator.
 class TaskStream {
  public:
   virtual ~TaskStream() = default;
@@ -253,11 +255,12 @@ class Coordinator {
     int64_t n = 0;  // the number in "s-<n>"/"w-<n>"
     v1::Member member;
     std::shared_ptr<TaskStream> stream;
-    // The worker's current assignment (until it is released), and whether it has been sent: a
-    // task stream that replaces another gets it again, since the old one may have taken it to
-    // a worker that was no longer reading (the worker ignores an assignment it already runs).
+    // The worker's current assignment (until it is released), and whether the records that make
+    // it durable are written (SendAssigns): from then on a task stream that replaces another gets
+    // it again, since the old one may have taken it to a worker that was no longer reading, or
+    // there was no stream when it was due (the worker ignores an assignment it already runs).
     std::optional<v1::TaskEvent> assign;
-    bool assign_sent = false;
+    bool assign_durable = false;
   };
   struct JobEntry {
     int64_t n = 0;
@@ -320,10 +323,12 @@ class Coordinator {
     std::vector<uint32_t> live_ranks;  // without `rank`
     MembershipLayers resend;           // sent before the join (empty: none)
   };
-  // When an owed DropJob is tried next (ShardDrop is the store's).
+  // When an owed DropJob is tried next (ShardDrop is the store's), and how often it was queued:
+  // a drop queued again while its call ran (a Restore recreated the job) is not settled by it.
   struct DropRetry {
     int64_t next_try_ms = 0;
     int64_t backoff_ms = 0;  // 0: never failed
+    uint64_t generation = 0;
   };
 
   Coordinator(const CoordinatorOptions& options, JobStore* store, ShardControl* shards);
@@ -356,13 +361,14 @@ class Coordinator {
   // (except `except_member`), queues DropJob on its shards.
   void EndJob(JobEntry& entry, v1::JobState state, const std::string& reason,
               const std::string& except_member) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Whether the member's recorded assignment is still its rank's current one in a RUNNING job.
+  // Whether the member's recorded assignment is still its rank's current one in a RUNNING job
+  // that is not recovering, and the member has not finished it.
   bool StillAssigned(const MemberEntry& member) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Records `event` as the member's assignment, to be sent by SendAssigns once durable.
   void RecordAssign(MemberEntry& member, const v1::TaskEvent& event)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Sends each (member id, assign) on the member's current task stream, unless the member has
-  // been released or given another assignment since.
+  // Marks each (member id, assign) durable and sends it on the member's current task stream (if
+  // any), unless it is no longer StillAssigned (released, reassigned, the job ended meanwhile).
   void SendAssigns(const std::vector<std::pair<std::string, v1::TaskEvent>>& assigns)
       ABSL_LOCKS_EXCLUDED(mu_);
   // A worker back to READY (when it is BUSY with `job_id`).
@@ -451,6 +457,7 @@ class Coordinator {
   // When the tick loop last finished a tick (or started), in absl::GetCurrentTimeNanos(); 0
   // before Start().
   std::atomic<int64_t> last_tick_ns_{0};
+  std::atomic<bool> ticks_stopped_{false};  // Stop() ran: CheckLive no longer asks for ticks
 
   struct ActionThread {
     std::thread thread;

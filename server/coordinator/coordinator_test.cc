@@ -616,6 +616,37 @@ TEST_F(CoordinatorTest, OwedDropsAreRetriedAndSurviveARestart) {
   EXPECT_EQ(shards_.dropped.size(), 3u);  // settled: never called again
 }
 
+// A shard that fails a DropJob costs one call per round: its other owed drops wait for the same
+// backoff instead of each running into the failure.
+TEST_F(CoordinatorTest, OneFailedDropBacksOffTheWholeAddress) {
+  RegisterShard(0);
+  RegisterWorker("host-a");
+  RegisterWorker("host-b");
+  const std::string first = StartTwoWorkerJob("a");
+  ASSERT_TRUE(coordinator_->CancelJob(first).ok());
+  shards_.drop_fail["127.0.0.1:4000"] = absl::DeadlineExceededError("no answer");
+  coordinator_->Tick();  // the first drop fails; the workers stay BUSY until they report
+  ASSERT_EQ(shards_.dropped.size(), 1u);
+  for (const std::string& w : {std::string("w-1"), std::string("w-2")}) {
+    Report(w, first, w == "w-1" ? 0 : 1, v1::TASK_PHASE_FAILED, 1);
+  }
+  const std::string second = StartTwoWorkerJob("b");
+  ASSERT_TRUE(coordinator_->CancelJob(second).ok());
+  now_ms_ += 1000;
+  coordinator_->Tick();  // both due: one call, the other waits with it
+  EXPECT_EQ(shards_.dropped.size(), 2u);
+  now_ms_ += 1999;
+  coordinator_->Tick();
+  EXPECT_EQ(shards_.dropped.size(), 2u);
+  shards_.drop_fail.clear();
+  now_ms_ += 1;
+  coordinator_->Tick();  // the address's backoff is over: both settle
+  EXPECT_EQ(shards_.dropped.size(), 4u);
+  auto owed = store_->LoadDrops();
+  ASSERT_TRUE(owed.ok()) << owed.status();
+  EXPECT_TRUE(owed->empty());
+}
+
 // The watchdog's probe: OK while the tick loop turns, DEADLINE_EXCEEDED while a tick hangs.
 TEST_F(CoordinatorTest, CheckLiveFailsWhileATickHangs) {
   EXPECT_TRUE(coordinator_->CheckLive(absl::Milliseconds(200)).ok());  // not started: no loop

@@ -395,6 +395,14 @@ void WorkerDaemon::HandleEvent(const v1::TaskEvent& event) {
       }
       busy_with = task_.job_id();
     } else {
+      if (finished_.has_value() && finished_->job_id() == task.job_id() &&
+          finished_->rank() == task.rank() && finished_->incarnation() == task.incarnation()) {
+        // The coordinator sends the assignment again on a new task stream; this one has ended
+        // here already, and a new incarnation is what would run it again.
+        spdlog::info("job {}: ignoring rank {} incarnation {} again: it has ended here",
+                     task.job_id(), task.rank(), task.incarnation());
+        return;
+      }
       // The previous task thread has finished its work; reap it before starting the next.
       if (task_thread_.joinable()) task_thread_.join();
       task_running_ = true;
@@ -564,6 +572,7 @@ void WorkerDaemon::RunTask(v1::Task task) {
   trainer.reset();
   absl::MutexLock lock(&mu_);
   task_running_ = false;
+  finished_ = task_;
   trainer_ = nullptr;
 }
 

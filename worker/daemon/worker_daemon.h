@@ -150,6 +150,8 @@ class WorkerDaemon {
   // have freed this worker and assign the next task while the trainer still winds down.
   bool terminal_reported_ ABSL_GUARDED_BY(mu_) = false;
   v1::Task task_ ABSL_GUARDED_BY(mu_);
+  // The last task that ended here: an assignment of it again is ignored.
+  std::optional<v1::Task> finished_ ABSL_GUARDED_BY(mu_);
   Stats stats_ ABSL_GUARDED_BY(mu_);
   bool cancel_requested_ ABSL_GUARDED_BY(mu_) = false;
   std::string cancel_reason_ ABSL_GUARDED_BY(mu_);

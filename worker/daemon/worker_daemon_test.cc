@@ -292,6 +292,24 @@ TEST_F(WorkerDaemonTest, RegistersTrainsTheTaskAndReportsSuccess) {
         return r.phase() == v1::TASK_PHASE_SUCCEEDED && r.job_id() == "job-2";
       },
       absl::Seconds(20)));
+  // The same assignment again (a task stream that replaced another) once it has ended here: not
+  // run again. job-3, sent after it, shows the worker has handled it.
+  auto count = [this](const std::string& job) {
+    int n = 0;
+    for (const v1::ProgressReport& r : coordinator_.reports()) n += r.job_id() == job ? 1 : 0;
+    return n;
+  };
+  const int job2_reports = count("job-2");
+  while (!daemon->current_job().empty() && absl::Now() < idle + absl::Seconds(20))
+    absl::SleepFor(absl::Milliseconds(5));
+  coordinator_.Send(Assign("job-2", 1));
+  coordinator_.Send(Assign("job-3", 1));
+  EXPECT_TRUE(coordinator_.WaitReport(
+      [](const v1::ProgressReport& r) {
+        return r.phase() == v1::TASK_PHASE_SUCCEEDED && r.job_id() == "job-3";
+      },
+      absl::Seconds(20)));
+  EXPECT_EQ(count("job-2"), job2_reports);
   daemon->Stop();
   EXPECT_EQ(coordinator_.deregistered(), "w-1");
 }
