@@ -21,18 +21,12 @@ class AuthFailuresCollectable final : public prometheus::Collectable {
  public:
   std::vector<prometheus::MetricFamily> Collect() const override {
     const AuthFailureCounts counts = AuthFailures();
-    prometheus::MetricFamily family;
-    family.name = "tessera_auth_failures_total";
-    family.help = "Calls refused UNAUTHENTICATED for their bearer token, by reason";
-    family.type = prometheus::MetricType::Counter;
-    for (const auto& [reason, value] :
-         {std::pair<const char*, uint64_t>{"missing_token", counts.missing_token},
-          {"bad_token", counts.bad_token}}) {
-      prometheus::ClientMetric metric;
-      metric.label.push_back({"reason", reason});
-      metric.counter.value = static_cast<double>(value);
-      family.metric.push_back(std::move(metric));
-    }
+    prometheus::MetricFamily family =
+        MetricFamilyOf("tessera_auth_failures_total",
+                       "Calls refused UNAUTHENTICATED for their bearer token, by reason",
+                       prometheus::MetricType::Counter);
+    AddSample(&family, static_cast<double>(counts.missing_token), {{"reason", "missing_token"}});
+    AddSample(&family, static_cast<double>(counts.bad_token), {{"reason", "bad_token"}});
     return {std::move(family)};
   }
 };

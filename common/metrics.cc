@@ -496,4 +496,25 @@ Metrics::NewServerInterceptorFactory() {
 
 std::string Metrics::Serialize() const { return impl_->Serialize(); }
 
+prometheus::MetricFamily MetricFamilyOf(const std::string& name, const std::string& help,
+                                        prometheus::MetricType type) {
+  prometheus::MetricFamily family;
+  family.name = name;
+  family.help = help;
+  family.type = type;
+  return family;
+}
+
+void AddSample(prometheus::MetricFamily* family, double value,
+               std::vector<prometheus::ClientMetric::Label> labels) {
+  prometheus::ClientMetric metric;
+  metric.label = std::move(labels);
+  if (family->type == prometheus::MetricType::Counter) {
+    metric.counter.value = value;
+  } else {
+    metric.gauge.value = value;
+  }
+  family->metric.push_back(std::move(metric));
+}
+
 }  // namespace tessera

@@ -29,10 +29,12 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "grpcpp/support/server_interceptor.h"
 #include "prometheus/collectable.h"
+#include "prometheus/metric_family.h"
 #include "prometheus/registry.h"
 
 namespace tessera {
@@ -78,6 +80,16 @@ class Metrics {
   explicit Metrics(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
+
+// Building blocks for the collectables that read a daemon's state at scrape time
+// (server/shard_metrics.cc, server/coordinator/coordinator_metrics.cc,
+// worker/daemon/worker_metrics.cc). A family with no samples yet.
+prometheus::MetricFamily MetricFamilyOf(const std::string& name, const std::string& help,
+                                        prometheus::MetricType type);
+// Appends a sample with `labels` to `family`: a counter's value for a Counter family, a gauge's
+// otherwise (not for histograms).
+void AddSample(prometheus::MetricFamily* family, double value,
+               std::vector<prometheus::ClientMetric::Label> labels = {});
 
 }  // namespace tessera
 

@@ -5,30 +5,17 @@
 #include <utility>
 #include <vector>
 
+#include "common/metrics.h"
 #include "prometheus/client_metric.h"
 #include "prometheus/metric_family.h"
 
 namespace tessera::server {
 namespace {
 
-prometheus::MetricFamily Family(const char* name, const char* help, prometheus::MetricType type) {
-  prometheus::MetricFamily family;
-  family.name = name;
-  family.help = help;
-  family.type = type;
-  return family;
-}
-
 prometheus::MetricFamily Scalar(const char* name, const char* help, prometheus::MetricType type,
                                 int64_t value) {
-  prometheus::MetricFamily family = Family(name, help, type);
-  prometheus::ClientMetric metric;
-  if (type == prometheus::MetricType::Counter) {
-    metric.counter.value = static_cast<double>(value);
-  } else {
-    metric.gauge.value = static_cast<double>(value);
-  }
-  family.metric.push_back(std::move(metric));
+  prometheus::MetricFamily family = MetricFamilyOf(name, help, type);
+  AddSample(&family, static_cast<double>(value));
   return family;
 }
 
@@ -84,18 +71,18 @@ class ShardCollectable final : public prometheus::Collectable {
                          "Push slices skipped for NaN or Inf values (non_finite_policy SKIP).",
                          MetricType::Counter, s.skipped_non_finite));
     prometheus::MetricFamily wait =
-        Family("tessera_shard_gate_wait_seconds",
-               "Seconds a gated pull waited at its job's consistency gate (BSP: the step's "
-               "update; SSP: the slowest worker).",
-               MetricType::Histogram);
+        MetricFamilyOf("tessera_shard_gate_wait_seconds",
+                       "Seconds a gated pull waited at its job's consistency gate (BSP: the step's "
+                       "update; SSP: the slowest worker).",
+                       MetricType::Histogram);
     wait.metric.push_back(Histogram(s.bsp_wait_ns, 1e-9, {{"consistency", "bsp"}}));
     wait.metric.push_back(Histogram(s.ssp_wait_ns, 1e-9, {{"consistency", "ssp"}}));
     out.push_back(std::move(wait));
     prometheus::MetricFamily staleness =
-        Family("tessera_shard_ssp_staleness_steps",
-               "SSP: steps between a push and the slowest live worker's clock, per applied "
-               "push slice.",
-               MetricType::Histogram);
+        MetricFamilyOf("tessera_shard_ssp_staleness_steps",
+                       "SSP: steps between a push and the slowest live worker's clock, per applied "
+                       "push slice.",
+                       MetricType::Histogram);
     staleness.metric.push_back(Histogram(s.ssp_staleness, 1, {}));
     out.push_back(std::move(staleness));
     return out;

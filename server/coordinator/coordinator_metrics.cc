@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "absl/strings/ascii.h"
+#include "common/metrics.h"
 #include "prometheus/client_metric.h"
 #include "prometheus/metric_family.h"
 
@@ -19,19 +20,12 @@ std::string Lower(const std::string& name, const std::string& prefix) {
 }
 
 prometheus::MetricFamily Gauges(const char* name, const char* help) {
-  prometheus::MetricFamily family;
-  family.name = name;
-  family.help = help;
-  family.type = prometheus::MetricType::Gauge;
-  return family;
+  return MetricFamilyOf(name, help, prometheus::MetricType::Gauge);
 }
 
 void Add(prometheus::MetricFamily* family, std::vector<prometheus::ClientMetric::Label> labels,
          double value) {
-  prometheus::ClientMetric metric;
-  metric.label = std::move(labels);
-  metric.gauge.value = value;
-  family->metric.push_back(std::move(metric));
+  AddSample(family, value, std::move(labels));
 }
 
 class CoordinatorCollectable final : public prometheus::Collectable {
@@ -66,17 +60,14 @@ class CoordinatorCollectable final : public prometheus::Collectable {
                "the last evaluation.");
     prometheus::MetricFamily checkpoint = Gauges(
         "tessera_job_checkpoint_step", "Step of the job's newest committed checkpoint (0: none).");
-    prometheus::MetricFamily recoveries;
-    recoveries.name = "tessera_job_recoveries_total";
-    recoveries.help = "Times the job was rewound to a checkpoint after a shard was lost.";
-    recoveries.type = prometheus::MetricType::Counter;
+    prometheus::MetricFamily recoveries =
+        MetricFamilyOf("tessera_job_recoveries_total",
+                       "Times the job was rewound to a checkpoint after a shard was lost.",
+                       prometheus::MetricType::Counter);
     for (const CoordinatorMetricsSnapshot::JobProgress& p : s.progress) {
       const prometheus::ClientMetric::Label job{"job", p.job_id};
       Add(&checkpoint, {job}, static_cast<double>(p.checkpoint_step));
-      prometheus::ClientMetric count;
-      count.label = {job};
-      count.counter.value = static_cast<double>(p.recoveries);
-      recoveries.metric.push_back(std::move(count));
+      AddSample(&recoveries, static_cast<double>(p.recoveries), {job});
       Add(&step, {job}, static_cast<double>(p.step));
       Add(&total, {job}, static_cast<double>(p.total_steps));
       Add(&rate, {job}, p.step_rate);
