@@ -264,8 +264,9 @@ void TcpProxy::Run() {
       timeout_ms = static_cast<int>(absl::ToInt64Milliseconds(
           absl::Ceil(std::max(next_due - now, absl::ZeroDuration()), absl::Milliseconds(1))));
     }
-    // A cut request is carried out right away, below.
-    bool any_cut = false;
+    // A cut request is carried out right away, below. One that found no connection to cut must
+    // not wait either: with no traffic left, poll would block and CutAll() would never return.
+    bool any_cut = cut_request != 0;
     for (const Connection& c : conns) any_cut |= c.cut;
     if (any_cut) timeout_ms = 0;
     if (poll(fds.data(), fds.size(), timeout_ms) < 0 && errno != EINTR) break;

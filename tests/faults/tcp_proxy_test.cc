@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
 
@@ -209,6 +210,37 @@ TEST(TcpProxyTest, CutAllResetsOpenConnectionsAndNewOnesWork) {
   close(c);
   EXPECT_EQ(proxy->counters().cuts, 2);
   EXPECT_EQ(proxy->counters().connections, 3);
+}
+
+// With no connection open and no traffic coming, a cut has nothing to wait for: it returns 0 at
+// once. A setting changed just before it (one wake-up of the proxy's loop for both) made the loop
+// take the cut on its next pass and then wait for traffic that never came.
+TEST(TcpProxyTest, CutAllWithNoConnectionReturnsAtOnce) {
+  EchoServer echo;
+  auto proxy = StartProxy(echo.port());
+  ASSERT_NE(proxy, nullptr);
+  constexpr int kCuts = 200;
+  auto cut_sum = std::make_shared<std::atomic<int>>(0);
+  auto cuts_done = std::make_shared<std::atomic<int>>(0);
+  auto done = std::make_shared<absl::Notification>();
+  std::thread([p = proxy.get(), cut_sum, cuts_done, done] {
+    for (int i = 0; i < kCuts; ++i) {
+      p->SetRefuseNewConnections(i % 2 == 0);
+      cut_sum->fetch_add(p->CutAll());
+      cuts_done->fetch_add(1);
+    }
+    done->Notify();
+  }).detach();
+  const bool returned = done->WaitForNotificationWithTimeout(absl::Seconds(10));
+  const int returned_before_stop = cuts_done->load();
+  // Stop() wakes a CutAll() that is stuck, so that the thread ends before the proxy goes; the
+  // later calls then return 0 at once.
+  if (!returned) proxy->Stop();
+  done->WaitForNotification();
+  EXPECT_TRUE(returned) << "a CutAll() with no connection waited for traffic, after "
+                        << returned_before_stop << " of " << kCuts << " returned";
+  EXPECT_EQ(cut_sum->load(), 0);
+  EXPECT_EQ(proxy->counters().cuts, 0);
 }
 
 TEST(TcpProxyTest, CutProbabilityOneCutsAfterTheFirstChunk) {
