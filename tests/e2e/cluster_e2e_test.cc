@@ -12,10 +12,8 @@
 //    every job with its last state.
 //
 // Every wait is bounded in time. Skips (with a message) only when Fashion-MNIST is missing.
-#include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -25,7 +23,6 @@
 #include <memory>
 #include <ostream>
 #include <set>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -42,6 +39,8 @@
 #include "google/protobuf/text_format.h"
 #include "google/protobuf/util/json_util.h"
 #include "gtest/gtest.h"
+#include "tests/testlib/child_process.h"
+#include "tests/testlib/fashion_mnist.h"
 #include "worker/trainer/job_spec.h"
 
 #ifndef TESSERA_BIN_DIR
@@ -54,124 +53,31 @@
 #define TESSERA_PYTHON "python3"
 #endif
 
-extern char** environ;
-
 namespace tessera {
 namespace {
 
 using cli::CoordinatorClient;
 using cli::LocalCluster;
-
-constexpr char kDatasetDir[] = "/usr/share/datasets/fashion-mnist";
+using testlib::ChildProcess;
+using testlib::CommandResult;
+using testlib::kFashionMnistDir;
+using testlib::ReadWholeFile;
+using testlib::ScratchDirectory;
+using testlib::WaitChild;
 
 std::string Tessera() { return absl::StrCat(TESSERA_BIN_DIR, "/tessera"); }
 
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+// The `tessera` CLI gets this process's environment as it is.
+testlib::SpawnOptions InheritAll() {
+  testlib::SpawnOptions options;
+  options.scrub_environment = false;
+  return options;
 }
 
-bool HaveDataset() {
-  for (const char* f : {"train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz",
-                        "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"}) {
-    if (access(absl::StrCat(kDatasetDir, "/", f).c_str(), R_OK) != 0) return false;
-  }
-  return true;
-}
-
-#define SKIP_WITHOUT_DATASET()                                                             \
-  if (!HaveDataset()) {                                                                    \
-    GTEST_SKIP()                                                                           \
-        << "Fashion-MNIST is not installed in " << kDatasetDir                             \
-        << " (Debian package dataset-fashion-mnist; scripts/install-deps.sh installs it)"; \
-  }
-
-// A process started by the test, with stdout and stderr in files.
-struct Process {
-  pid_t pid = -1;
-  std::string out_path;
-  std::string err_path;
-};
-
-// A scratch directory, removed at the end.
-class ScratchDir {
- public:
-  ScratchDir() {
-    char tmpl[] = "/tmp/tessera-e2e-XXXXXX";
-    if (mkdtemp(tmpl) != nullptr) path_ = tmpl;
-  }
-  ~ScratchDir() {
-    std::error_code ec;
-    if (!path_.empty()) std::filesystem::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
-
-Process Spawn(const std::vector<std::string>& args, const std::string& dir,
-              const std::string& tag) {
-  Process p;
-  p.out_path = absl::StrCat(dir, "/", tag, ".out");
-  p.err_path = absl::StrCat(dir, "/", tag, ".err");
-  std::vector<std::string> copy = args;
-  std::vector<char*> argv;
-  for (std::string& a : copy) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  const pid_t pid = fork();
-  if (pid == 0) {
-    // Only async-signal-safe calls between fork and exec (the test process has gRPC threads).
-    const int out = open(p.out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    const int err = open(p.err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (out < 0 || err < 0) _exit(126);
-    dup2(out, STDOUT_FILENO);
-    dup2(err, STDERR_FILENO);
-    execve(argv[0], argv.data(), environ);
-    _exit(127);
-  }
-  p.pid = pid;
-  return p;
-}
-
-// Waits up to `timeout` for `p`; returns its exit status (128 + signal when killed by one), or
-// -1 after killing it on timeout.
-int Wait(Process* p, absl::Duration timeout) {
-  const absl::Time deadline = absl::Now() + timeout;
-  int status = 0;
-  for (;;) {
-    const pid_t r = waitpid(p->pid, &status, WNOHANG);
-    if (r == p->pid) break;
-    if (absl::Now() > deadline) {
-      kill(p->pid, SIGKILL);
-      waitpid(p->pid, &status, 0);
-      p->pid = -1;
-      return -1;
-    }
-    absl::SleepFor(absl::Milliseconds(20));
-  }
-  p->pid = -1;
-  if (WIFEXITED(status)) return WEXITSTATUS(status);
-  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
-  return -2;
-}
-
-struct Result {
-  int code = 0;
-  std::string out;
-  std::string err;
-};
-
-Result RunCommand(const std::vector<std::string>& args, const std::string& dir,
-                  const std::string& tag, absl::Duration timeout = absl::Seconds(30)) {
-  Process p = Spawn(args, dir, tag);
-  Result r;
-  r.code = Wait(&p, timeout);
-  r.out = ReadFile(p.out_path);
-  r.err = ReadFile(p.err_path);
-  return r;
+// `args` run to their end (at most `timeout`) with this process's whole environment.
+CommandResult RunCommand(const std::vector<std::string>& args, const std::string& dir,
+                         const std::string& tag, absl::Duration timeout = absl::Seconds(30)) {
+  return testlib::RunToEnd(args, dir, tag, InheritAll(), timeout);
 }
 
 std::string LastLine(const std::string& text) {
@@ -214,7 +120,7 @@ std::vector<pid_t> ChildrenOf(pid_t parent) {
   for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
     int pid = 0;
     if (!absl::SimpleAtoi(entry.path().filename().string(), &pid)) continue;
-    const std::string stat = ReadFile(absl::StrCat("/proc/", pid, "/stat"));
+    const std::string stat = ReadWholeFile(absl::StrCat("/proc/", pid, "/stat"));
     const size_t paren = stat.rfind(')');
     if (paren == std::string::npos) continue;
     std::vector<std::string> fields = absl::StrSplit(stat.substr(paren + 2), ' ');
@@ -295,8 +201,8 @@ void PrintTo(const ModeCase& c, std::ostream* os) { *os << c.name; }
 class TrainE2eTest : public ::testing::TestWithParam<ModeCase> {};
 
 TEST_P(TrainE2eTest, LocalTrainsExportsAndTheExportScoresTheSame) {
-  SKIP_WITHOUT_DATASET();
-  ScratchDir dir;
+  TESSERA_SKIP_WITHOUT_FASHION_MNIST();
+  ScratchDirectory dir("tessera-e2e");
   ASSERT_FALSE(dir.path().empty());
   v1::JobSpec spec = ExampleSpec();
   spec.set_consistency(GetParam().consistency);
@@ -305,9 +211,10 @@ TEST_P(TrainE2eTest, LocalTrainsExportsAndTheExportScoresTheSame) {
   const std::string model = dir.path() + "/model.safetensors";
 
   const absl::Time start = absl::Now();
-  Result r = RunCommand({Tessera(), "local", "--job", spec_path, "--shards", "2", "--workers", "2",
-                         "--threads", "1", "--out", model, "--output", "json"},
-                        dir.path(), "local", absl::Seconds(240));
+  CommandResult r =
+      RunCommand({Tessera(), "local", "--job", spec_path, "--shards", "2", "--workers", "2",
+                  "--threads", "1", "--out", model, "--output", "json"},
+                 dir.path(), "local", absl::Seconds(240));
   const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
   ASSERT_EQ(r.code, 0) << "stderr:\n" << r.err << "\nstdout:\n" << r.out;
   v1::Job job;
@@ -341,11 +248,11 @@ TEST_P(TrainE2eTest, LocalTrainsExportsAndTheExportScoresTheSame) {
               static_cast<long long>(job.step()), job.samples_per_second(), seconds);
 
   ASSERT_TRUE(std::filesystem::exists(model)) << r.err;
-  Result score = RunCommand(
+  CommandResult score = RunCommand(
       {TESSERA_PYTHON, absl::StrCat(TESSERA_SOURCE_DIR, "/tests/e2e/score_safetensors.py"),
-       "--model", model, "--images", absl::StrCat(kDatasetDir, "/t10k-images-idx3-ubyte.gz"),
-       "--labels", absl::StrCat(kDatasetDir, "/t10k-labels-idx1-ubyte.gz"), "--divide_by", "255",
-       "--expect", absl::StrCat(job.test_accuracy()), "--tolerance", "0.001"},
+       "--model", model, "--images", absl::StrCat(kFashionMnistDir, "/t10k-images-idx3-ubyte.gz"),
+       "--labels", absl::StrCat(kFashionMnistDir, "/t10k-labels-idx1-ubyte.gz"), "--divide_by",
+       "255", "--expect", absl::StrCat(job.test_accuracy()), "--tolerance", "0.001"},
       dir.path(), "score", absl::Seconds(60));
   EXPECT_EQ(score.code, 0) << score.out << score.err;
   std::printf("[%s] numpy scorer: %s\n", GetParam().name, LastLine(score.out).c_str());
@@ -365,8 +272,8 @@ INSTANTIATE_TEST_SUITE_P(Modes, TrainE2eTest,
 // --- Cancel ---------------------------------------------------------------------------------
 
 TEST(ClusterE2eTest, CancelEndsCancelledAndWorkersGoBackToReady) {
-  SKIP_WITHOUT_DATASET();
-  ScratchDir dir;
+  TESSERA_SKIP_WITHOUT_FASHION_MNIST();
+  ScratchDirectory dir("tessera-e2e");
   std::unique_ptr<LocalCluster> cluster = StartCluster(2, 2);
   ASSERT_NE(cluster, nullptr);
   const std::string address = cluster->coordinator_address();
@@ -374,7 +281,7 @@ TEST(ClusterE2eTest, CancelEndsCancelledAndWorkersGoBackToReady) {
   ASSERT_NE(client, nullptr);
 
   const std::string spec_path = WriteSpec(LongSpec(2), dir.path() + "/long.textproto");
-  Result submitted =
+  CommandResult submitted =
       RunCommand({Tessera(), "submit", spec_path, "--coordinator", address}, dir.path(), "submit");
   ASSERT_EQ(submitted.code, 0) << submitted.err;
   const std::string id(absl::StripAsciiWhitespace(submitted.out));
@@ -386,7 +293,7 @@ TEST(ClusterE2eTest, CancelEndsCancelledAndWorkersGoBackToReady) {
   ASSERT_EQ(running.state(), v1::JOB_STATE_RUNNING) << running.reason();
   ASSERT_GT(running.step(), 0);
 
-  Result cancel =
+  CommandResult cancel =
       RunCommand({Tessera(), "cancel", id, "--coordinator", address, "--output", "json"},
                  dir.path(), "cancel");
   ASSERT_EQ(cancel.code, 0) << cancel.err;
@@ -394,8 +301,8 @@ TEST(ClusterE2eTest, CancelEndsCancelledAndWorkersGoBackToReady) {
   ASSERT_TRUE(ParseJob(LastLine(cancel.out), &after)) << cancel.out;
   EXPECT_EQ(after.state(), v1::JOB_STATE_CANCELLED);
 
-  Result get = RunCommand({Tessera(), "get", id, "--coordinator", address, "--output", "json"},
-                          dir.path(), "get");
+  CommandResult get = RunCommand(
+      {Tessera(), "get", id, "--coordinator", address, "--output", "json"}, dir.path(), "get");
   ASSERT_EQ(get.code, 0) << get.err;
   v1::Job got;
   ASSERT_TRUE(ParseJob(LastLine(get.out), &got)) << get.out;
@@ -403,16 +310,16 @@ TEST(ClusterE2eTest, CancelEndsCancelledAndWorkersGoBackToReady) {
   EXPECT_LT(got.step(), got.total_steps());
 
   // The shards dropped the cancelled job's weights: export says so.
-  Result exported = RunCommand({Tessera(), "export", id, "--coordinator", address, "--out",
-                                dir.path() + "/cancelled.safetensors"},
-                               dir.path(), "export-cancelled");
+  CommandResult exported = RunCommand({Tessera(), "export", id, "--coordinator", address, "--out",
+                                       dir.path() + "/cancelled.safetensors"},
+                                      dir.path(), "export-cancelled");
   EXPECT_EQ(exported.code, 1) << exported.err;
   EXPECT_NE(exported.err.find("no longer holds job '" + id + "'"), std::string::npos)
       << exported.err;
   EXPECT_FALSE(std::filesystem::exists(dir.path() + "/cancelled.safetensors"));
 
   // `tessera watch` of a cancelled job ends at once with status 1.
-  Result watch =
+  CommandResult watch =
       RunCommand({Tessera(), "watch", id, "--coordinator", address}, dir.path(), "watch");
   EXPECT_EQ(watch.code, 1) << watch.err;
   EXPECT_NE(watch.out.find("CANCELLED"), std::string::npos) << watch.out;
@@ -437,7 +344,7 @@ TEST(ClusterE2eTest, CancelEndsCancelledAndWorkersGoBackToReady) {
     absl::SleepFor(absl::Milliseconds(100));
   }
   EXPECT_EQ(ready, 2) << last;
-  Result members =
+  CommandResult members =
       RunCommand({Tessera(), "cluster", "--coordinator", address}, dir.path(), "cluster");
   EXPECT_EQ(members.code, 0);
   std::printf("%s", members.out.c_str());
@@ -451,19 +358,19 @@ TEST(ClusterE2eTest, CancelEndsCancelledAndWorkersGoBackToReady) {
 // `tessera local` stopped by `tessera cancel` (exit 1) and by SIGINT (exit 130): the job ends
 // CANCELLED and none of its children is left.
 TEST(ClusterE2eTest, LocalLeavesNoProcessBehind) {
-  SKIP_WITHOUT_DATASET();
-  ScratchDir dir;
+  TESSERA_SKIP_WITHOUT_FASHION_MNIST();
+  ScratchDirectory dir("tessera-e2e");
   const std::string spec_path = WriteSpec(LongSpec(2), dir.path() + "/long.textproto");
   for (const bool by_signal : {false, true}) {
     SCOPED_TRACE(by_signal ? "SIGINT" : "tessera cancel");
-    Process local =
-        Spawn({Tessera(), "local", "--job", spec_path, "--threads", "1", "--output", "json"},
-              dir.path(), by_signal ? "local-sigint" : "local-cancel");
+    ChildProcess local = testlib::SpawnChild(
+        {Tessera(), "local", "--job", spec_path, "--threads", "1", "--output", "json"}, dir.path(),
+        by_signal ? "local-sigint" : "local-cancel", InheritAll());
     // Progress goes to stderr with --output json; wait for the job's id and address there.
     std::string address, id, work_dir;
     const absl::Time deadline = absl::Now() + absl::Seconds(60);
     while (absl::Now() < deadline && id.empty()) {
-      const std::string err = ReadFile(local.err_path);
+      const std::string err = ReadWholeFile(local.err_path);
       for (absl::string_view line : absl::StrSplit(err, '\n')) {
         if (absl::ConsumePrefix(&line, "tessera local: coordinator ")) {
           address = std::string(line.substr(0, line.find(',')));
@@ -476,7 +383,7 @@ TEST(ClusterE2eTest, LocalLeavesNoProcessBehind) {
       }
       absl::SleepFor(absl::Milliseconds(50));
     }
-    ASSERT_FALSE(id.empty()) << ReadFile(local.err_path);
+    ASSERT_FALSE(id.empty()) << ReadWholeFile(local.err_path);
     ASSERT_FALSE(address.empty());
     ASSERT_FALSE(work_dir.empty());
     EXPECT_TRUE(std::filesystem::exists(work_dir)) << work_dir;
@@ -485,7 +392,7 @@ TEST(ClusterE2eTest, LocalLeavesNoProcessBehind) {
     v1::Job running = WaitForJob(client.get(), id, absl::Seconds(60), [](const v1::Job& j) {
       return j.state() == v1::JOB_STATE_RUNNING && j.step() > 0;
     });
-    ASSERT_EQ(running.state(), v1::JOB_STATE_RUNNING) << ReadFile(local.err_path);
+    ASSERT_EQ(running.state(), v1::JOB_STATE_RUNNING) << ReadWholeFile(local.err_path);
 
     const std::vector<pid_t> children = ChildrenOf(local.pid);
     EXPECT_EQ(children.size(), 5u) << "coordinator, 2 shards, 2 workers";
@@ -493,18 +400,18 @@ TEST(ClusterE2eTest, LocalLeavesNoProcessBehind) {
     int code = 0;
     if (by_signal) {
       kill(local.pid, SIGINT);
-      code = Wait(&local, absl::Seconds(60));
-      EXPECT_EQ(code, 130) << ReadFile(local.err_path);
+      code = WaitChild(&local, absl::Seconds(60));
+      EXPECT_EQ(code, 130) << ReadWholeFile(local.err_path);
     } else {
-      Result cancel =
+      CommandResult cancel =
           RunCommand({Tessera(), "cancel", id, "--coordinator", address}, dir.path(), "cancel");
       EXPECT_EQ(cancel.code, 0) << cancel.err;
-      code = Wait(&local, absl::Seconds(60));
-      EXPECT_EQ(code, 1) << ReadFile(local.err_path);
+      code = WaitChild(&local, absl::Seconds(60));
+      EXPECT_EQ(code, 1) << ReadWholeFile(local.err_path);
     }
     v1::Job last;
-    ASSERT_TRUE(ParseJob(LastLine(ReadFile(local.out_path)), &last))
-        << ReadFile(local.out_path) << ReadFile(local.err_path);
+    ASSERT_TRUE(ParseJob(LastLine(ReadWholeFile(local.out_path)), &last))
+        << ReadWholeFile(local.out_path) << ReadWholeFile(local.err_path);
     EXPECT_EQ(last.id(), id);
     EXPECT_EQ(last.state(), v1::JOB_STATE_CANCELLED);
 
@@ -517,8 +424,8 @@ TEST(ClusterE2eTest, LocalLeavesNoProcessBehind) {
 // --- Validation -----------------------------------------------------------------------------
 
 TEST(ClusterE2eTest, BadSpecsAreRefusedAndTheCoordinatorServesOn) {
-  SKIP_WITHOUT_DATASET();
-  ScratchDir dir;
+  TESSERA_SKIP_WITHOUT_FASHION_MNIST();
+  ScratchDirectory dir("tessera-e2e");
   std::unique_ptr<LocalCluster> cluster = StartCluster(1, 1);
   ASSERT_NE(cluster, nullptr);
   std::unique_ptr<CoordinatorClient> client = ClientFor(cluster->coordinator_address());
@@ -588,13 +495,13 @@ TEST(ClusterE2eTest, BadSpecsAreRefusedAndTheCoordinatorServesOn) {
   // Through the CLI: refused locally (exit 64, nothing sent) or by the coordinator (the dataset
   // files are checked where they live).
   const std::string address = cluster->coordinator_address();
-  Result local_refusal = RunCommand(
+  CommandResult local_refusal = RunCommand(
       {Tessera(), "submit", WriteSpec(cases[3].spec, dir.path() + "/w0"), "--coordinator", address},
       dir.path(), "submit-w0");
   EXPECT_EQ(local_refusal.code, 64);
   EXPECT_NE(local_refusal.err.find("num_workers: must be in [1, 1024], got 0"), std::string::npos)
       << local_refusal.err;
-  Result remote_refusal = RunCommand(
+  CommandResult remote_refusal = RunCommand(
       {Tessera(), "submit", WriteSpec(cases[2].spec, dir.path() + "/nf"), "--coordinator", address},
       dir.path(), "submit-nf");
   EXPECT_EQ(remote_refusal.code, 64);
@@ -608,7 +515,7 @@ TEST(ClusterE2eTest, BadSpecsAreRefusedAndTheCoordinatorServesOn) {
   good.set_max_steps(20);
   absl::StatusOr<v1::Job> job = client->CreateJob(good);
   ASSERT_TRUE(job.ok()) << job.status();
-  Result watch =
+  CommandResult watch =
       RunCommand({Tessera(), "watch", job->id(), "--coordinator", address, "--output", "json"},
                  dir.path(), "watch", absl::Seconds(120));
   EXPECT_EQ(watch.code, 0) << watch.err;
@@ -622,8 +529,8 @@ TEST(ClusterE2eTest, BadSpecsAreRefusedAndTheCoordinatorServesOn) {
 // --- Recovery -------------------------------------------------------------------------------
 
 TEST(ClusterE2eTest, ListShowsEveryJobAfterTheCoordinatorIsKilledAndRestarted) {
-  SKIP_WITHOUT_DATASET();
-  ScratchDir dir;
+  TESSERA_SKIP_WITHOUT_FASHION_MNIST();
+  ScratchDirectory dir("tessera-e2e");
   std::unique_ptr<LocalCluster> cluster = StartCluster(1, 1);
   ASSERT_NE(cluster, nullptr);
   const std::string address = cluster->coordinator_address();
@@ -657,8 +564,8 @@ TEST(ClusterE2eTest, ListShowsEveryJobAfterTheCoordinatorIsKilledAndRestarted) {
   v1::Job waiting = WaitForJob(client.get(), pending->id(), absl::Seconds(10),
                                [](const v1::Job& j) { return !j.reason().empty(); });
   EXPECT_EQ(waiting.state(), v1::JOB_STATE_PENDING);
-  Result get = RunCommand({Tessera(), "get", pending->id(), "--coordinator", address}, dir.path(),
-                          "get-pending");
+  CommandResult get = RunCommand({Tessera(), "get", pending->id(), "--coordinator", address},
+                                 dir.path(), "get-pending");
   EXPECT_EQ(get.code, 0) << get.err;
   EXPECT_NE(get.out.find("state:      PENDING\nreason:     waiting for 2 idle workers"),
             std::string::npos)
@@ -666,8 +573,8 @@ TEST(ClusterE2eTest, ListShowsEveryJobAfterTheCoordinatorIsKilledAndRestarted) {
 
   auto list = [&](const char* tag) {
     std::map<std::string, v1::JobState> states;
-    Result r = RunCommand({Tessera(), "list", "--coordinator", address, "--output", "json"},
-                          dir.path(), tag);
+    CommandResult r = RunCommand({Tessera(), "list", "--coordinator", address, "--output", "json"},
+                                 dir.path(), tag);
     EXPECT_EQ(r.code, 0) << r.err;
     v1::ListJobsResponse parsed;
     google::protobuf::util::JsonParseOptions options;
@@ -684,14 +591,15 @@ TEST(ClusterE2eTest, ListShowsEveryJobAfterTheCoordinatorIsKilledAndRestarted) {
   EXPECT_EQ(before, expected);
 
   ASSERT_TRUE(cluster->KillCoordinator().ok());
-  Result unreachable =
+  CommandResult unreachable =
       RunCommand({Tessera(), "list", "--coordinator", address}, dir.path(), "list-down");
   EXPECT_EQ(unreachable.code, 69);
   EXPECT_NE(unreachable.err.find(address), std::string::npos) << unreachable.err;
 
   ASSERT_TRUE(cluster->RestartCoordinator().ok());
   EXPECT_EQ(list("list-after"), expected);
-  Result text = RunCommand({Tessera(), "list", "--coordinator", address}, dir.path(), "list-text");
+  CommandResult text =
+      RunCommand({Tessera(), "list", "--coordinator", address}, dir.path(), "list-text");
   EXPECT_EQ(text.code, 0);
   std::printf("%s", text.out.c_str());
   cluster->Stop(absl::Seconds(15)).IgnoreError();

@@ -11,7 +11,6 @@
 //  - SIGHUP re-reads log_level from the config file and the new level takes effect.
 //
 // Every wait is bounded in time.
-#include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -26,7 +25,6 @@
 #include <fstream>
 #include <map>
 #include <ostream>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -38,164 +36,39 @@
 #include "absl/time/time.h"
 #include "common/security.h"
 #include "gtest/gtest.h"
+#include "tests/testlib/child_process.h"
 #include "worker/client/local_shards.h"
 
 #ifndef TESSERA_BIN_DIR
 #error "TESSERA_BIN_DIR must name the folder of the daemons"
 #endif
 
-extern char** environ;
-
 namespace tessera {
 namespace {
 
+using testlib::ChildProcess;
+using testlib::ChildReaper;
+using testlib::CommandResult;
+using testlib::ReadWholeFile;
+using testlib::RunToEnd;
+using testlib::ScratchDirectory;
+using testlib::SpawnChild;
+using testlib::WaitChild;
+using testlib::WaitForPortFile;
+
 std::string Bin(const std::string& name) { return absl::StrCat(TESSERA_BIN_DIR, "/", name); }
 
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-class ScratchDir {
- public:
-  ScratchDir() {
-    char tmpl[] = "/tmp/tessera-daemon-e2e-XXXXXX";
-    if (mkdtemp(tmpl) != nullptr) path_ = tmpl;
-  }
-  ~ScratchDir() {
-    std::error_code ec;
-    if (!path_.empty()) std::filesystem::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-  std::string File(const std::string& name) const { return absl::StrCat(path_, "/", name); }
-
- private:
-  std::string path_;
-};
-
-// A child process with stdout and stderr in files.
-struct Process {
-  pid_t pid = -1;
-  std::string out_path;
-  std::string err_path;
-};
-
-// Starts `args` with this process's environment minus TESSERA_*, NOTIFY_SOCKET, WATCHDOG_* and
-// JOURNAL_STREAM, plus `env`.
-Process Spawn(const std::vector<std::string>& args, const std::map<std::string, std::string>& env,
-              const std::string& dir, const std::string& tag) {
-  Process p;
-  p.out_path = absl::StrCat(dir, "/", tag, ".out");
-  p.err_path = absl::StrCat(dir, "/", tag, ".err");
-  std::vector<std::string> env_strings;
-  for (char** e = environ; *e != nullptr; ++e) {
-    const absl::string_view entry(*e);
-    if (absl::StartsWith(entry, "TESSERA_") || absl::StartsWith(entry, "NOTIFY_SOCKET=") ||
-        absl::StartsWith(entry, "WATCHDOG_") || absl::StartsWith(entry, "JOURNAL_STREAM=")) {
-      continue;
-    }
-    env_strings.emplace_back(entry);
-  }
-  for (const auto& [name, value] : env) env_strings.push_back(absl::StrCat(name, "=", value));
-  std::vector<std::string> copy = args;
-  std::vector<char*> argv;
-  for (std::string& a : copy) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  std::vector<char*> envp;
-  for (std::string& e : env_strings) envp.push_back(e.data());
-  envp.push_back(nullptr);
-  const pid_t pid = fork();
-  if (pid == 0) {
-    const int out = open(p.out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    const int err = open(p.err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (out < 0 || err < 0) _exit(126);
-    dup2(out, STDOUT_FILENO);
-    dup2(err, STDERR_FILENO);
-    // The test runner may have signals blocked; a daemon blocks what it waits for itself.
-    sigset_t none;
-    sigemptyset(&none);
-    sigprocmask(SIG_SETMASK, &none, nullptr);
-    execve(argv[0], argv.data(), envp.data());
-    _exit(127);
-  }
-  p.pid = pid;
-  return p;
-}
-
-// Waits up to `timeout`; returns the exit status (128 + signal when killed by one), or -1 after
-// killing it on timeout.
-int Wait(Process* p, absl::Duration timeout) {
-  if (p->pid <= 0) return -3;
-  const absl::Time deadline = absl::Now() + timeout;
-  int status = 0;
-  for (;;) {
-    const pid_t r = waitpid(p->pid, &status, WNOHANG);
-    if (r == p->pid) break;
-    if (absl::Now() > deadline) {
-      kill(p->pid, SIGKILL);
-      waitpid(p->pid, &status, 0);
-      p->pid = -1;
-      return -1;
-    }
-    absl::SleepFor(absl::Milliseconds(10));
-  }
-  p->pid = -1;
-  if (WIFEXITED(status)) return WEXITSTATUS(status);
-  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
-  return -2;
-}
-
-// Kills a process the test left running.
-struct Reaper {
-  Process* p;
-  ~Reaper() {
-    if (p->pid > 0) {
-      kill(p->pid, SIGKILL);
-      Wait(p, absl::Seconds(5));
-    }
-  }
-};
-
-struct Result {
-  int code = 0;
-  std::string out;
-  std::string err;
-};
-
-Result RunToEnd(const std::vector<std::string>& args, const std::map<std::string, std::string>& env,
-                const std::string& dir, const std::string& tag) {
-  Process p = Spawn(args, env, dir, tag);
-  Result r;
-  r.code = Wait(&p, absl::Seconds(30));
-  r.out = ReadFile(p.out_path);
-  r.err = ReadFile(p.err_path);
-  return r;
-}
-
-// The port in a port file once it exists, else 0 after `timeout` or once `p` has exited.
-int WaitForPort(const std::string& path, Process* p, absl::Duration timeout) {
-  const absl::Time deadline = absl::Now() + timeout;
-  while (absl::Now() < deadline) {
-    int port = 0;
-    if (absl::SimpleAtoi(absl::StripAsciiWhitespace(ReadFile(path)), &port) && port > 0) {
-      return port;
-    }
-    int status = 0;
-    if (p != nullptr && waitpid(p->pid, &status, WNOHANG) == p->pid) {
-      p->pid = -1;
-      return 0;
-    }
-    absl::SleepFor(absl::Milliseconds(20));
-  }
-  return 0;
+// Options that add `env` to the child's scrubbed environment.
+testlib::SpawnOptions WithEnv(std::map<std::string, std::string> env) {
+  testlib::SpawnOptions options;
+  options.env = std::move(env);
+  return options;
 }
 
 bool WaitForText(const std::string& path, const std::string& text, absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
   while (absl::Now() < deadline) {
-    if (absl::StrContains(ReadFile(path), text)) return true;
+    if (absl::StrContains(ReadWholeFile(path), text)) return true;
     absl::SleepFor(absl::Milliseconds(20));
   }
   return false;
@@ -247,8 +120,8 @@ class NotifySocket {
 };
 
 // Waits up to `timeout` for `p` to exit while reading `notify` (a full datagram queue would block
-// the daemon's sd_notify calls); sets *stopping when STOPPING=1 arrives. Returns as Wait().
-int WaitReading(Process* p, NotifySocket* notify, absl::Duration timeout, bool* stopping) {
+// the daemon's sd_notify calls); sets *stopping when STOPPING=1 arrives. Returns as WaitChild().
+int WaitReading(ChildProcess* p, NotifySocket* notify, absl::Duration timeout, bool* stopping) {
   const absl::Time deadline = absl::Now() + timeout;
   while (absl::Now() < deadline) {
     int status = 0;
@@ -259,12 +132,11 @@ int WaitReading(Process* p, NotifySocket* notify, absl::Duration timeout, bool* 
         if (rest.empty()) break;
         if (absl::StartsWith(rest, "STOPPING=1")) *stopping = true;
       }
-      if (WIFEXITED(status)) return WEXITSTATUS(status);
-      return WIFSIGNALED(status) ? 128 + WTERMSIG(status) : -2;
+      return testlib::ExitCode(status);
     }
     if (absl::StartsWith(notify->Receive(absl::Milliseconds(60)), "STOPPING=1")) *stopping = true;
   }
-  return Wait(p, absl::ZeroDuration());
+  return WaitChild(p, absl::ZeroDuration());
 }
 
 // GET /metrics over plain HTTP; "" on failure.
@@ -296,7 +168,7 @@ struct Daemon {
 };
 
 // The command line of `daemon` on loopback with port files in `dir`.
-std::vector<std::string> BaseArgs(const Daemon& daemon, const ScratchDir& dir) {
+std::vector<std::string> BaseArgs(const Daemon& daemon, const ScratchDirectory& dir) {
   std::vector<std::string> args = {Bin(daemon.binary), "--metrics_listen", "127.0.0.1:0",
                                    "--metrics_port_file", dir.File("metrics.port")};
   if (daemon.binary == "tessera-worker") {
@@ -348,22 +220,22 @@ class DaemonE2eTest : public ::testing::TestWithParam<Daemon> {};
 
 TEST_P(DaemonE2eTest, ReadyOnlyWhenServingWatchdogAndStoppingOnSigterm) {
   const Daemon& daemon = GetParam();
-  ScratchDir dir;
+  ScratchDirectory dir("tessera-daemon-e2e");
   NotifySocket notify(dir.File("notify.sock"));
   ASSERT_TRUE(notify.bound());
-  Process p =
-      Spawn(BaseArgs(daemon, dir), {{"NOTIFY_SOCKET", notify.path()}, {"WATCHDOG_USEC", "200000"}},
-            dir.path(), daemon.binary);
-  Reaper reaper{&p};
+  ChildProcess p =
+      SpawnChild(BaseArgs(daemon, dir), dir.path(), daemon.binary,
+                 WithEnv({{"NOTIFY_SOCKET", notify.path()}, {"WATCHDOG_USEC", "200000"}}));
+  ChildReaper reaper(&p);
 
   // READY=1 comes first, and by then the daemon serves.
   const std::string ready = notify.Receive(absl::Seconds(20));
   ASSERT_TRUE(absl::StartsWith(ready, "READY=1")) << "got '" << ready << "'\n"
-                                                  << ReadFile(p.err_path);
+                                                  << ReadWholeFile(p.err_path);
   if (daemon.grpc) {
     int port = 0;
     ASSERT_TRUE(
-        absl::SimpleAtoi(absl::StripAsciiWhitespace(ReadFile(dir.File("grpc.port"))), &port))
+        absl::SimpleAtoi(absl::StripAsciiWhitespace(ReadWholeFile(dir.File("grpc.port"))), &port))
         << "no port file when READY=1 arrived";
     EXPECT_TRUE(client::IsServing(absl::StrCat("127.0.0.1:", port), absl::Seconds(5)))
         << "READY=1 before health answered SERVING";
@@ -379,7 +251,7 @@ TEST_P(DaemonE2eTest, ReadyOnlyWhenServingWatchdogAndStoppingOnSigterm) {
   EXPECT_LT(absl::Now() - start, absl::Seconds(3));
 
   // The metrics endpoint serves this daemon's families.
-  const int metrics_port = WaitForPort(dir.File("metrics.port"), nullptr, absl::Seconds(1));
+  const int metrics_port = WaitForPortFile(dir.File("metrics.port"), nullptr, absl::Seconds(1));
   ASSERT_GT(metrics_port, 0);
   const std::string metrics = ScrapeMetrics(metrics_port);
   EXPECT_TRUE(absl::StrContains(metrics, "200 OK")) << metrics;
@@ -395,35 +267,35 @@ TEST_P(DaemonE2eTest, ReadyOnlyWhenServingWatchdogAndStoppingOnSigterm) {
   ASSERT_EQ(kill(p.pid, SIGTERM), 0);
   bool stopping = false;
   const absl::Time term = absl::Now();
-  EXPECT_EQ(WaitReading(&p, &notify, absl::Seconds(10), &stopping), 0) << ReadFile(p.err_path);
+  EXPECT_EQ(WaitReading(&p, &notify, absl::Seconds(10), &stopping), 0) << ReadWholeFile(p.err_path);
   EXPECT_LT(absl::Now() - term, absl::Seconds(5));
   EXPECT_TRUE(stopping);
 }
 
 TEST_P(DaemonE2eTest, NoNotifySocketStartsAndStopsAsBefore) {
   const Daemon& daemon = GetParam();
-  ScratchDir dir;
-  Process p = Spawn(BaseArgs(daemon, dir), {}, dir.path(), daemon.binary);
-  Reaper reaper{&p};
+  ScratchDirectory dir("tessera-daemon-e2e");
+  ChildProcess p = SpawnChild(BaseArgs(daemon, dir), dir.path(), daemon.binary);
+  ChildReaper reaper(&p);
   if (daemon.grpc) {
-    const int port = WaitForPort(dir.File("grpc.port"), &p, absl::Seconds(20));
-    ASSERT_GT(port, 0) << ReadFile(p.err_path);
+    const int port = WaitForPortFile(dir.File("grpc.port"), &p, absl::Seconds(20));
+    ASSERT_GT(port, 0) << ReadWholeFile(p.err_path);
     EXPECT_TRUE(client::IsServing(absl::StrCat("127.0.0.1:", port), absl::Seconds(5)));
   }
-  const int metrics_port = WaitForPort(dir.File("metrics.port"), &p, absl::Seconds(20));
-  ASSERT_GT(metrics_port, 0) << ReadFile(p.err_path);
+  const int metrics_port = WaitForPortFile(dir.File("metrics.port"), &p, absl::Seconds(20));
+  ASSERT_GT(metrics_port, 0) << ReadWholeFile(p.err_path);
   EXPECT_TRUE(absl::StrContains(ScrapeMetrics(metrics_port), "tessera_build_info"));
   ASSERT_EQ(kill(p.pid, SIGINT), 0);
-  EXPECT_EQ(Wait(&p, absl::Seconds(10)), 0) << ReadFile(p.err_path);
-  EXPECT_FALSE(absl::StrContains(ReadFile(p.err_path), "systemd watchdog"));
+  EXPECT_EQ(WaitChild(&p, absl::Seconds(10)), 0) << ReadWholeFile(p.err_path);
+  EXPECT_FALSE(absl::StrContains(ReadWholeFile(p.err_path), "systemd watchdog"));
 }
 
 TEST_P(DaemonE2eTest, RefusesPlaintextOnNonLoopbackWithoutInsecure) {
   const Daemon& daemon = GetParam();
-  ScratchDir dir;
+  ScratchDirectory dir("tessera-daemon-e2e");
   if (daemon.grpc) {
     std::vector<std::string> args = WithFlag(BaseArgs(daemon, dir), "--listen", "0.0.0.0:0");
-    const Result refused = RunToEnd(args, {}, dir.path(), "refused");
+    const CommandResult refused = RunToEnd(args, dir.path(), "refused");
     EXPECT_EQ(refused.code, 78) << refused.err;
     EXPECT_TRUE(absl::StrContains(refused.err, "--listen 0.0.0.0:0")) << refused.err;
     EXPECT_TRUE(absl::StrContains(refused.err, "--tls_cert")) << refused.err;
@@ -431,46 +303,47 @@ TEST_P(DaemonE2eTest, RefusesPlaintextOnNonLoopbackWithoutInsecure) {
     EXPECT_FALSE(std::filesystem::exists(dir.File("grpc.port")));
 
     // The same from the environment (no --listen on the command line).
-    const Result from_env = RunToEnd(WithoutFlag(args, "--listen"),
-                                     {{"TESSERA_LISTEN", "0.0.0.0:0"}}, dir.path(), "refused-env2");
+    const CommandResult from_env =
+        RunToEnd(WithoutFlag(args, "--listen"), dir.path(), "refused-env2",
+                 WithEnv({{"TESSERA_LISTEN", "0.0.0.0:0"}}));
     EXPECT_EQ(from_env.code, 78) << from_env.err;
     EXPECT_TRUE(absl::StrContains(from_env.err, "--listen 0.0.0.0:0")) << from_env.err;
 
     // With --insecure it starts.
     args.push_back("--insecure");
-    Process p = Spawn(args, {}, dir.path(), "insecure");
-    Reaper reaper{&p};
-    const int port = WaitForPort(dir.File("grpc.port"), &p, absl::Seconds(20));
-    ASSERT_GT(port, 0) << ReadFile(p.err_path);
+    ChildProcess p = SpawnChild(args, dir.path(), "insecure");
+    ChildReaper reaper(&p);
+    const int port = WaitForPortFile(dir.File("grpc.port"), &p, absl::Seconds(20));
+    ASSERT_GT(port, 0) << ReadWholeFile(p.err_path);
     EXPECT_TRUE(client::IsServing(absl::StrCat("127.0.0.1:", port), absl::Seconds(5)));
     kill(p.pid, SIGTERM);
-    EXPECT_EQ(Wait(&p, absl::Seconds(10)), 0);
+    EXPECT_EQ(WaitChild(&p, absl::Seconds(10)), 0);
   }
   // The metrics endpoint is plain HTTP: non-loopback needs --metrics_insecure, which allows only
   // that endpoint (a plaintext gRPC listener off loopback is still refused).
   std::vector<std::string> args = WithFlag(BaseArgs(daemon, dir), "--metrics_listen", "0.0.0.0:0");
-  const Result refused = RunToEnd(args, {}, dir.path(), "refused-metrics");
+  const CommandResult refused = RunToEnd(args, dir.path(), "refused-metrics");
   EXPECT_EQ(refused.code, 78) << refused.err;
   EXPECT_TRUE(absl::StrContains(refused.err, "--metrics_listen 0.0.0.0:0")) << refused.err;
   EXPECT_TRUE(absl::StrContains(refused.err, "--metrics_insecure")) << refused.err;
   args.push_back("--metrics_insecure");
-  const Result grpc_refused = RunToEnd(WithFlag(args, "--listen", "0.0.0.0:0"), {}, dir.path(),
-                                       "refused-grpc-with-metrics-insecure");
+  const CommandResult grpc_refused = RunToEnd(WithFlag(args, "--listen", "0.0.0.0:0"), dir.path(),
+                                              "refused-grpc-with-metrics-insecure");
   EXPECT_EQ(grpc_refused.code, 78) << grpc_refused.err;
   EXPECT_TRUE(absl::StrContains(grpc_refused.err, "--listen 0.0.0.0:0")) << grpc_refused.err;
-  const Result checked = RunToEnd(
+  const CommandResult checked = RunToEnd(
       [&] {
         std::vector<std::string> a = args;
         a.push_back("--check-config");
         return a;
       }(),
-      {}, dir.path(), "metrics-insecure-check");
+      dir.path(), "metrics-insecure-check");
   EXPECT_EQ(checked.code, 0) << checked.err;
 }
 
 TEST_P(DaemonE2eTest, CheckConfigListsEverySourceAndBindsNothing) {
   const Daemon& daemon = GetParam();
-  ScratchDir dir;
+  ScratchDirectory dir("tessera-daemon-e2e");
   const std::string config = dir.File("daemon.conf");
   std::ofstream(config) << "# test configuration\n"
                         << "\n"
@@ -479,8 +352,8 @@ TEST_P(DaemonE2eTest, CheckConfigListsEverySourceAndBindsNothing) {
   // Without --metrics_port_file on the command line, so the file's value is used.
   std::vector<std::string> trimmed = WithoutFlag(BaseArgs(daemon, dir), "--metrics_port_file");
   trimmed.insert(trimmed.end(), {"--config", config, "--check-config"});
-  const Result r =
-      RunToEnd(trimmed, {{"TESSERA_TLS_SERVER_NAME", "tessera.test"}}, dir.path(), "check");
+  const CommandResult r = RunToEnd(trimmed, dir.path(), "check",
+                                   WithEnv({{"TESSERA_TLS_SERVER_NAME", "tessera.test"}}));
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_TRUE(absl::StrContains(r.out, "metrics_listen = 127.0.0.1:0  # flag\n")) << r.out;
   EXPECT_TRUE(
@@ -502,14 +375,15 @@ TEST_P(DaemonE2eTest, CheckConfigListsEverySourceAndBindsNothing) {
 
   // An unknown key: 78 naming FILE:LINE and the key.
   std::ofstream(config, std::ios::trunc) << "log_level = info\nlisen = 127.0.0.1:0\n";
-  const Result unknown = RunToEnd(trimmed, {}, dir.path(), "unknown");
+  const CommandResult unknown = RunToEnd(trimmed, dir.path(), "unknown");
   EXPECT_EQ(unknown.code, 78);
   EXPECT_TRUE(absl::StrContains(unknown.err, absl::StrCat(config, ":2: unknown key 'lisen'")))
       << unknown.err;
 
   // A value the option rejects, from the environment: 78 naming the variable.
   std::ofstream(config, std::ios::trunc) << "";
-  const Result bad_env = RunToEnd(trimmed, {{"TESSERA_LOG_LEVEL", "loud"}}, dir.path(), "bad-env");
+  const CommandResult bad_env =
+      RunToEnd(trimmed, dir.path(), "bad-env", WithEnv({{"TESSERA_LOG_LEVEL", "loud"}}));
   EXPECT_EQ(bad_env.code, 78);
   EXPECT_TRUE(absl::StrContains(bad_env.err, "loud")) << bad_env.err;
 
@@ -517,51 +391,52 @@ TEST_P(DaemonE2eTest, CheckConfigListsEverySourceAndBindsNothing) {
   std::vector<std::string> tls = trimmed;
   tls.insert(tls.end(),
              {"--tls_cert", dir.File("missing.pem"), "--tls_key", dir.File("missing.key")});
-  const Result bad_tls = RunToEnd(tls, {}, dir.path(), "bad-tls");
+  const CommandResult bad_tls = RunToEnd(tls, dir.path(), "bad-tls");
   EXPECT_EQ(bad_tls.code, 78);
   EXPECT_TRUE(absl::StrContains(bad_tls.err, "--tls_")) << bad_tls.err;
 }
 
 TEST_P(DaemonE2eTest, SighupReloadsLogLevelFromTheConfigFile) {
   const Daemon& daemon = GetParam();
-  ScratchDir dir;
+  ScratchDirectory dir("tessera-daemon-e2e");
   const std::string config = dir.File("daemon.conf");
   std::ofstream(config) << "log_level = info\n";
   std::vector<std::string> args = BaseArgs(daemon, dir);
   args.insert(args.end(), {"--config", config});
   NotifySocket notify(dir.File("notify.sock"));
   ASSERT_TRUE(notify.bound());
-  Process p = Spawn(args, {{"NOTIFY_SOCKET", notify.path()}}, dir.path(), daemon.binary);
-  Reaper reaper{&p};
-  ASSERT_TRUE(notify.ReceiveUntil("READY=1", absl::Seconds(20))) << ReadFile(p.err_path);
-  EXPECT_FALSE(absl::StrContains(ReadFile(p.err_path), "debug logging is on"));
+  ChildProcess p =
+      SpawnChild(args, dir.path(), daemon.binary, WithEnv({{"NOTIFY_SOCKET", notify.path()}}));
+  ChildReaper reaper(&p);
+  ASSERT_TRUE(notify.ReceiveUntil("READY=1", absl::Seconds(20))) << ReadWholeFile(p.err_path);
+  EXPECT_FALSE(absl::StrContains(ReadWholeFile(p.err_path), "debug logging is on"));
 
   // An unchanged file: the level stays and the daemon serves on.
   ASSERT_EQ(kill(p.pid, SIGHUP), 0);
   EXPECT_TRUE(WaitForText(p.err_path, "log level unchanged (info)", absl::Seconds(5)))
-      << ReadFile(p.err_path);
+      << ReadWholeFile(p.err_path);
 
   std::ofstream(config, std::ios::trunc) << "# louder\nlog_level = debug\n";
   ASSERT_EQ(kill(p.pid, SIGHUP), 0);
   // The debug line shows only when the new level is in force.
   EXPECT_TRUE(WaitForText(p.err_path, "debug logging is on", absl::Seconds(5)))
-      << ReadFile(p.err_path);
-  EXPECT_TRUE(absl::StrContains(ReadFile(p.err_path), "log level now debug"));
-  EXPECT_TRUE(absl::StrContains(ReadFile(p.err_path), absl::StrCat(config, ":2")));
+      << ReadWholeFile(p.err_path);
+  EXPECT_TRUE(absl::StrContains(ReadWholeFile(p.err_path), "log level now debug"));
+  EXPECT_TRUE(absl::StrContains(ReadWholeFile(p.err_path), absl::StrCat(config, ":2")));
 
   // A bad value keeps the old level.
   std::ofstream(config, std::ios::trunc) << "log_level = loud\n";
   ASSERT_EQ(kill(p.pid, SIGHUP), 0);
   EXPECT_TRUE(WaitForText(p.err_path, "keeping the log level", absl::Seconds(5)))
-      << ReadFile(p.err_path);
+      << ReadWholeFile(p.err_path);
 
   ASSERT_EQ(kill(p.pid, SIGTERM), 0);
-  EXPECT_EQ(Wait(&p, absl::Seconds(10)), 0) << ReadFile(p.err_path);
+  EXPECT_EQ(WaitChild(&p, absl::Seconds(10)), 0) << ReadWholeFile(p.err_path);
 }
 
 // Makes a CA and a certificate for 127.0.0.1 signed by it (ca.pem, srv.pem, srv.key) and a token
 // file (mode 600) in `dir` with openssl. False when openssl fails.
-bool MakePki(const ScratchDir& dir) {
+bool MakePki(const ScratchDirectory& dir) {
   const std::string d = dir.path();
   const std::string script = absl::StrCat(
       "cd ", d, " && openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.pem -days 2",
@@ -578,7 +453,7 @@ bool MakePki(const ScratchDir& dir) {
 TEST(DaemonTlsTest, TlsOnAnyAddressSighupReloadsSecurityFilesAndSigtermDrains) {
   for (const char* binary : {"tessera-server", "tessera-coordinator"}) {
     SCOPED_TRACE(binary);
-    ScratchDir dir;
+    ScratchDirectory dir("tessera-daemon-e2e");
     ASSERT_TRUE(MakePki(dir)) << "openssl failed";
     std::vector<std::string> args = {Bin(binary),
                                      "--listen",
@@ -598,10 +473,10 @@ TEST(DaemonTlsTest, TlsOnAnyAddressSighupReloadsSecurityFilesAndSigtermDrains) {
     if (std::string(binary) == "tessera-coordinator") {
       args.insert(args.end(), {"--data_dir", dir.File("coord")});
     }
-    Process p = Spawn(args, {}, dir.path(), binary);
-    Reaper reaper{&p};
-    const int port = WaitForPort(dir.File("grpc.port"), &p, absl::Seconds(20));
-    ASSERT_GT(port, 0) << ReadFile(p.err_path);
+    ChildProcess p = SpawnChild(args, dir.path(), binary);
+    ChildReaper reaper(&p);
+    const int port = WaitForPortFile(dir.File("grpc.port"), &p, absl::Seconds(20));
+    ASSERT_GT(port, 0) << ReadWholeFile(p.err_path);
     const std::string address = absl::StrCat("127.0.0.1:", port);
 
     SecurityOptions client_options;
@@ -615,40 +490,40 @@ TEST(DaemonTlsTest, TlsOnAnyAddressSighupReloadsSecurityFilesAndSigtermDrains) {
 
     ASSERT_EQ(kill(p.pid, SIGHUP), 0);
     EXPECT_TRUE(WaitForText(p.err_path, "token and certificate files re-read", absl::Seconds(5)))
-        << ReadFile(p.err_path);
+        << ReadWholeFile(p.err_path);
     // The token file gone: the reload fails and the old token stays in force.
     std::filesystem::remove(dir.File("token"));
     ASSERT_EQ(kill(p.pid, SIGHUP), 0);
     EXPECT_TRUE(WaitForText(p.err_path, "keeping the old token", absl::Seconds(5)))
-        << ReadFile(p.err_path);
+        << ReadWholeFile(p.err_path);
     EXPECT_TRUE(client::IsServing(address, absl::Seconds(5), (*client)->Client()));
 
     ASSERT_EQ(kill(p.pid, SIGTERM), 0);
-    EXPECT_EQ(Wait(&p, absl::Seconds(10)), 0) << ReadFile(p.err_path);
+    EXPECT_EQ(WaitChild(&p, absl::Seconds(10)), 0) << ReadWholeFile(p.err_path);
   }
 }
 
 // Usage errors on the real command line keep their exit codes (CLI11's, 64 for the worker), and
 // `tessera-worker --standalone` ignores a $TESSERA_COORDINATOR meant for the daemon as before.
 TEST(DaemonUsageTest, UsageErrorsKeepTheirCodesAndStandaloneIgnoresTheDaemonLayers) {
-  ScratchDir dir;
-  const Result server = RunToEnd({Bin("tessera-server"), "--threads", "5000"}, {}, dir.path(), "s");
+  ScratchDirectory dir("tessera-daemon-e2e");
+  const CommandResult server =
+      RunToEnd({Bin("tessera-server"), "--threads", "5000"}, dir.path(), "s");
   EXPECT_NE(server.code, 0);
   EXPECT_NE(server.code, 78);
   EXPECT_TRUE(absl::StrContains(server.err, "--threads")) << server.err;
-  const Result coordinator = RunToEnd({Bin("tessera-coordinator")}, {}, dir.path(), "c");
+  const CommandResult coordinator = RunToEnd({Bin("tessera-coordinator")}, dir.path(), "c");
   EXPECT_EQ(coordinator.code, 106) << coordinator.err;  // CLI::RequiredError, as before
   EXPECT_TRUE(absl::StrContains(coordinator.err, "--data_dir")) << coordinator.err;
-  const Result worker = RunToEnd({Bin("tessera-worker"), "--bogus"}, {}, dir.path(), "w");
+  const CommandResult worker = RunToEnd({Bin("tessera-worker"), "--bogus"}, dir.path(), "w");
   EXPECT_EQ(worker.code, 64) << worker.err;
 
-  const Result from_env = RunToEnd({Bin("tessera-worker"), "--standalone"},
-                                   {{"TESSERA_COORDINATOR", "10.0.0.5:7070"}}, dir.path(), "w1");
+  const CommandResult from_env = RunToEnd({Bin("tessera-worker"), "--standalone"}, dir.path(), "w1",
+                                          WithEnv({{"TESSERA_COORDINATOR", "10.0.0.5:7070"}}));
   EXPECT_EQ(from_env.code, 64);
   EXPECT_TRUE(absl::StrContains(from_env.err, "--standalone needs --job FILE")) << from_env.err;
-  const Result from_flag =
-      RunToEnd({Bin("tessera-worker"), "--standalone", "--coordinator", "10.0.0.5:7070"}, {},
-               dir.path(), "w2");
+  const CommandResult from_flag = RunToEnd(
+      {Bin("tessera-worker"), "--standalone", "--coordinator", "10.0.0.5:7070"}, dir.path(), "w2");
   EXPECT_EQ(from_flag.code, 64);
   EXPECT_TRUE(absl::StrContains(from_flag.err, "drop --coordinator")) << from_flag.err;
 }

@@ -14,19 +14,21 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/placement.h"
+#include "tests/testlib/forwarding_shard_client.h"
 #include "worker/client/shard_client.h"
 
 namespace tessera {
 namespace e2e {
 
-class FaultyShardClient final : public client::ShardClient {
+class FaultyShardClient final : public testlib::ForwardingShardClient {
  public:
   // Percentages of requests (by seq) sent twice, and whose first response is lost.
   FaultyShardClient(std::unique_ptr<client::ShardClient> inner, uint64_t seed, int duplicate_pct,
                     int drop_pct)
-      : inner_(std::move(inner)), seed_(seed), duplicate_pct_(duplicate_pct), drop_pct_(drop_pct) {}
-
-  const std::string& address() const override { return inner_->address(); }
+      : ForwardingShardClient(std::move(inner)),
+        seed_(seed),
+        duplicate_pct_(duplicate_pct),
+        drop_pct_(drop_pct) {}
 
   void PushPull(std::shared_ptr<const v1::PushPullRequest> request, absl::Time deadline,
                 PushPullCallback done) override {
@@ -41,44 +43,26 @@ class FaultyShardClient final : public client::ShardClient {
     const bool drop = first_attempt && static_cast<int>((h >> 20) % 100) < drop_pct_;
     if (drop) {
       dropped_.fetch_add(1);
-      std::string address = inner_->address();
-      inner_->PushPull(
+      std::string address = inner()->address();
+      inner()->PushPull(
           request, deadline,
           [done = std::move(done), address, seq](absl::StatusOr<v1::PushPullResponse>) {
             done(absl::UnavailableError(
                 absl::StrCat(address, ": injected loss of the response to seq ", seq)));
           });
     } else {
-      inner_->PushPull(request, deadline, std::move(done));
+      inner()->PushPull(request, deadline, std::move(done));
     }
     if (duplicate) {
       duplicated_.fetch_add(1);
-      inner_->PushPull(std::move(request), deadline, [](absl::StatusOr<v1::PushPullResponse>) {});
+      inner()->PushPull(std::move(request), deadline, [](absl::StatusOr<v1::PushPullResponse>) {});
     }
   }
-
-  absl::StatusOr<std::vector<v1::Slice>> Pull(const v1::PullRequest& request,
-                                              absl::Time deadline) override {
-    return inner_->Pull(request, deadline);
-  }
-  absl::StatusOr<v1::CreateJobStateResponse> CreateJobState(
-      const v1::CreateJobStateRequest& request, absl::Time deadline) override {
-    return inner_->CreateJobState(request, deadline);
-  }
-  absl::Status UpdateMembership(const v1::UpdateMembershipRequest& request,
-                                absl::Time deadline) override {
-    return inner_->UpdateMembership(request, deadline);
-  }
-  absl::Status DropJob(const v1::DropJobRequest& request, absl::Time deadline) override {
-    return inner_->DropJob(request, deadline);
-  }
-  void CancelPending() override { inner_->CancelPending(); }
 
   int duplicated() const { return duplicated_.load(); }
   int dropped() const { return dropped_.load(); }
 
  private:
-  const std::unique_ptr<client::ShardClient> inner_;
   const uint64_t seed_;
   const int duplicate_pct_;
   const int drop_pct_;

@@ -7,7 +7,6 @@
 // Every wait is bounded in time. The promtool part skips (with a message) when /usr/bin/promtool
 // is missing; nothing else skips.
 #include <arpa/inet.h>
-#include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -17,11 +16,9 @@
 
 #include <chrono>
 #include <cstdio>
-#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <memory>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -36,119 +33,23 @@
 #include "grpcpp/security/credentials.h"
 #include "gtest/gtest.h"
 #include "tessera/v1/parameter.grpc.pb.h"
+#include "tests/testlib/child_process.h"
 
 #ifndef TESSERA_BIN_DIR
 #error "TESSERA_BIN_DIR must name the folder of the daemons"
 #endif
 
-extern char** environ;
-
 namespace tessera {
 namespace {
 
+using testlib::ChildProcess;
+using testlib::ReadWholeFile;
+using testlib::ScratchDirectory;
+using testlib::SpawnChild;
+using testlib::StopChild;
+using testlib::WaitForPortFile;
+
 std::string Bin(const std::string& name) { return absl::StrCat(TESSERA_BIN_DIR, "/", name); }
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-struct Process {
-  pid_t pid = -1;  // -1 once reaped: never signal a PID the kernel may have reused
-  std::string tag;
-  std::string err_path;
-  bool reaped = false;  // by Exited(): it ended on its own
-  int exit_status = 0;  // the wait status then
-};
-
-// Starts `args` with this process's environment minus TESSERA_*, NOTIFY_SOCKET, WATCHDOG_* and
-// JOURNAL_STREAM (a caller's TESSERA_LISTEN or systemd socket must not reach the daemons).
-Process Spawn(const std::vector<std::string>& args, const std::string& dir,
-              const std::string& tag) {
-  Process p;
-  p.tag = tag;
-  const std::string out_path = absl::StrCat(dir, "/", tag, ".out");
-  p.err_path = absl::StrCat(dir, "/", tag, ".err");
-  std::vector<std::string> copy = args;
-  std::vector<char*> argv;
-  for (std::string& a : copy) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  std::vector<std::string> env_strings;
-  for (char** e = environ; *e != nullptr; ++e) {
-    const absl::string_view entry(*e);
-    if (absl::StartsWith(entry, "TESSERA_") || absl::StartsWith(entry, "NOTIFY_SOCKET=") ||
-        absl::StartsWith(entry, "WATCHDOG_") || absl::StartsWith(entry, "JOURNAL_STREAM=")) {
-      continue;
-    }
-    env_strings.emplace_back(entry);
-  }
-  std::vector<char*> envp;
-  for (std::string& e : env_strings) envp.push_back(e.data());
-  envp.push_back(nullptr);
-  const pid_t pid = fork();
-  if (pid == 0) {
-    // Only async-signal-safe calls between fork and exec (the test process has gRPC threads).
-    const int out = open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    const int err = open(p.err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (out < 0 || err < 0) _exit(126);
-    dup2(out, STDOUT_FILENO);
-    dup2(err, STDERR_FILENO);
-    execve(argv[0], argv.data(), envp.data());
-    _exit(127);
-  }
-  p.pid = pid;
-  return p;
-}
-
-// SIGTERM, then SIGKILL after `timeout`; the exit status (128 + signal when killed by one).
-int Stop(Process* p, absl::Duration timeout) {
-  if (p->pid <= 0) return -1;
-  kill(p->pid, SIGTERM);
-  const absl::Time deadline = absl::Now() + timeout;
-  int status = 0;
-  for (;;) {
-    const pid_t r = waitpid(p->pid, &status, WNOHANG);
-    if (r == p->pid) break;
-    if (absl::Now() > deadline) {
-      kill(p->pid, SIGKILL);
-      waitpid(p->pid, &status, 0);
-      break;
-    }
-    absl::SleepFor(absl::Milliseconds(20));
-  }
-  p->pid = -1;
-  if (WIFEXITED(status)) return WEXITSTATUS(status);
-  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
-  return -2;
-}
-
-// Whether `p` has exited; reaps it then (pid -1, exit_status set), so that nothing signals its
-// PID afterwards.
-bool Exited(Process* p) {
-  if (p->pid <= 0) return true;
-  int status = 0;
-  if (waitpid(p->pid, &status, WNOHANG) != p->pid) return false;
-  p->pid = -1;
-  p->reaped = true;
-  p->exit_status = status;
-  return true;
-}
-
-// The port in `path` once it holds one, or 0 after `timeout` (or once `p` exited).
-int WaitForPortFile(const std::string& path, Process* p, absl::Duration timeout) {
-  const absl::Time deadline = absl::Now() + timeout;
-  while (absl::Now() < deadline) {
-    int port = 0;
-    if (absl::SimpleAtoi(absl::StripAsciiWhitespace(ReadFile(path)), &port) && port > 0) {
-      return port;
-    }
-    if (Exited(p)) return 0;
-    absl::SleepFor(absl::Milliseconds(20));
-  }
-  return 0;
-}
 
 // GET /metrics from 127.0.0.1:port with a plain socket (5 s timeouts): the body, or "" when the
 // answer is not 200.
@@ -229,22 +130,6 @@ int Promtool(const std::string& text, const std::string& dir, const std::string&
   return WIFEXITED(status) ? WEXITSTATUS(status) : -2;
 }
 
-class ScratchDir {
- public:
-  ScratchDir() {
-    char tmpl[] = "/tmp/tessera-metrics-e2e-XXXXXX";
-    if (mkdtemp(tmpl) != nullptr) path_ = tmpl;
-  }
-  ~ScratchDir() {
-    std::error_code ec;
-    if (!path_.empty()) std::filesystem::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
-
 std::chrono::system_clock::time_point Deadline() {
   return std::chrono::system_clock::now() + std::chrono::seconds(10);
 }
@@ -262,41 +147,36 @@ v1::Slice Floats(const std::string& tensor, const std::vector<float>& values, bo
 class MetricsE2eTest : public ::testing::Test {
  protected:
   void TearDown() override {
-    for (Process* p : {&worker_, &server_, &coordinator_}) {
+    for (ChildProcess* p : {&worker_, &server_, &coordinator_}) {
       if (p->pid > 0) {
-        const int code = Stop(p, absl::Seconds(15));
+        const int code = StopChild(p, absl::Seconds(15));
         if (code != 0) {
-          ADD_FAILURE() << p->tag << " exited with " << code << ":\n" << ReadFile(p->err_path);
+          ADD_FAILURE() << p->tag << " exited with " << code << ":\n" << ReadWholeFile(p->err_path);
         }
       }
     }
   }
 
-  // `p`'s stderr, and how it ended when Exited() reaped it.
-  std::string Dump(const Process& p) {
-    std::string ended;
-    if (p.reaped && WIFEXITED(p.exit_status)) {
-      ended = absl::StrCat(" (exited with ", WEXITSTATUS(p.exit_status), ")");
-    } else if (p.reaped && WIFSIGNALED(p.exit_status)) {
-      ended = absl::StrCat(" (killed by signal ", WTERMSIG(p.exit_status), ")");
-    }
-    return absl::StrCat(p.tag, ended, " stderr:\n", ReadFile(p.err_path));
+  // `p`'s stderr, and how it ended when HasExited() reaped it.
+  std::string Dump(const ChildProcess& p) {
+    const std::string ended = p.reaped ? absl::StrCat(" (", testlib::DescribeEnd(p), ")") : "";
+    return absl::StrCat(p.tag, ended, " stderr:\n", ReadWholeFile(p.err_path));
   }
 
-  ScratchDir dir_;
-  Process coordinator_;
-  Process server_;
-  Process worker_;
+  ScratchDirectory dir_{"tessera-metrics-e2e"};
+  ChildProcess coordinator_;
+  ChildProcess server_;
+  ChildProcess worker_;
 };
 
 TEST_F(MetricsE2eTest, EveryDaemonServesValidMetrics) {
   const std::string d = dir_.path();
   ASSERT_FALSE(d.empty());
   coordinator_ =
-      Spawn({Bin("tessera-coordinator"), "--listen", "127.0.0.1:0", "--port_file",
-             d + "/coordinator.port", "--data_dir", d + "/coordinator", "--metrics_listen",
-             "127.0.0.1:0", "--metrics_port_file", d + "/coordinator.metrics"},
-            d, "coordinator");
+      SpawnChild({Bin("tessera-coordinator"), "--listen", "127.0.0.1:0", "--port_file",
+                  d + "/coordinator.port", "--data_dir", d + "/coordinator", "--metrics_listen",
+                  "127.0.0.1:0", "--metrics_port_file", d + "/coordinator.metrics"},
+                 d, "coordinator");
   const int coordinator_port =
       WaitForPortFile(d + "/coordinator.port", &coordinator_, absl::Seconds(30));
   ASSERT_GT(coordinator_port, 0) << Dump(coordinator_);
@@ -305,14 +185,15 @@ TEST_F(MetricsE2eTest, EveryDaemonServesValidMetrics) {
   ASSERT_GT(coordinator_metrics, 0) << Dump(coordinator_);
   const std::string coordinator_address = absl::StrCat("127.0.0.1:", coordinator_port);
 
-  server_ =
-      Spawn({Bin("tessera-server"), "--listen", "127.0.0.1:0", "--port_file", d + "/server.port",
-             "--coordinator", coordinator_address, "--shard_index", "0", "--threads", "2",
-             "--metrics_listen", "127.0.0.1:0", "--metrics_port_file", d + "/server.metrics"},
-            d, "server");
-  worker_ = Spawn({Bin("tessera-worker"), "--coordinator", coordinator_address, "--metrics_listen",
-                   "127.0.0.1:0", "--metrics_port_file", d + "/worker.metrics"},
-                  d, "worker");
+  server_ = SpawnChild(
+      {Bin("tessera-server"), "--listen", "127.0.0.1:0", "--port_file", d + "/server.port",
+       "--coordinator", coordinator_address, "--shard_index", "0", "--threads", "2",
+       "--metrics_listen", "127.0.0.1:0", "--metrics_port_file", d + "/server.metrics"},
+      d, "server");
+  worker_ =
+      SpawnChild({Bin("tessera-worker"), "--coordinator", coordinator_address, "--metrics_listen",
+                  "127.0.0.1:0", "--metrics_port_file", d + "/worker.metrics"},
+                 d, "worker");
   const int server_port = WaitForPortFile(d + "/server.port", &server_, absl::Seconds(30));
   ASSERT_GT(server_port, 0) << Dump(server_);
   const int server_metrics = WaitForPortFile(d + "/server.metrics", &server_, absl::Seconds(10));

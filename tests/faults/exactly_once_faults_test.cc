@@ -49,6 +49,8 @@
 #include "tessera/v1/parameter.grpc.pb.h"
 #include "tests/faults/shard_process.h"
 #include "tests/faults/tcp_proxy.h"
+#include "tests/testlib/child_process.h"
+#include "tests/testlib/forwarding_shard_client.h"
 #include "worker/client/grpc_shard_client.h"
 #include "worker/client/parameter_client.h"
 
@@ -217,42 +219,24 @@ std::map<std::string, std::vector<double>> SumAcked(const std::vector<AckedPart>
 }
 
 // The real gRPC transport, with every PushPull attempt and its answer written to a Ledger.
-class LedgerShardClient final : public client::ShardClient {
+class LedgerShardClient final : public testlib::ForwardingShardClient {
  public:
   LedgerShardClient(std::unique_ptr<client::ShardClient> inner, Ledger* ledger)
-      : inner_(std::move(inner)), ledger_(ledger) {}
+      : ForwardingShardClient(std::move(inner)), ledger_(ledger) {}
 
-  const std::string& address() const override { return inner_->address(); }
   void PushPull(std::shared_ptr<const v1::PushPullRequest> request, absl::Time deadline,
                 PushPullCallback done) override {
     ledger_->Sent(request, this);
     const uint64_t seq = request->seq();
-    inner_->PushPull(
+    inner()->PushPull(
         std::move(request), deadline,
         [this, seq, done = std::move(done)](absl::StatusOr<v1::PushPullResponse> response) {
           ledger_->Answered(seq, response);
           done(std::move(response));
         });
   }
-  absl::StatusOr<std::vector<v1::Slice>> Pull(const v1::PullRequest& request,
-                                              absl::Time deadline) override {
-    return inner_->Pull(request, deadline);
-  }
-  absl::StatusOr<v1::CreateJobStateResponse> CreateJobState(
-      const v1::CreateJobStateRequest& request, absl::Time deadline) override {
-    return inner_->CreateJobState(request, deadline);
-  }
-  absl::Status UpdateMembership(const v1::UpdateMembershipRequest& request,
-                                absl::Time deadline) override {
-    return inner_->UpdateMembership(request, deadline);
-  }
-  absl::Status DropJob(const v1::DropJobRequest& request, absl::Time deadline) override {
-    return inner_->DropJob(request, deadline);
-  }
-  void CancelPending() override { inner_->CancelPending(); }
 
  private:
-  const std::unique_ptr<client::ShardClient> inner_;
   Ledger* const ledger_;
 };
 
@@ -294,9 +278,8 @@ absl::Status ResendUntilAcknowledged(Ledger& ledger) {
 class ExactlyOnceFaultsTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    char tmpl[] = "/tmp/tessera-faults-XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    work_dir_ = tmpl;
+    work_dir_ = work_dir_owner_.path();
+    ASSERT_FALSE(work_dir_.empty());
     for (int i = 0; i < kShards; ++i) {
       ShardProcess::Options o;
       o.server_path = TESSERA_SERVER_BINARY;
@@ -326,10 +309,8 @@ class ExactlyOnceFaultsTest : public ::testing::Test {
       absl::Status stopped = s->Terminate(absl::Seconds(15));
       EXPECT_TRUE(stopped.ok()) << stopped;
     }
-    if (getenv("TESSERA_KEEP_SHARD_LOGS") == nullptr) {
-      std::error_code ec;
-      std::filesystem::remove_all(work_dir_, ec);
-    } else {
+    if (getenv("TESSERA_KEEP_SHARD_LOGS") != nullptr) {
+      work_dir_owner_.keep();
       std::cerr << "shard logs in " << work_dir_ << "\n";
     }
   }
@@ -577,6 +558,8 @@ class ExactlyOnceFaultsTest : public ::testing::Test {
     return n;
   }
 
+  // Declared before shards_, so that it is removed after they are killed.
+  testlib::ScratchDirectory work_dir_owner_{"tessera-faults"};
   std::string work_dir_;
   std::vector<std::unique_ptr<ShardProcess>> shards_;
   std::vector<std::unique_ptr<TcpProxy>> proxies_;

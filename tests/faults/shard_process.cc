@@ -8,13 +8,10 @@
 
 #include <cerrno>
 #include <cstring>
-#include <fstream>
-#include <sstream>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/strip.h"
 #include "absl/time/clock.h"
+#include "tests/testlib/child_process.h"
 #include "worker/client/local_shards.h"
 
 extern char** environ;
@@ -23,18 +20,7 @@ namespace tessera {
 namespace faults {
 namespace {
 
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-std::string LogTail(const std::string& path) {
-  std::string log = ReadFile(path);
-  if (log.size() > 2000) log = log.substr(log.size() - 2000);
-  return log;
-}
+std::string LogTail(const std::string& path) { return testlib::FileTail(path, 2000); }
 
 }  // namespace
 
@@ -102,13 +88,7 @@ absl::Status ShardProcess::Start(int port) {
                                               " exited before serving (wait status ", status,
                                               "); log:\n", LogTail(log)));
     }
-    if (bound == 0) {
-      int parsed = 0;
-      if (absl::SimpleAtoi(absl::StripAsciiWhitespace(ReadFile(port_file)), &parsed) &&
-          parsed > 0) {
-        bound = parsed;
-      }
-    }
+    if (bound == 0) bound = testlib::ReadPortFile(port_file);
     if (bound != 0 &&
         client::IsServing(absl::StrCat("127.0.0.1:", bound), absl::Milliseconds(500))) {
       port_ = bound;
@@ -124,26 +104,18 @@ absl::Status ShardProcess::Start(int port) {
 }
 
 void ShardProcess::Kill() {
-  if (pid_ <= 0) return;
-  kill(pid_, SIGKILL);
-  int status = 0;
-  waitpid(pid_, &status, 0);
+  testlib::KillAndReap(pid_);
   pid_ = -1;
 }
 
 absl::Status ShardProcess::Terminate(absl::Duration timeout) {
   if (pid_ <= 0) return absl::OkStatus();
   kill(pid_, SIGTERM);
-  const absl::Time deadline = absl::Now() + timeout;
   int status = 0;
-  while (waitpid(pid_, &status, WNOHANG) != pid_) {
-    if (absl::Now() > deadline) {
-      Kill();
-      return absl::InternalError(absl::StrCat("shard ", options_.shard_index,
-                                              " did not exit within ",
-                                              absl::FormatDuration(timeout), " of SIGTERM"));
-    }
-    absl::SleepFor(absl::Milliseconds(10));
+  if (!testlib::WaitForExit(pid_, timeout, &status)) {
+    Kill();
+    return absl::InternalError(absl::StrCat("shard ", options_.shard_index, " did not exit within ",
+                                            absl::FormatDuration(timeout), " of SIGTERM"));
   }
   pid_ = -1;
   if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {

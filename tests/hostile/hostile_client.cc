@@ -71,14 +71,14 @@
 #include "grpcpp/support/sync_stream.h"
 #include "tessera/v1/job.grpc.pb.h"
 #include "tessera/v1/parameter.grpc.pb.h"
-#include "tests/hostile/daemon_processes.h"
+#include "tests/testlib/child_process.h"
 #include "worker/client/parameter_client.h"
 
 namespace tessera::hostile {
 namespace {
 
 namespace pb = google::protobuf;
-using testing::DaemonProcess;
+using testlib::ChildProcess;
 
 // --- Options -------------------------------------------------------------------------------------
 
@@ -1281,7 +1281,7 @@ class Failures {
 // --- The run -------------------------------------------------------------------------------------
 
 struct Daemon {
-  DaemonProcess process;
+  ChildProcess process;
   std::string address;
   size_t max_receive = 4 << 20;
   Tally tally;
@@ -1354,51 +1354,51 @@ bool HostileRun::StartDaemons() {
   const std::string& d = dir_;
   auto bin = [&](const char* name) { return absl::StrCat(options_.bin_dir, "/", name); };
   Daemon& coordinator = daemons_[kCoordinator];
-  coordinator.process = testing::SpawnDaemon(
+  coordinator.process = testlib::SpawnChild(
       {bin("tessera-coordinator"), "--listen", "127.0.0.1:0", "--port_file",
        d + "/coordinator.port", "--data_dir", d + "/coordinator", "--num_shards", "2",
        "--lease_seconds", "10", "--heartbeat_seconds", "1"},
       d, "coordinator");
   const int coordinator_port =
-      testing::WaitForPortFile(d + "/coordinator.port", &coordinator.process, absl::Seconds(30));
+      testlib::WaitForPortFile(d + "/coordinator.port", &coordinator.process, absl::Seconds(30));
   if (coordinator_port <= 0) {
     failures_.Add(absl::StrCat("coordinator did not start: ",
-                               testing::FileTail(coordinator.process.err_path)));
+                               testlib::FileTail(coordinator.process.err_path)));
     return false;
   }
   coordinator.address = absl::StrCat("127.0.0.1:", coordinator_port);
   for (int i = 0; i < 2; ++i) {
     Daemon& shard = daemons_[kShard0 + i];
     shard.max_receive = static_cast<size_t>(options_.shard_max_message_bytes);
-    shard.process = testing::SpawnDaemon(
-        {bin("tessera-server"), "--listen", "127.0.0.1:0", "--port_file",
-         absl::StrCat(d, "/shard-", i, ".port"), "--coordinator", coordinator.address,
-         "--shard_index", absl::StrCat(i), "--threads", "2", "--data_dir",
-         absl::StrCat(d, "/shard-", i), "--max_message_bytes",
-         absl::StrCat(options_.shard_max_message_bytes)},
-        d, absl::StrCat("shard-", i));
+    shard.process =
+        testlib::SpawnChild({bin("tessera-server"), "--listen", "127.0.0.1:0", "--port_file",
+                             absl::StrCat(d, "/shard-", i, ".port"), "--coordinator",
+                             coordinator.address, "--shard_index", absl::StrCat(i), "--threads",
+                             "2", "--data_dir", absl::StrCat(d, "/shard-", i),
+                             "--max_message_bytes", absl::StrCat(options_.shard_max_message_bytes)},
+                            d, absl::StrCat("shard-", i));
   }
   Daemon& worker = daemons_[kWorker];
-  worker.process = testing::SpawnDaemon(
+  worker.process = testlib::SpawnChild(
       {bin("tessera-worker"), "--coordinator", coordinator.address, "--listen", "127.0.0.1:0",
        "--port_file", d + "/worker.port", "--device", "cpu", "--threads", "1"},
       d, "worker");
   for (int i = 0; i < 2; ++i) {
     Daemon& shard = daemons_[kShard0 + i];
-    const int port = testing::WaitForPortFile(absl::StrCat(d, "/shard-", i, ".port"),
+    const int port = testlib::WaitForPortFile(absl::StrCat(d, "/shard-", i, ".port"),
                                               &shard.process, absl::Seconds(30));
     if (port <= 0) {
       failures_.Add(
-          absl::StrCat("shard ", i, " did not start: ", testing::FileTail(shard.process.err_path)));
+          absl::StrCat("shard ", i, " did not start: ", testlib::FileTail(shard.process.err_path)));
       return false;
     }
     shard.address = absl::StrCat("127.0.0.1:", port);
   }
   const int worker_port =
-      testing::WaitForPortFile(d + "/worker.port", &worker.process, absl::Seconds(30));
+      testlib::WaitForPortFile(d + "/worker.port", &worker.process, absl::Seconds(30));
   if (worker_port <= 0) {
     failures_.Add(
-        absl::StrCat("worker did not start: ", testing::FileTail(worker.process.err_path)));
+        absl::StrCat("worker did not start: ", testlib::FileTail(worker.process.err_path)));
     return false;
   }
   worker.address = absl::StrCat("127.0.0.1:", worker_port);
@@ -1601,9 +1601,9 @@ void HostileRun::StopValidTraffic() {
 void HostileRun::CheckHealthAndLife(const char* when) {
   for (int i = 0; i < kNumDaemons; ++i) {
     Daemon& d = daemons_[i];
-    if (testing::HasExited(&d.process)) {
-      failures_.Add(absl::StrCat(kDaemonNames[i], " ", testing::DescribeEnd(d.process), " ", when,
-                                 "; stderr tail:\n", testing::FileTail(d.process.err_path)));
+    if (testlib::HasExited(&d.process)) {
+      failures_.Add(absl::StrCat(kDaemonNames[i], " ", testlib::DescribeEnd(d.process), " ", when,
+                                 "; stderr tail:\n", testlib::FileTail(d.process.err_path)));
       continue;
     }
     if (!HealthServing(Channel(d.address).get())) {
@@ -1620,10 +1620,10 @@ void HostileRun::CountRequest() {
   absl::MutexLock lock(&rss_mu_);
   for (Daemon& d : daemons_) {
     if (d.process.pid <= 0) continue;
-    const int64_t kib = testing::ResidentKib(d.process.pid);
+    const int64_t kib = testlib::ResidentKib(d.process.pid);
     if (d.rss_base_kib < 0) {
       d.rss_base_kib = kib;
-      d.threads_base = testing::ProcStatusField(d.process.pid, "Threads");
+      d.threads_base = testlib::ProcStatusField(d.process.pid, "Threads");
     }
     d.rss_curve.push_back(kib);
   }
@@ -1892,8 +1892,8 @@ int HostileRun::Run() {
     absl::SleepFor(absl::Seconds(2));
     for (Daemon& d : daemons_) {
       if (d.process.pid <= 0) continue;
-      d.rss_end_kib = testing::ResidentKib(d.process.pid);
-      d.threads_end = testing::ProcStatusField(d.process.pid, "Threads");
+      d.rss_end_kib = testlib::ResidentKib(d.process.pid);
+      d.threads_end = testlib::ProcStatusField(d.process.pid, "Threads");
     }
     checker_stop.store(true);
     checker.join();
@@ -1952,11 +1952,11 @@ int HostileRun::Run() {
   for (int i = kNumDaemons - 1; i >= 0; --i) {
     Daemon& d = daemons_[i];
     if (d.process.pid <= 0) continue;
-    const int code = testing::StopDaemon(&d.process, absl::Seconds(20));
+    const int code = testlib::StopChild(&d.process, absl::Seconds(20));
     if (code != 0) {
       failures_.Add(absl::StrCat(kDaemonNames[i], " exited with ", code,
                                  " on SIGTERM; stderr tail:\n",
-                                 testing::FileTail(d.process.err_path)));
+                                 testlib::FileTail(d.process.err_path)));
     }
   }
   std::fflush(stdout);
@@ -1984,7 +1984,7 @@ int main(int argc, char** argv) {
   if (options.seed == 0) {
     options.seed = static_cast<uint64_t>(absl::ToUnixNanos(absl::Now())) | 1;
   }
-  tessera::testing::ScratchDirectory dir("tessera-hostile");
+  tessera::testlib::ScratchDirectory dir("tessera-hostile");
   if (dir.path().empty()) {
     std::fprintf(stderr, "hostile: cannot make a scratch directory under /tmp\n");
     return 1;

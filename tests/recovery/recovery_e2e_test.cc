@@ -31,6 +31,7 @@
 #include "cli/coordinator_client.h"
 #include "cli/local_cluster.h"
 #include "gtest/gtest.h"
+#include "tests/testlib/fashion_mnist.h"
 #include "worker/trainer/job_spec.h"
 
 #ifndef TESSERA_BIN_DIR
@@ -46,25 +47,9 @@ namespace {
 using cli::CoordinatorClient;
 using cli::LocalCluster;
 
-constexpr char kDatasetDir[] = "/usr/share/datasets/fashion-mnist";
 // Short leases, so that a lost member is noticed within seconds.
 constexpr char kLeaseSeconds[] = "2";
 constexpr char kHeartbeatSeconds[] = "0.5";
-
-bool HaveDataset() {
-  for (const char* f : {"train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz",
-                        "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"}) {
-    if (access(absl::StrCat(kDatasetDir, "/", f).c_str(), R_OK) != 0) return false;
-  }
-  return true;
-}
-
-#define SKIP_WITHOUT_DATASET()                                                             \
-  if (!HaveDataset()) {                                                                    \
-    GTEST_SKIP()                                                                           \
-        << "Fashion-MNIST is not installed in " << kDatasetDir                             \
-        << " (Debian package dataset-fashion-mnist; scripts/install-deps.sh installs it)"; \
-  }
 
 int64_t NowMs() { return absl::ToUnixMillis(absl::Now()); }
 
@@ -191,7 +176,7 @@ class RecoveryE2eTest : public ::testing::Test {
 
 // Test 1: a worker SIGKILLed in the middle of training.
 TEST_F(RecoveryE2eTest, WorkerKilledMidTrainingJobSucceedsAndIdleWorkerTakesTheRank) {
-  SKIP_WITHOUT_DATASET();
+  TESSERA_SKIP_WITHOUT_FASHION_MNIST();
   ASSERT_NO_FATAL_FAILURE(StartCluster());
   // 4 epochs (1876 steps a rank): long enough for the idle worker to take the rank over and
   // train with it before the end.
@@ -233,7 +218,7 @@ TEST_F(RecoveryE2eTest, WorkerKilledMidTrainingJobSucceedsAndIdleWorkerTakesTheR
 
 // Test 2: a shard SIGKILLed in the middle of training, checkpoints every 50 steps.
 TEST_F(RecoveryE2eTest, ShardKilledMidTrainingJobResumesFromTheLastCheckpoint) {
-  SKIP_WITHOUT_DATASET();
+  TESSERA_SKIP_WITHOUT_FASHION_MNIST();
   ASSERT_NO_FATAL_FAILURE(StartCluster());
   const double baseline = Baseline();
 
@@ -308,7 +293,7 @@ TEST_F(RecoveryE2eTest, ShardKilledMidTrainingJobResumesFromTheLastCheckpoint) {
 
 // Test 5: the coordinator SIGKILLed while a job runs, back 3 s later.
 TEST_F(RecoveryE2eTest, CoordinatorKilledJobStillSucceedsWithItsWholeHistory) {
-  SKIP_WITHOUT_DATASET();
+  TESSERA_SKIP_WITHOUT_FASHION_MNIST();
   ASSERT_NO_FATAL_FAILURE(StartCluster());
   absl::StatusOr<v1::Job> created = client_->CreateJob(Spec("coordinator-kill", 50));
   ASSERT_TRUE(created.ok()) << created.status();
