@@ -374,8 +374,14 @@ TEST_F(WorkerDaemonTest, TheSameAssignmentAgainIsIgnored) {
   ASSERT_TRUE(first.has_value());
   const size_t before = coordinator_.reports().size();
   coordinator_.Send(Assign("dup", 100000, asp));
-  // Time for the event to arrive, then a report from after it.
-  absl::SleepFor(absl::Milliseconds(500));
+  // Events are handled in order: once another job sent after it is refused (busy), the
+  // duplicate has been handled. Then a report from after it.
+  coordinator_.Send(Assign("marker", 1));
+  ASSERT_TRUE(coordinator_.WaitReport(
+      [](const v1::ProgressReport& r) {
+        return r.job_id() == "marker" && r.phase() == v1::TASK_PHASE_FAILED;
+      },
+      absl::Seconds(20)));
   int64_t seen = 0;
   for (const v1::ProgressReport& r : coordinator_.reports()) seen = std::max(seen, r.step());
   std::optional<v1::ProgressReport> later = coordinator_.WaitReport(
@@ -411,6 +417,7 @@ TEST_F(WorkerDaemonTest, TheSameAssignmentAgainIsIgnored) {
   ASSERT_GT(reports.size(), before);
   int64_t last = -1;
   for (size_t i = 0; i < reports.size(); ++i) {
+    if (reports[i].job_id() != "dup") continue;  // the marker's refusal
     EXPECT_EQ(reports[i].incarnation(), first->incarnation());
     if (reports[i].phase() != v1::TASK_PHASE_TRAINING) continue;
     EXPECT_GT(reports[i].step(), last) << "report " << i << " started over";
