@@ -1075,35 +1075,27 @@ absl::Status ParameterStore::DropJob(absl::string_view job_id) {
   {
     absl::MutexLock lock(&mu_);
     auto it = jobs_.find(job_id);
-    if (it == jobs_.end()) {
-      // Not in memory (this process started after the job was created, and nobody restored it),
-      // but its checkpoint files may be on disk: they go too. A job id that is no file name has
-      // none.
-      if (!options_.checkpoint_dir.empty() && ValidateJobId(job_id).ok()) {
-        EnqueueWrite([this, dir = absl::StrCat(options_.checkpoint_dir, "/", job_id)](bool) {
-          std::error_code error;
-          if (std::filesystem::remove_all(dir, error) > 0 && !error) {
-            SyncDirectory(options_.checkpoint_dir).IgnoreError();
-          }
-        });
-      }
-      return absl::NotFoundError(absl::StrCat("job_id: unknown job '", job_id, "' on this shard"));
-    }
-    job = std::move(it->second);
-    jobs_.erase(it);
-    {
+    if (it != jobs_.end()) {
+      job = std::move(it->second);
+      jobs_.erase(it);
       absl::MutexLock ckpt_lock(&job->ckpt_mu);
       job->dropped = true;  // its writes still queued are skipped
     }
-    if (!options_.checkpoint_dir.empty()) {
-      // Queued under mu_, so it runs after every write of this job and before any write of a job
-      // created later under the same id.
-      EnqueueWrite([this, dir = absl::StrCat(options_.checkpoint_dir, "/", job->id)](bool) {
+    // Its checkpoint files go too, also for a job not in memory (this process started after the
+    // job was created, and nobody restored it); a job id that is no file name has none. Queued
+    // under mu_, so it runs after every write of this job and before any write of a job created
+    // later under the same id.
+    if (!options_.checkpoint_dir.empty() && ValidateJobId(job_id).ok()) {
+      EnqueueWrite([this, dir = absl::StrCat(options_.checkpoint_dir, "/", job_id)](bool) {
         std::error_code error;
-        std::filesystem::remove_all(dir, error);
-        if (!error) SyncDirectory(options_.checkpoint_dir).IgnoreError();
+        if (std::filesystem::remove_all(dir, error) > 0 && !error) {
+          SyncDirectory(options_.checkpoint_dir).IgnoreError();
+        }
       });
     }
+  }
+  if (job == nullptr) {
+    return absl::NotFoundError(absl::StrCat("job_id: unknown job '", job_id, "' on this shard"));
   }
   job->gate.Close(absl::AbortedError(absl::StrCat("job '", job_id, "' was dropped")));
   RetireCaptures(*job, absl::AbortedError(absl::StrCat("job '", job_id, "' was dropped")));

@@ -1276,13 +1276,13 @@ void Coordinator::RunShardDrops() {
   }
   // Unlocked: RPCs. After a failure the address's other drops wait for its backoff, so a shard
   // that cannot be called costs one deadline per tick, not one per drop.
-  std::vector<absl::Status> results(due.size(), absl::CancelledError("not tried"));
+  std::vector<std::optional<absl::Status>> results(due.size());  // empty: not tried
   std::set<std::string> failed;
   for (size_t i = 0; i < due.size(); ++i) {
     const ShardDrop& drop = due[i].first;
     if (failed.count(drop.address) > 0) continue;
     results[i] = shards_->DropJob(drop.address, drop.job_id);
-    if (!results[i].ok() && results[i].code() != absl::StatusCode::kNotFound) {
+    if (!results[i]->ok() && results[i]->code() != absl::StatusCode::kNotFound) {
       failed.insert(drop.address);
     }
   }
@@ -1292,7 +1292,8 @@ void Coordinator::RunShardDrops() {
     const auto& [drop, generation] = due[i];
     auto it = drops_.find(drop);
     if (it == drops_.end()) continue;
-    const absl::Status& status = results[i];
+    if (!results[i].has_value()) continue;  // not tried this round
+    const absl::Status& status = *results[i];
     if (status.ok() || status.code() == absl::StatusCode::kNotFound) {
       if (it->second.generation != generation) continue;  // owed again meanwhile
       pending_.drops.erase(std::remove(pending_.drops.begin(), pending_.drops.end(), drop),
@@ -1301,7 +1302,6 @@ void Coordinator::RunShardDrops() {
       drops_.erase(it);
       continue;
     }
-    if (status.code() == absl::StatusCode::kCancelled) continue;  // not tried this round
     // The backoff applies to every drop the address is owed.
     const int64_t backoff = std::clamp<int64_t>(2 * it->second.backoff_ms, 1000,
                                                 absl::ToInt64Milliseconds(kMaxDropBackoff));

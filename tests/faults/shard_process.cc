@@ -1,20 +1,13 @@
 #include "tests/faults/shard_process.h"
 
-#include <fcntl.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
-
-#include <cerrno>
-#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "tests/testlib/child_process.h"
 #include "worker/client/local_shards.h"
-
-extern char** environ;
 
 namespace tessera {
 namespace faults {
@@ -50,34 +43,11 @@ absl::Status ShardProcess::Start(int port) {
                                    "--data_dir",
                                    data_dir()};
   args.insert(args.end(), options_.extra_args.begin(), options_.extra_args.end());
-  std::vector<char*> argv;
-  for (std::string& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
   const std::string log = log_path();
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, 1, log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-  posix_spawn_file_actions_adddup2(&actions, 1, 2);
-  posix_spawnattr_t attr;
-  posix_spawnattr_init(&attr);
-  sigset_t none, defaults;
-  sigemptyset(&none);
-  sigemptyset(&defaults);
-  sigaddset(&defaults, SIGTERM);
-  sigaddset(&defaults, SIGINT);
-  sigaddset(&defaults, SIGPIPE);
-  posix_spawnattr_setsigmask(&attr, &none);
-  posix_spawnattr_setsigdefault(&attr, &defaults);
-  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
-  const int err =
-      posix_spawn(&pid_, options_.server_path.c_str(), &actions, &attr, argv.data(), environ);
-  posix_spawn_file_actions_destroy(&actions);
-  posix_spawnattr_destroy(&attr);
-  if (err != 0) {
-    pid_ = -1;
-    return absl::InternalError(
-        absl::StrCat("posix_spawn ", options_.server_path, ": ", std::strerror(err)));
-  }
+  absl::StatusOr<pid_t> pid =
+      client::SpawnWithLog(options_.server_path, std::move(args), log, /*append=*/true);
+  if (!pid.ok()) return pid.status();
+  pid_ = *pid;
   const absl::Time deadline = absl::Now() + options_.start_timeout;
   int bound = 0;
   for (;;) {

@@ -57,6 +57,13 @@ class LocalShards {
   std::vector<std::string> addresses_;
 };
 
+// Starts `binary` with `args` (args[0] included) and the environment, stdout and stderr both to
+// `log` (appended when `append`, truncated otherwise), no blocked signals and SIGTERM, SIGINT and
+// SIGPIPE at their defaults. Returns the child's pid; INTERNAL naming the binary when posix_spawn
+// fails.
+absl::StatusOr<pid_t> SpawnWithLog(const std::string& binary, std::vector<std::string> args,
+                                   const std::string& log, bool append);
+
 // One grpc.health.v1.Health/Check of the whole server, over a channel made with `credentials`
 // (default: plaintext, no token). True when it answered SERVING.
 bool IsServing(const std::string& address, absl::Duration timeout,
