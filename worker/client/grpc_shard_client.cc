@@ -58,11 +58,86 @@ grpc::ByteBuffer SerializeCopy(const v1::PushPullRequest& request) {
 // Push values of at least this many bytes travel as their own slice pointing into the request.
 constexpr size_t kZeroCopyMinBytes = 16 << 10;
 
+}  // namespace
+
+class GrpcShardClient::Loan {
+ public:
+  explicit Loan(GrpcShardClient* owner) : owner_(owner) {}
+
+  // One more reference into the borrowed memory (a slice, or a send about to make slices).
+  void Take() {
+    absl::MutexLock lock(&mu_);
+    ++live_;
+    owner_->borrowed_references_.fetch_add(1, std::memory_order_relaxed);
+  }
+
+  // Drops one; the last one hands a deferred callback to the sweeper. The mutex orders gRPC's
+  // reads of the memory (before it releases the slice) before the callback.
+  void Return() {
+    std::function<void()> fn;
+    {
+      absl::MutexLock lock(&mu_);
+      owner_->borrowed_references_.fetch_sub(1, std::memory_order_release);
+      if (--live_ == 0) fn.swap(when_returned_);
+    }
+    if (fn) owner_->PostReady(std::move(fn));
+  }
+
+  bool Outstanding() {
+    absl::MutexLock lock(&mu_);
+    return live_ > 0;
+  }
+
+  // Keeps *fn for the last Return and returns true; false (leaving *fn) when nothing is out.
+  bool Defer(std::function<void()>* fn) {
+    absl::MutexLock lock(&mu_);
+    if (live_ == 0) return false;
+    when_returned_ = std::move(*fn);
+    return true;
+  }
+
+  // Blocks until nothing is out. Only for a loan without a deferred callback.
+  void AwaitReturned() {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(
+        +[](int64_t* live) { return *live == 0; }, &live_));
+  }
+
+ private:
+  GrpcShardClient* const owner_;
+  absl::Mutex mu_;
+  int64_t live_ ABSL_GUARDED_BY(mu_) = 0;
+  std::function<void()> when_returned_ ABSL_GUARDED_BY(mu_);
+};
+
+namespace {
+
+// A slice over borrowed memory: the loan counts it until gRPC releases it.
+grpc::Slice BorrowedSlice(absl::string_view data,
+                          const std::shared_ptr<GrpcShardClient::Loan>& loan) {
+  loan->Take();
+  auto* keep = new std::shared_ptr<GrpcShardClient::Loan>(loan);
+  return grpc::Slice(
+      const_cast<char*>(data.data()), data.size(),
+      [](void* p) {
+        auto* held = static_cast<std::shared_ptr<GrpcShardClient::Loan>*>(p);
+        (*held)->Return();
+        delete held;
+      },
+      keep);
+}
+
 // The request in protobuf wire format, built so that the bytes of every large push slice are not
 // copied: each becomes a grpc::Slice that points into the request and keeps it alive until gRPC
-// releases the slice. The rest (ids, keys, tags, lengths) is serialised normally. Field order on
-// the wire does not matter to a protobuf parser, so the push slices come after the other fields.
-grpc::ByteBuffer SerializeZeroCopy(const std::shared_ptr<const v1::PushPullRequest>& request) {
+// releases the slice, or, for borrowed data (borrowed[i] non-empty), into the caller's memory,
+// counted by `loan`. With `zero_copy` false every byte is copied into the message instead. The
+// rest (ids, keys, tags, lengths) is serialised normally. Field order on the wire does not matter
+// to a protobuf parser, so the push slices come after the other fields.
+grpc::ByteBuffer SerializeRequest(const std::shared_ptr<const v1::PushPullRequest>& request,
+                                  const std::vector<absl::string_view>& borrowed,
+                                  const std::shared_ptr<GrpcShardClient::Loan>& loan,
+                                  bool zero_copy) {
+  if (!zero_copy && borrowed.empty()) return SerializeCopy(*request);
   v1::PushPullRequest header;
   header.set_job_id(request->job_id());
   header.set_worker_id(request->worker_id());
@@ -73,7 +148,10 @@ grpc::ByteBuffer SerializeZeroCopy(const std::shared_ptr<const v1::PushPullReque
   header.set_pull_encoding(request->pull_encoding());
   std::string pending = header.SerializeAsString();
   std::vector<grpc::Slice> slices;
-  for (const v1::Slice& push : request->push()) {
+  for (int i = 0; i < request->push_size(); ++i) {
+    const v1::Slice& push = request->push(i);
+    const bool lent = static_cast<size_t>(i) < borrowed.size() && !borrowed[i].empty();
+    const absl::string_view data = lent ? borrowed[i] : absl::string_view(push.data());
     v1::Slice meta;
     *meta.mutable_key() = push.key();
     meta.set_encoding(push.encoding());
@@ -81,7 +159,7 @@ grpc::ByteBuffer SerializeZeroCopy(const std::shared_ptr<const v1::PushPullReque
     meta.set_want_weights(push.want_weights());
     meta.set_version(push.version());
     const std::string meta_bytes = meta.SerializeAsString();
-    const size_t n = push.data().size();
+    const size_t n = data.size();
     const size_t body = meta_bytes.size() + (n > 0 ? 1 + VarintSize(n) + n : 0);
     pending.push_back(static_cast<char>((6 << 3) | 2));  // PushPullRequest.push
     AppendVarint(body, &pending);
@@ -89,12 +167,16 @@ grpc::ByteBuffer SerializeZeroCopy(const std::shared_ptr<const v1::PushPullReque
     if (n == 0) continue;
     pending.push_back(static_cast<char>((3 << 3) | 2));  // Slice.data
     AppendVarint(n, &pending);
-    if (n < kZeroCopyMinBytes) {
-      pending += push.data();
+    if (n < kZeroCopyMinBytes || !zero_copy) {
+      pending.append(data.data(), data.size());
       continue;
     }
     slices.emplace_back(pending.data(), pending.size());  // copies the small header bytes
     pending.clear();
+    if (lent) {
+      slices.push_back(BorrowedSlice(data, loan));
+      continue;
+    }
     auto* keep = new std::shared_ptr<const v1::PushPullRequest>(request);
     slices.emplace_back(
         const_cast<char*>(push.data().data()), n,
@@ -269,7 +351,16 @@ class GrpcShardClient::Stream final
   // reference to the channel) never drops the channel's last reference on a gRPC callback
   // thread: gRPC 1.51 cannot shut a channel down from its own callback threads
   // (grpc/grpc#32584; it aborts with `prior > 0` in ref_counted.h).
-  ~Stream() override { owner_->OnStreamDestroyed(); }
+  ~Stream() override {
+    // Unwritten messages go first: their borrowed slices are returned while the owner still waits.
+    std::deque<std::unique_ptr<grpc::ByteBuffer>> unwritten;
+    {
+      absl::MutexLock lock(&mu_);
+      unwritten.swap(queue_);
+    }
+    unwritten.clear();
+    owner_->OnStreamDestroyed();
+  }
 
   int slot() const { return slot_; }
   uint64_t generation() const { return generation_; }
@@ -287,12 +378,15 @@ class GrpcShardClient::Stream final
 
   // Queues `request` for writing. False when the stream has already ended; the owner's
   // OnStreamDone then takes care of every request pending on it.
-  bool Send(const std::shared_ptr<const v1::PushPullRequest>& request) {
+  // `borrowed` and `loan` as in Pending; the caller holds a reference of the loan across the call.
+  bool Send(const std::shared_ptr<const v1::PushPullRequest>& request,
+            const std::vector<absl::string_view>& borrowed, const std::shared_ptr<Loan>& loan) {
     auto message = std::make_unique<grpc::ByteBuffer>(
-        owner_->options_.zero_copy_push ? SerializeZeroCopy(request) : SerializeCopy(*request));
+        SerializeRequest(request, borrowed, loan, owner_->options_.zero_copy_push));
     const grpc::ByteBuffer* first = nullptr;
     {
       absl::MutexLock lock(&mu_);
+      // `message` outlives the lock, so a borrowed slice is released without it held.
       if (finished_) return false;
       queue_.push_back(std::move(message));
       if (!writing_) {
@@ -308,12 +402,19 @@ class GrpcShardClient::Stream final
 
   void OnWriteDone(bool ok) override {
     const grpc::ByteBuffer* next = nullptr;
+    // Messages are destroyed after the lock is released: releasing a borrowed slice may hand a
+    // deferred callback to the sweeper.
+    std::deque<std::unique_ptr<grpc::ByteBuffer>> written;
     {
       absl::MutexLock lock(&mu_);
+      written.push_back(std::move(queue_.front()));
       queue_.pop_front();
       if (!ok) finished_ = true;
       if (finished_) {
-        queue_.clear();
+        while (!queue_.empty()) {
+          written.push_back(std::move(queue_.front()));
+          queue_.pop_front();
+        }
         writing_ = false;
       } else if (!queue_.empty()) {
         next = queue_.front().get();
@@ -448,11 +549,19 @@ GrpcShardClient::~GrpcShardClient() {
         +[](int* live) { return *live == 0; }, &live_streams_));
     left.swap(pending_);
   }
-  sweeper_.join();
   for (auto& [seq, p] : left) {
+    if (p.loan != nullptr) p.loan->AwaitReturned();
     p.done(absl::CancelledError(
         absl::StrCat(options_.address, ": PushPull seq ", seq, " cancelled: client shut down")));
   }
+  // Deferred callbacks run on the sweeper; it stops once none is left.
+  {
+    absl::MutexLock lock(&ready_mu_);
+    ready_mu_.Await(absl::Condition(
+        +[](int64_t* deferred) { return *deferred == 0; }, &deferred_));
+    sweeper_stop_ = true;
+  }
+  sweeper_.join();
 }
 
 std::shared_ptr<GrpcShardClient::Stream> GrpcShardClient::CurrentStreamLocked(int slot,
@@ -469,12 +578,29 @@ std::shared_ptr<GrpcShardClient::Stream> GrpcShardClient::CurrentStreamLocked(in
 
 void GrpcShardClient::PushPull(std::shared_ptr<const v1::PushPullRequest> request,
                                absl::Time deadline, PushPullCallback done) {
-  PushPullInto(std::move(request), deadline, WeightsTarget(), std::move(done));
+  PushPullBorrowed(std::move(request), {}, deadline, WeightsTarget(), std::move(done));
 }
 
 void GrpcShardClient::PushPullInto(std::shared_ptr<const v1::PushPullRequest> request,
                                    absl::Time deadline, const WeightsTarget& target,
                                    PushPullCallback done) {
+  PushPullBorrowed(std::move(request), {}, deadline, target, std::move(done));
+}
+
+void GrpcShardClient::PushPullBorrowed(std::shared_ptr<const v1::PushPullRequest> request,
+                                       std::vector<absl::string_view> borrowed, absl::Time deadline,
+                                       const WeightsTarget& target, PushPullCallback done) {
+  bool lends = false;
+  for (absl::string_view b : borrowed) lends = lends || !b.empty();
+  std::shared_ptr<Loan> loan;
+  if (lends) {
+    loan = std::make_shared<Loan>(this);
+    // Held until the message is built: the request cannot finish (and its caller free the
+    // memory) while Send still reads it.
+    loan->Take();
+  } else {
+    borrowed.clear();
+  }
   std::shared_ptr<Stream> stream;
   bool start = false;
   {
@@ -484,6 +610,8 @@ void GrpcShardClient::PushPullInto(std::shared_ptr<const v1::PushPullRequest> re
       stream = CurrentStreamLocked(static_cast<int>(request->seq() % streams_.size()), &start);
       Pending p;
       p.request = request;
+      p.borrowed = borrowed;
+      p.loan = loan;
       p.deadline = deadline;
       p.done = std::move(done);
       if (target.out != nullptr && target.written != nullptr) p.target = target;
@@ -492,13 +620,53 @@ void GrpcShardClient::PushPullInto(std::shared_ptr<const v1::PushPullRequest> re
     }
   }
   if (stream == nullptr) {
+    if (loan != nullptr) loan->Return();
     done(absl::CancelledError(absl::StrCat(options_.address, ": PushPull seq ", request->seq(),
                                            " refused: client shutting down")));
     return;
   }
   if (start) stream->Start();
   // A false return means the stream ended under us; OnStreamDone resends what was pending on it.
-  stream->Send(std::move(request));
+  stream->Send(request, borrowed, loan);
+  if (loan != nullptr) loan->Return();
+}
+
+void GrpcShardClient::Finish(const std::shared_ptr<Loan>& loan, PushPullCallback done,
+                             absl::StatusOr<v1::PushPullResponse> result) {
+  if (loan == nullptr) {
+    done(std::move(result));
+    return;
+  }
+  std::function<void()> run = [done = std::move(done), result = std::move(result)]() mutable {
+    done(std::move(result));
+  };
+  {
+    absl::MutexLock lock(&ready_mu_);
+    ++deferred_;
+  }
+  if (loan->Defer(&run)) return;
+  {
+    absl::MutexLock lock(&ready_mu_);
+    --deferred_;
+  }
+  run();
+}
+
+void GrpcShardClient::PostReady(std::function<void()> fn) {
+  absl::MutexLock lock(&ready_mu_);
+  ready_.push_back(std::move(fn));
+}
+
+void GrpcShardClient::CancelStream(int slot, uint64_t generation) {
+  std::shared_ptr<Stream> stream;
+  {
+    absl::MutexLock lock(&mu_);
+    if (static_cast<size_t>(slot) < streams_.size() && streams_[slot] != nullptr &&
+        streams_[slot]->generation() == generation) {
+      stream = streams_[slot];
+    }
+  }
+  if (stream != nullptr) stream->Cancel();
 }
 
 void GrpcShardClient::Deliver(v1::PushPullResponse response,
@@ -506,12 +674,14 @@ void GrpcShardClient::Deliver(v1::PushPullResponse response,
                               const std::vector<DataRef>& data) {
   PushPullCallback done;
   WeightsTarget target;
+  std::shared_ptr<Loan> loan;
   {
     absl::MutexLock lock(&mu_);
     auto it = pending_.lower_bound(response.seq());
     if (it == pending_.end() || it->first != response.seq()) return;  // late answer: dropped
     done = std::move(it->second.done);
     target = std::move(it->second.target);
+    loan = std::move(it->second.loan);
     pending_.erase(it);
   }
   // The request is out of pending_, so nobody else runs `done`: the caller's buffer is still
@@ -542,16 +712,30 @@ void GrpcShardClient::Deliver(v1::PushPullResponse response,
       offset = 0;
     }
   }
-  done(std::move(response));
+  // The shard has read the whole request, so its bytes were written; gRPC releases their slices
+  // once the write completes, usually before now.
+  Finish(loan, std::move(done), std::move(response));
 }
 
 void GrpcShardClient::OnStreamDone(int slot, uint64_t generation, absl::Status status) {
-  std::vector<std::pair<uint64_t, PushPullCallback>> failed;
-  std::vector<std::shared_ptr<const v1::PushPullRequest>> resend;
+  struct Failed {
+    uint64_t seq;
+    PushPullCallback done;
+    std::shared_ptr<Loan> loan;
+  };
+  struct Resend {
+    std::shared_ptr<const v1::PushPullRequest> request;
+    std::vector<absl::string_view> borrowed;
+    std::shared_ptr<Loan> loan;
+  };
+  std::vector<Failed> failed;
+  std::vector<Resend> resend;
   std::shared_ptr<Stream> stream;
   bool start = false;
+  bool stopping;
   {
     absl::MutexLock lock(&mu_);
+    stopping = stopping_;
     if (!streams_.empty() && streams_[slot] != nullptr &&
         streams_[slot]->generation() == generation) {
       streams_[slot].reset();
@@ -566,23 +750,32 @@ void GrpcShardClient::OnStreamDone(int slot, uint64_t generation, absl::Status s
         if (stream == nullptr) stream = CurrentStreamLocked(slot, &start);
         ++p.resends;
         p.stream_generation = stream->generation();
-        resend.push_back(p.request);
+        // Held until the resend is built, as in PushPullBorrowed.
+        if (p.loan != nullptr) p.loan->Take();
+        resend.push_back(Resend{p.request, p.borrowed, p.loan});
         ++it;
       } else {
-        failed.emplace_back(it->first, std::move(p.done));
+        failed.push_back(Failed{it->first, std::move(p.done), std::move(p.loan)});
         it = pending_.erase(it);
       }
     }
   }
   if (start) stream->Start();
   // `resend` is in seq order (the map's order), so the shard sees retries in their first order.
-  for (auto& r : resend) stream->Send(std::move(r));
-  for (auto& [seq, done] : failed) {
-    const absl::StatusCode code = status.code() == absl::StatusCode::kCancelled
+  for (auto& r : resend) {
+    stream->Send(r.request, r.borrowed, r.loan);
+    if (r.loan != nullptr) r.loan->Return();
+  }
+  for (Failed& f : failed) {
+    // CANCELLED only when this client is shutting down: a stream that CancelStream ended for a
+    // stalled request, or that the shard cancelled, is a transport failure the caller may retry.
+    const absl::StatusCode code = stopping && status.code() == absl::StatusCode::kCancelled
                                       ? absl::StatusCode::kCancelled
                                       : absl::StatusCode::kUnavailable;
-    done(absl::Status(code, absl::StrCat(options_.address, ": PushPull seq ", seq,
-                                         " lost with its stream: ", status.ToString())));
+    // The stream has ended, so gRPC lets go of its slices without being told.
+    Finish(f.loan, std::move(f.done),
+           absl::Status(code, absl::StrCat(options_.address, ": PushPull seq ", f.seq,
+                                           " lost with its stream: ", status.ToString())));
   }
 }
 
@@ -592,8 +785,17 @@ void GrpcShardClient::CancelPending() {
     absl::MutexLock lock(&mu_);
     cancelled.swap(pending_);
   }
+  // A request whose bytes are still queued on its stream can only be given back by ending that
+  // stream (its other requests, if any, are written again on a new one).
+  const int slots = static_cast<int>(options_.streams);
+  for (auto& [seq, p] : cancelled) {
+    if (p.loan != nullptr && p.loan->Outstanding()) {
+      CancelStream(static_cast<int>(seq % static_cast<uint64_t>(slots)), p.stream_generation);
+    }
+  }
   // Out of pending_, so a late answer is dropped (Deliver) and never written to a target.
   for (auto& [seq, p] : cancelled) {
+    if (p.loan != nullptr) p.loan->AwaitReturned();
     p.done(absl::CancelledError(absl::StrCat(options_.address, ": PushPull seq ", seq,
                                              " cancelled: client shutting down")));
   }
@@ -606,25 +808,59 @@ void GrpcShardClient::OnStreamDestroyed() {
 }
 
 void GrpcShardClient::SweepDeadlines() {
+  absl::Time next_sweep = absl::Now() + absl::Milliseconds(25);
   for (;;) {
-    std::vector<std::pair<uint64_t, PushPullCallback>> expired;
+    std::vector<std::function<void()>> ready;
     {
-      absl::MutexLock lock(&mu_);
-      if (mu_.AwaitWithTimeout(absl::Condition(&stopping_), absl::Milliseconds(25))) return;
-      const absl::Time now = absl::Now();
-      for (auto it = pending_.begin(); it != pending_.end();) {
-        if (it->second.deadline <= now) {
-          expired.emplace_back(it->first, std::move(it->second.done));
-          it = pending_.erase(it);
-        } else {
-          ++it;
-        }
+      absl::MutexLock lock(&ready_mu_);
+      ready_mu_.AwaitWithDeadline(absl::Condition(this, &GrpcShardClient::SweeperWoken),
+                                  next_sweep);
+      if (ready_.empty() && sweeper_stop_) return;
+      ready.swap(ready_);
+    }
+    for (std::function<void()>& fn : ready) fn();
+    if (!ready.empty()) {
+      absl::MutexLock lock(&ready_mu_);
+      deferred_ -= static_cast<int64_t>(ready.size());
+    }
+    if (absl::Now() >= next_sweep) {
+      ExpireDeadlines();
+      next_sweep = absl::Now() + absl::Milliseconds(25);
+    }
+  }
+}
+
+void GrpcShardClient::ExpireDeadlines() {
+  struct Expired {
+    uint64_t seq;
+    PushPullCallback done;
+    std::shared_ptr<Loan> loan;
+    uint64_t generation;
+  };
+  std::vector<Expired> expired;
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) return;
+    const absl::Time now = absl::Now();
+    for (auto it = pending_.begin(); it != pending_.end();) {
+      if (it->second.deadline <= now) {
+        expired.push_back(Expired{it->first, std::move(it->second.done), std::move(it->second.loan),
+                                  it->second.stream_generation});
+        it = pending_.erase(it);
+      } else {
+        ++it;
       }
     }
-    for (auto& [seq, done] : expired) {
-      done(absl::DeadlineExceededError(
-          absl::StrCat(options_.address, ": PushPull seq ", seq, " deadline exceeded")));
+  }
+  const uint64_t slots = static_cast<uint64_t>(options_.streams);
+  for (Expired& e : expired) {
+    // Bytes still queued on a stalled stream are given back only when the stream ends.
+    if (e.loan != nullptr && e.loan->Outstanding()) {
+      CancelStream(static_cast<int>(e.seq % slots), e.generation);
     }
+    Finish(e.loan, std::move(e.done),
+           absl::DeadlineExceededError(
+               absl::StrCat(options_.address, ": PushPull seq ", e.seq, " deadline exceeded")));
   }
 }
 

@@ -14,6 +14,14 @@
 // DEADLINE_EXCEEDED; the streams themselves have no deadline because a gated BSP pull may park for
 // as long as the slowest worker takes.
 //
+// Borrowed push data (PushPullBorrowed). The large push slices of such a request point into the
+// caller's memory, and a Loan counts the gRPC slices (and in-progress sends) that still do. Its
+// callback runs only once that count is zero: at once in the usual case (gRPC released the slices
+// when the bytes were written, before the shard could answer), otherwise from the sweeper thread as
+// soon as the last one is released. A request that fails (deadline, CancelPending, shutdown) while
+// its bytes are still queued on a stalled stream cancels that stream, so that gRPC lets go of them;
+// the other requests on it are written again on a new stream as for any broken stream.
+//
 // Broken streams. When a stream ends (the shard restarted, the connection dropped), every request
 // still pending on it is written again, with the SAME seq, on a fresh stream, at most
 // `max_stream_resends` times; after that it fails with UNAVAILABLE and the caller's retry policy
@@ -25,7 +33,9 @@
 #ifndef TESSERA_WORKER_CLIENT_GRPC_SHARD_CLIENT_H_
 #define TESSERA_WORKER_CLIENT_GRPC_SHARD_CLIENT_H_
 
+#include <atomic>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -34,6 +44,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "common/security.h"
 #include "grpcpp/channel.h"
@@ -76,6 +87,9 @@ class GrpcShardClient final : public ShardClient {
     size_t length = 0;
   };
 
+  // Counts what still points into one request's borrowed memory. Internal to the transport.
+  class Loan;
+
   // INVALID_ARGUMENT when the address is empty. Does not connect yet.
   static absl::StatusOr<std::unique_ptr<GrpcShardClient>> Create(const Options& options);
 
@@ -93,12 +107,23 @@ class GrpcShardClient final : public ShardClient {
   absl::Status UpdateMembership(const v1::UpdateMembershipRequest& request,
                                 absl::Time deadline) override;
   absl::Status DropJob(const v1::DropJobRequest& request, absl::Time deadline) override;
+  void PushPullBorrowed(std::shared_ptr<const v1::PushPullRequest> request,
+                        std::vector<absl::string_view> borrowed, absl::Time deadline,
+                        const WeightsTarget& target, PushPullCallback done) override;
   void CancelPending() override;
+
+  // References into callers' borrowed memory that gRPC (or a send in progress) still holds, over
+  // all requests. For tests and diagnostics.
+  int64_t borrowed_references() const {
+    return borrowed_references_.load(std::memory_order_acquire);
+  }
 
  private:
   class Stream;
   struct Pending {
     std::shared_ptr<const v1::PushPullRequest> request;
+    std::vector<absl::string_view> borrowed;  // see PushPullBorrowed
+    std::shared_ptr<Loan> loan;               // set when `borrowed` is
     absl::Time deadline;
     PushPullCallback done;
     WeightsTarget target;
@@ -116,7 +141,21 @@ class GrpcShardClient final : public ShardClient {
                const std::vector<DataRef>& data);
   void OnStreamDone(int slot, uint64_t generation, absl::Status status);
   void OnStreamDestroyed();
+  // The sweeper thread: runs deferred callbacks as soon as they are ready, and fails requests past
+  // their deadline every 25 ms.
   void SweepDeadlines();
+  void ExpireDeadlines();
+  bool SweeperWoken() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(ready_mu_) {
+    return sweeper_stop_ || !ready_.empty();
+  }
+  // Runs done(result) now when `loan` is null or holds nothing, else once gRPC has released the
+  // loan's last slice (on the sweeper thread).
+  void Finish(const std::shared_ptr<Loan>& loan, PushPullCallback done,
+              absl::StatusOr<v1::PushPullResponse> result);
+  // Queues a deferred callback for the sweeper thread (any thread, no lock held).
+  void PostReady(std::function<void()> fn);
+  // Cancels the stream in `slot` when it is still of `generation` (no lock held).
+  void CancelStream(int slot, uint64_t generation);
 
   const Options options_;
   std::shared_ptr<grpc::Channel> channel_;
@@ -129,6 +168,14 @@ class GrpcShardClient final : public ShardClient {
   uint64_t next_generation_ ABSL_GUARDED_BY(mu_) = 1;
   int live_streams_ ABSL_GUARDED_BY(mu_) = 0;  // Stream objects not yet destroyed
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+
+  std::atomic<int64_t> borrowed_references_{0};
+  // Callbacks whose loans were returned, for the sweeper; deferred_ counts those deferred and
+  // not yet run (the destructor waits for it to reach zero).
+  absl::Mutex ready_mu_;
+  std::vector<std::function<void()>> ready_ ABSL_GUARDED_BY(ready_mu_);
+  int64_t deferred_ ABSL_GUARDED_BY(ready_mu_) = 0;
+  bool sweeper_stop_ ABSL_GUARDED_BY(ready_mu_) = false;
   std::thread sweeper_;
 };
 

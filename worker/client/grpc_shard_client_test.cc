@@ -20,12 +20,15 @@ namespace {
 
 // A scripted shard on loopback. The first stream breaks (UNAVAILABLE) after reading one request
 // when break_first_stream is set; seq `held_seq` is answered only after the next request; seq
-// `never_seq` is never answered. Answers echo the pushed data as weights.
+// `never_seq` is never answered. While `hold_reads` is set and not yet notified, the first stream
+// reads nothing (a stalled shard: the client's writes back up). Answers echo the pushed data as
+// weights.
 class ScriptedService final : public v1::ParameterService::Service {
  public:
   bool break_first_stream = false;
   uint64_t held_seq = 0;
   uint64_t never_seq = 0;
+  absl::Notification* hold_reads = nullptr;
 
   grpc::Status PushPull(
       grpc::ServerContext* context,
@@ -34,6 +37,9 @@ class ScriptedService final : public v1::ParameterService::Service {
     {
       absl::MutexLock lock(&mu_);
       index = streams_++;
+    }
+    if (index == 0 && hold_reads != nullptr) {
+      hold_reads->WaitForNotificationWithTimeout(absl::Seconds(20));
     }
     v1::PushPullRequest request;
     std::vector<v1::PushPullResponse> held;
@@ -307,6 +313,51 @@ TEST_P(GrpcShardClientWireTest, LargeAndSmallPushSlicesArriveIntact) {
   }
 }
 
+// Push data lent from the caller's memory arrives as if it were in the request, next to data that
+// is in it; the callback runs with nothing left pointing into the lent memory.
+TEST_P(GrpcShardClientWireTest, BorrowedPushDataArrivesIntact) {
+  Start(/*streams=*/1, /*zero_copy_push=*/GetParam());
+  std::vector<float> big(300000);
+  for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<float>(i) * 0.25f - 3.0f;
+  const std::string small = "small bytes in the request";
+  std::vector<float> tiny = {1.5f, -2.5f};  // lent, under the own-slice threshold
+  auto r = std::make_shared<v1::PushPullRequest>();
+  r->set_job_id("job");
+  r->set_seq(9);
+  for (const char* name : {"big", "small", "tiny"}) {
+    v1::Slice* s = r->add_push();
+    s->mutable_key()->set_tensor(name);
+    s->set_encoding(v1::ENCODING_FP32);
+  }
+  r->mutable_push(1)->set_data(small);
+  const absl::string_view big_bytes(reinterpret_cast<const char*>(big.data()),
+                                    big.size() * sizeof(float));
+  const absl::string_view tiny_bytes(reinterpret_cast<const char*>(tiny.data()),
+                                     tiny.size() * sizeof(float));
+  absl::Notification done;
+  absl::StatusOr<v1::PushPullResponse> result;
+  int64_t references_at_callback = -1;
+  client_->PushPullBorrowed(r, {big_bytes, absl::string_view(), tiny_bytes},
+                            absl::Now() + absl::Seconds(10), ShardClient::WeightsTarget(),
+                            [&](absl::StatusOr<v1::PushPullResponse> response) {
+                              references_at_callback = client_->borrowed_references();
+                              result = std::move(response);
+                              done.Notify();
+                            });
+  ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(20)));
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(references_at_callback, 0);
+  ASSERT_EQ(result->weights_size(), 3);
+  EXPECT_TRUE(result->weights(0).data() == big_bytes);
+  EXPECT_EQ(result->weights(1).data(), small);
+  EXPECT_TRUE(result->weights(2).data() == tiny_bytes);
+  const v1::PushPullRequest seen = service_.last_request();
+  ASSERT_EQ(seen.push_size(), 3);
+  EXPECT_EQ(seen.push(0).key().tensor(), "big");
+  EXPECT_EQ(seen.push(0).encoding(), v1::ENCODING_FP32);
+  EXPECT_EQ(seen.push(2).key().tensor(), "tiny");
+}
+
 INSTANTIATE_TEST_SUITE_P(Serialisation, GrpcShardClientWireTest, ::testing::Bool(),
                          [](const auto& info) {
                            return info.param ? std::string("ZeroCopy") : std::string("Copy");
@@ -345,6 +396,112 @@ TEST_F(GrpcShardClientTest, UnansweredRequestFailsAtItsDeadlineWithTheAddress) {
   // The stream is still usable after a deadline.
   auto next = Call(Request(4, "y"));
   ASSERT_TRUE(next.ok()) << next.status();
+}
+
+// A request whose lent bytes are stuck behind a shard that reads nothing: at its deadline the
+// client ends the stalled stream so that gRPC lets go of the bytes, and the callback (after which
+// the caller may free them) runs only then. The client then works on a new stream.
+TEST_F(GrpcShardClientTest, DeadlineOnAStalledStreamRunsTheCallbackAfterTheLentBytesAreReleased) {
+  absl::Notification hold;
+  service_.hold_reads = &hold;
+  Start();
+  // Far over any flow-control window, so most of it cannot leave the client.
+  std::vector<float> big(8 << 20, 1.0f);
+  auto r = std::make_shared<v1::PushPullRequest>();
+  r->set_job_id("job");
+  r->set_seq(11);
+  r->add_push()->mutable_key()->set_tensor("w");
+  absl::Notification done;
+  absl::StatusOr<v1::PushPullResponse> result;
+  int64_t references_at_callback = -1;
+  int64_t references_while_stalled = -1;
+  client_->PushPullBorrowed(
+      r, {absl::string_view(reinterpret_cast<const char*>(big.data()), big.size() * 4)},
+      absl::Now() + absl::Milliseconds(300), ShardClient::WeightsTarget(),
+      [&](absl::StatusOr<v1::PushPullResponse> response) {
+        references_at_callback = client_->borrowed_references();
+        result = std::move(response);
+        done.Notify();
+      });
+  absl::SleepFor(absl::Milliseconds(100));
+  references_while_stalled = client_->borrowed_references();
+  // The shard holds its reads for 20 s: the callback must come well before that.
+  ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  EXPECT_GT(references_while_stalled, 0);
+  EXPECT_EQ(references_at_callback, 0);
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kDeadlineExceeded) << result.status();
+  // The caller may now reuse the memory; nothing reads it any more.
+  std::fill(big.begin(), big.end(), -1.0f);
+  hold.Notify();
+  auto next = Call(Request(12, "after"));
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_EQ(next->weights(0).data(), "after");
+}
+
+// Sends seq with `lent` as its one push slice's data; the outcome records the status and
+// borrowed_references() when the callback ran.
+struct LentOutcome {
+  absl::Notification done;
+  absl::Status status;
+  int64_t references = -1;
+};
+void SendLent(GrpcShardClient* client, uint64_t seq, absl::string_view lent, LentOutcome* out) {
+  auto r = std::make_shared<v1::PushPullRequest>();
+  r->set_job_id("job");
+  r->set_seq(seq);
+  r->add_push()->mutable_key()->set_tensor("w");
+  client->PushPullBorrowed(r, {lent}, absl::Now() + absl::Seconds(60), ShardClient::WeightsTarget(),
+                           [out, client](absl::StatusOr<v1::PushPullResponse> response) {
+                             out->references = client->borrowed_references();
+                             out->status = response.status();
+                             out->done.Notify();
+                           });
+}
+
+// CancelPending gives lent bytes stuck on a stalled stream back before it runs the callback, and
+// returns only after the callback ran.
+TEST_F(GrpcShardClientTest, CancelPendingReleasesLentBytesOfAStalledStreamFirst) {
+  absl::Notification hold;
+  service_.hold_reads = &hold;
+  Start();
+  std::vector<float> big(8 << 20, 2.0f);
+  LentOutcome cancelled;
+  SendLent(client_.get(), 2,
+           absl::string_view(reinterpret_cast<const char*>(big.data()), big.size() * 4),
+           &cancelled);
+  absl::SleepFor(absl::Milliseconds(100));
+  EXPECT_GT(client_->borrowed_references(), 0);
+  EXPECT_FALSE(cancelled.done.HasBeenNotified());
+  const absl::Time start = absl::Now();
+  client_->CancelPending();
+  // Not by waiting out the shard's 20 s hold.
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+  ASSERT_TRUE(cancelled.done.HasBeenNotified());
+  EXPECT_EQ(cancelled.status.code(), absl::StatusCode::kCancelled) << cancelled.status;
+  EXPECT_EQ(cancelled.references, 0);
+  hold.Notify();
+  auto next = Call(Request(3, "after"));
+  ASSERT_TRUE(next.ok()) << next.status();
+}
+
+// The destructor does the same for a request in flight on a stalled stream.
+TEST_F(GrpcShardClientTest, ShutdownReleasesLentBytesOfAStalledStreamBeforeTheCallback) {
+  absl::Notification hold;
+  service_.hold_reads = &hold;
+  Start();
+  std::vector<float> big(8 << 20, 3.0f);
+  LentOutcome shut;
+  SendLent(client_.get(), 5,
+           absl::string_view(reinterpret_cast<const char*>(big.data()), big.size() * 4), &shut);
+  absl::SleepFor(absl::Milliseconds(100));
+  EXPECT_GT(client_->borrowed_references(), 0);
+  const absl::Time start = absl::Now();
+  client_.reset();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));  // not by waiting out the shard's hold
+  ASSERT_TRUE(shut.done.HasBeenNotified());
+  EXPECT_EQ(shut.status.code(), absl::StatusCode::kCancelled) << shut.status;
+  EXPECT_EQ(shut.references, 0);
+  hold.Notify();
 }
 
 TEST_F(GrpcShardClientTest, CancelPendingFailsHeldRequestsAtOnce) {

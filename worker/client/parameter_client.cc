@@ -50,6 +50,16 @@ void EncodeInto(v1::Encoding encoding, const float* in, size_t n, std::string* o
   }
 }
 
+// The push data of values [in, in + n): lent from the caller's memory when fp32 (the wire format
+// is the caller's floats), else encoded into `slice`. Returns the lent view (empty: encoded).
+absl::string_view LendOrEncode(v1::Encoding encoding, const float* in, size_t n, v1::Slice* slice) {
+  if (BytesPerValue(encoding) == 4 && n > 0) {
+    return absl::string_view(reinterpret_cast<const char*>(in), n * sizeof(float));
+  }
+  EncodeInto(encoding, in, n, slice->mutable_data());
+  return absl::string_view();
+}
+
 }  // namespace
 
 // One multi-request operation (a PushPull over several partitions or shards). Completes when
@@ -76,6 +86,9 @@ struct ParameterClient::Attempt {
   // `weights_written` and `accept` is skipped).
   ShardClient::WeightsTarget target;
   bool weights_written = false;
+  // fp32 push data lent from the caller's gradient (see ShardClient::PushPullBorrowed): entry i
+  // is the data of request->push(i), whose own data is empty.
+  std::vector<absl::string_view> borrowed;
 };
 
 // Runs retries after their backoff on one thread.
@@ -370,10 +383,10 @@ void ParameterClient::Send(std::shared_ptr<Attempt> attempt) {
   ShardClient* shard = shards_[attempt->shard].get();
   attempt->weights_written = false;
   const ShardClient::WeightsTarget& target = attempt->target;
-  shard->PushPullInto(attempt->request, absl::Now() + options_.call_timeout, target,
-                      [this, attempt](absl::StatusOr<v1::PushPullResponse> response) {
-                        OnResponse(attempt, std::move(response));
-                      });
+  shard->PushPullBorrowed(attempt->request, attempt->borrowed, absl::Now() + options_.call_timeout,
+                          target, [this, attempt](absl::StatusOr<v1::PushPullResponse> response) {
+                            OnResponse(attempt, std::move(response));
+                          });
 }
 
 void ParameterClient::OnResponse(std::shared_ptr<Attempt> attempt,
@@ -472,9 +485,10 @@ void ParameterClient::PushPullAsync(absl::string_view name, int64_t step,
     slice->mutable_key()->set_index(p.index);
     slice->set_encoding(options_.push_encoding);
     slice->set_want_weights(want);
-    EncodeInto(options_.push_encoding, gradient.data() + p.offset,
-               static_cast<size_t>(p.num_elements), slice->mutable_data());
+    const absl::string_view lent = LendOrEncode(options_.push_encoding, gradient.data() + p.offset,
+                                                static_cast<size_t>(p.num_elements), slice);
     auto attempt = std::make_shared<Attempt>();
+    if (!lent.empty()) attempt->borrowed.push_back(lent);
     attempt->op = op;
     attempt->shard = p.shard;
     attempt->request = std::move(request);
@@ -518,6 +532,8 @@ void ParameterClient::PushPullManyAsync(int64_t step, std::vector<TensorUpdate> 
   };
   struct ShardPart {
     std::shared_ptr<v1::PushPullRequest> request;
+    std::vector<absl::string_view> borrowed;  // per push slice, as Attempt::borrowed
+    bool lends = false;
     std::vector<Target> targets;
     std::vector<std::string> names;
     size_t bytes = 0;
@@ -552,9 +568,12 @@ void ParameterClient::PushPullManyAsync(int64_t step, std::vector<TensorUpdate> 
       slice->mutable_key()->set_index(p.index);
       slice->set_encoding(options_.push_encoding);
       slice->set_want_weights(want);
-      EncodeInto(options_.push_encoding, t.gradient.data() + p.offset,
-                 static_cast<size_t>(p.num_elements), slice->mutable_data());
-      part.bytes += slice->data().size();
+      const absl::string_view lent =
+          LendOrEncode(options_.push_encoding, t.gradient.data() + p.offset,
+                       static_cast<size_t>(p.num_elements), slice);
+      part.borrowed.push_back(lent);
+      part.lends = part.lends || !lent.empty();
+      part.bytes += lent.empty() ? slice->data().size() : lent.size();
       if (want) {
         part.targets.push_back(Target{layout.name, p.index, t.weights_out.data() + p.offset,
                                       static_cast<size_t>(p.num_elements)});
@@ -584,6 +603,7 @@ void ParameterClient::PushPullManyAsync(int64_t step, std::vector<TensorUpdate> 
     attempt->op = op;
     attempt->shard = shard;
     attempt->request = std::move(part.request);
+    if (part.lends) attempt->borrowed = std::move(part.borrowed);
     attempt->what = absl::StrCat("PushPull of tensors ", absl::StrJoin(part.names, ", "), " step ",
                                  step, " on shard ", shard);
     if (!part.targets.empty()) {

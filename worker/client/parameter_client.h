@@ -8,10 +8,11 @@
 // (same seq) after capped exponential backoff with jitter, and the shard acknowledges a seq it has
 // already applied without applying it again. Every error names the shard's address.
 //
-// Values are encoded from the caller's gradient straight into the request's bytes field, which
-// gRPC then sends as slices of the request itself (no serialisation copy, see
-// GrpcShardClient::Options::zero_copy_push), and decoded from the response's bytes straight into
-// the caller's buffer.
+// fp32 gradients are not copied: each partition's bytes are lent from the caller's gradient to
+// the transport (ShardClient::PushPullBorrowed), which sends them as gRPC slices pointing into it
+// and runs the callback only once gRPC has let go of them. Other push encodings are encoded into
+// the request's bytes field, which gRPC sends as slices of the request itself. Weights are decoded
+// from the received bytes straight into the caller's buffer.
 //
 // Thread-safety: all methods may be called from any thread concurrently. The destructor fails
 // every call in flight with CANCELLED (no retries) and returns once their callbacks have run.

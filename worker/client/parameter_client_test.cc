@@ -26,6 +26,20 @@ class FakeShard final : public ShardClient {
  public:
   FakeShard(std::string address, float lr) : address_(std::move(address)), lr_(lr) {}
 
+  // What a test reads after the client (which owns the fake) is gone.
+  struct Tally {
+    int cancel_pending_calls = 0;
+    size_t push_pulls = 0;
+  };
+  // The destructor writes its counts to *tally, which must outlive it.
+  void TallyOnDestroy(Tally* tally) { tally_ = tally; }
+  ~FakeShard() override {
+    if (tally_ == nullptr) return;
+    absl::MutexLock lock(&mu_);
+    tally_->cancel_pending_calls = cancel_pending_calls_;
+    tally_->push_pulls = seqs_.size();
+  }
+
   const std::string& address() const override { return address_; }
 
   // The next `n` PushPull calls fail with `code` as a transport error (no effect on the store),
@@ -57,9 +71,22 @@ class FakeShard final : public ShardClient {
     }
     for (PushPullCallback& done : held) done(absl::CancelledError(address_ + ": cancelled"));
   }
-  int cancel_pending_calls() {
+
+  // Records what each call lent (per push slice: where the bytes lie, empty when in the request),
+  // then lets the base class copy it into the request.
+  void PushPullBorrowed(std::shared_ptr<const v1::PushPullRequest> request,
+                        std::vector<absl::string_view> borrowed, absl::Time deadline,
+                        const WeightsTarget& target, PushPullCallback done) override {
+    {
+      absl::MutexLock lock(&mu_);
+      lent_.push_back(borrowed);
+    }
+    ShardClient::PushPullBorrowed(std::move(request), std::move(borrowed), deadline, target,
+                                  std::move(done));
+  }
+  std::vector<std::vector<absl::string_view>> lent() {
     absl::MutexLock lock(&mu_);
-    return cancel_pending_calls_;
+    return lent_;
   }
 
   void PushPull(std::shared_ptr<const v1::PushPullRequest> request, absl::Time deadline,
@@ -248,6 +275,8 @@ class FakeShard final : public ShardClient {
   bool hold_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<PushPullCallback> held_ ABSL_GUARDED_BY(mu_);
   int cancel_pending_calls_ ABSL_GUARDED_BY(mu_) = 0;
+  Tally* tally_ = nullptr;
+  std::vector<std::vector<absl::string_view>> lent_ ABSL_GUARDED_BY(mu_);
 };
 
 class ParameterClientTest : public ::testing::Test {
@@ -484,6 +513,70 @@ TEST_F(ParameterClientTest, Bf16PushAndPullOfExactValues) {
   for (int i = 0; i < 40; ++i) EXPECT_EQ(out[i], 8.0f - grad[i]);
 }
 
+// An fp32 gradient is lent to the transport, not copied: each partition's push data is a view of
+// the caller's gradient at the partition's offset, in PushPull and PushPullMany alike. bf16 is
+// encoded into the request instead.
+TEST_F(ParameterClientTest, Fp32GradientIsLentToTheTransportNotCopied) {
+  MakeClient(2, 64);  // 16 values per partition
+  DeclareW(40);
+  std::vector<float> grad(40), out(40);
+  for (int i = 0; i < 40; ++i) grad[i] = static_cast<float>(i % 3);
+  ASSERT_TRUE(client_->PushPull("w", 0, grad, absl::MakeSpan(out)).get().ok());
+  for (int i = 0; i < 40; ++i) ASSERT_EQ(out[i], initial_[i] - grad[i]) << i;
+  std::set<const char*> starts;
+  for (FakeShard* f : fakes_) {
+    for (const std::vector<absl::string_view>& call : f->lent()) {
+      ASSERT_EQ(call.size(), 1u);
+      const char* base = reinterpret_cast<const char*>(grad.data());
+      ASSERT_GE(call[0].data(), base);
+      const size_t offset = static_cast<size_t>(call[0].data() - base);
+      EXPECT_EQ(offset % 64, 0u);
+      EXPECT_EQ(call[0].size(), std::min<size_t>(64, 160 - offset));
+      starts.insert(call[0].data());
+    }
+  }
+  EXPECT_EQ(starts.size(), 3u);  // partitions at 0, 64 and 128 bytes
+
+  std::vector<size_t> calls_before;
+  for (FakeShard* f : fakes_) calls_before.push_back(f->lent().size());
+  std::promise<absl::StatusOr<PushPullResult>> many;
+  client_->PushPullManyAsync(1, {{"w", grad, absl::MakeSpan(out)}},
+                             [&](absl::StatusOr<PushPullResult> r) { many.set_value(r); });
+  ASSERT_TRUE(many.get_future().get().ok());
+  for (int i = 0; i < 40; ++i) ASSERT_EQ(out[i], initial_[i] - 2 * grad[i]) << i;
+  size_t lent_slices = 0;
+  for (size_t k = 0; k < fakes_.size(); ++k) {
+    const std::vector<std::vector<absl::string_view>> calls = fakes_[k]->lent();
+    for (size_t call = calls_before[k]; call < calls.size(); ++call) {
+      for (absl::string_view v : calls[call]) {
+        EXPECT_GE(v.data(), reinterpret_cast<const char*>(grad.data()));
+        EXPECT_LE(v.data() + v.size(), reinterpret_cast<const char*>(grad.data() + grad.size()));
+        ++lent_slices;
+      }
+    }
+  }
+  EXPECT_EQ(lent_slices, 3u);
+}
+
+TEST_F(ParameterClientTest, Bf16PushIsEncodedIntoTheRequest) {
+  ParameterClient::Options o;
+  o.job_id = "job";
+  o.shard_addresses = {"a:1"};
+  o.push_encoding = v1::ENCODING_BF16;
+  std::vector<std::unique_ptr<ShardClient>> shards;
+  auto fake = std::make_unique<FakeShard>("a:1", 1.0f);
+  FakeShard* f = fake.get();
+  shards.push_back(std::move(fake));
+  auto c = ParameterClient::CreateWithShards(o, std::move(shards));
+  ASSERT_TRUE(c.ok());
+  std::vector<float> init(8, 4.0f), grad(8, 0.5f), out(8);
+  ASSERT_TRUE((*c)->DeclareJob(v1::JobConfig(), {{"w", {8}, init}}, {}).ok());
+  ASSERT_TRUE((*c)->PushPull("w", 0, grad, absl::MakeSpan(out)).get().ok());
+  for (float v : out) EXPECT_EQ(v, 3.5f);
+  ASSERT_EQ(f->lent().size(), 1u);
+  EXPECT_TRUE(f->lent()[0].empty());
+}
+
 TEST_F(ParameterClientTest, SparseRowsRouteByRowAndComeBackInPlace) {
   MakeClient(3, 64);
   v1::SparseTableDecl table;
@@ -578,7 +671,11 @@ TEST_F(ParameterClientTest, PushPullManySendsOneRequestPerShard) {
 TEST_F(ParameterClientTest, DestructorCancelsCallsInFlightInsteadOfWaitingForTheirDeadline) {
   MakeClient(2, 64);
   DeclareW(40);
-  for (FakeShard* f : fakes_) f->HoldPushPulls();
+  std::vector<FakeShard::Tally> tallies(fakes_.size());
+  for (size_t k = 0; k < fakes_.size(); ++k) {
+    fakes_[k]->HoldPushPulls();
+    fakes_[k]->TallyOnDestroy(&tallies[k]);
+  }
   std::vector<float> grad(40, 1.0f), weights(40, 0.0f);
   absl::Notification done;
   absl::StatusOr<PushPullResult> result;
@@ -590,15 +687,16 @@ TEST_F(ParameterClientTest, DestructorCancelsCallsInFlightInsteadOfWaitingForThe
   EXPECT_FALSE(done.HasBeenNotified());
   const absl::Time start = absl::Now();
   client_.reset();  // the default call_timeout is 30 s: it must not wait for it
+  fakes_.clear();   // destroyed with the client
   EXPECT_LT(absl::Now() - start, absl::Seconds(5));
   ASSERT_TRUE(done.HasBeenNotified());
   ASSERT_FALSE(result.ok());
   EXPECT_EQ(result.status().code(), absl::StatusCode::kCancelled) << result.status();
   // Cancelled calls are not retried: each partition was sent exactly once.
   size_t sent = 0;
-  for (FakeShard* f : fakes_) {
-    EXPECT_EQ(f->cancel_pending_calls(), 1);
-    sent += f->seqs().size();
+  for (const FakeShard::Tally& t : tallies) {
+    EXPECT_EQ(t.cancel_pending_calls, 1);
+    sent += t.push_pulls;
   }
   EXPECT_EQ(sent, 40 * sizeof(float) / 64 + (40 * sizeof(float) % 64 != 0));
 }

@@ -13,6 +13,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "tessera/v1/parameter.pb.h"
 
@@ -56,6 +57,30 @@ class ShardClient {
   virtual void PushPullInto(std::shared_ptr<const v1::PushPullRequest> request, absl::Time deadline,
                             const WeightsTarget& target, PushPullCallback done) {
     PushPull(std::move(request), deadline, std::move(done));
+  }
+
+  // PushPull whose large push data stays in the caller's memory instead of the request's bytes
+  // fields: `borrowed` is empty or has one entry per request->push(i); a non-empty entry is that
+  // slice's data (its `data` field must then be empty). The caller keeps the borrowed memory valid
+  // and unchanged until `done` runs, and the transport does not read it once `done` has run
+  // (GrpcShardClient runs `done` only after gRPC has let go of every slice pointing into it). A
+  // retry after `done` may lend the same memory again. The default copies the data into a new
+  // request and calls PushPullInto.
+  virtual void PushPullBorrowed(std::shared_ptr<const v1::PushPullRequest> request,
+                                std::vector<absl::string_view> borrowed, absl::Time deadline,
+                                const WeightsTarget& target, PushPullCallback done) {
+    if (!borrowed.empty()) {
+      auto copy = std::make_shared<v1::PushPullRequest>(*request);
+      for (size_t i = 0; i < borrowed.size() && i < static_cast<size_t>(copy->push_size()); ++i) {
+        if (!borrowed[i].empty()) {
+          copy->mutable_push(static_cast<int>(i))
+              ->mutable_data()
+              ->assign(borrowed[i].data(), borrowed[i].size());
+        }
+      }
+      request = std::move(copy);
+    }
+    PushPullInto(std::move(request), deadline, target, std::move(done));
   }
 
   // Fails every PushPull in flight with CANCELLED now, without waiting for its answer or its

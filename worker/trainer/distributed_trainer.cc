@@ -398,7 +398,8 @@ absl::Status DistributedTrainer::WaitExchange() {
   absl::MutexLock lock(&exchange_mu_);
   while (!exchange_mu_.AwaitWithTimeout(absl::Condition(this, &DistributedTrainer::ExchangeDone),
                                         absl::Milliseconds(20))) {
-    // The calls still in flight write only into weights_, which outlives them (see the header).
+    // The calls still in flight read grads_ (lent to the transport, not copied) and write
+    // weights_; both outlive them (see the header), and no later step runs after an early return.
     if (cancelled()) return absl::CancelledError("cancelled");
   }
   if (cancelled()) return absl::CancelledError("cancelled");
