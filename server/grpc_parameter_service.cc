@@ -17,9 +17,11 @@ namespace {
 
 // Bytes a PullResponse adds around its slices (tags and lengths), with room to spare.
 constexpr size_t kMessageOverhead = 1024;
-// Reused buffers kept by each stream for answered weights (freed with the stream). 16 covers a
-// 64 MiB tensor's 4 MiB partitions in flight on one stream; 4 buffers and 16 MiB cost about 15%
-// of goodput in the 64 MiB, 1 shard benchmark (docs/benchmarks.md).
+// Reused buffers kept by each stream for answered weights that are copied: bf16 and fp16
+// encodings and sparse rows (dense fp32 answers share the store's weights instead). Freed with the
+// stream. 16 covers a 64 MiB tensor's 4 MiB partitions in flight on one stream; 4 buffers and
+// 16 MiB cost about 15% of goodput in the 64 MiB, 1 shard benchmark when fp32 answers were still
+// copied (docs/benchmarks.md).
 constexpr size_t kPooledBuffersPerStream = 16;
 constexpr size_t kPooledBytesPerStream = size_t{64} << 20;
 
@@ -29,9 +31,10 @@ void RaiseTo(std::atomic<int64_t>* peak, int64_t value) {
   }
 }
 
-// One PushPull stream, raw: requests are parsed by hand on the pool and answered with weights in
-// reused buffers (server/internal/push_pull_wire.h). It deletes itself once gRPC is done with it
-// (OnDone) and no request of it is still queued, running or parked in the store.
+// One PushPull stream, raw: requests are parsed by hand on the pool and answered with weights
+// shared with the store or in reused buffers (server/internal/push_pull_wire.h). It deletes itself
+// once gRPC is done with it (OnDone) and no request of it is still queued, running or parked in the
+// store.
 class PushPullReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
   PushPullReactor(ParameterStore* store, internal::ThreadPool* pool, size_t max_message_bytes,
@@ -181,12 +184,16 @@ class PushPullReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, g
       } else if (Cancelled()) {
         Complete(seq, absl::CancelledError("the call was cancelled"));
       } else {
+        // Dense fp32 answers come back by reference in the sink (not copied); the rest are
+        // written into the stream's reused buffers.
+        auto sink = std::make_shared<PushPullAnswerSink>();
+        sink->take_buffer = [buffers = response_buffers_] { return buffers->Take(); };
         store_->PushPull(
             request.View(),
-            [this, seq](absl::StatusOr<v1::PushPullResponse> response) {
-              Complete(seq, std::move(response));
+            [this, seq, sink](absl::StatusOr<v1::PushPullResponse> response) {
+              Complete(seq, std::move(response), std::move(sink->shared));
             },
-            cancelled_flag_, [buffers = response_buffers_] { return buffers->Take(); });
+            cancelled_flag_, sink);
       }
     }
     bool read_again;
@@ -216,30 +223,54 @@ class PushPullReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, g
     return cancelled_;
   }
 
-  // Answers one request; runs once per request (or FailStream does), on any thread.
-  void Complete(uint64_t seq, absl::StatusOr<v1::PushPullResponse> result) {
+  // Answers one request; runs once per request (or FailStream does), on any thread. `shared`:
+  // the weight data of `result` held by reference (PushPullAnswerSink::shared), sent from where
+  // it lies and released when gRPC has sent it.
+  void Complete(uint64_t seq, absl::StatusOr<v1::PushPullResponse> result,
+                std::vector<internal::SharedSliceData> shared = {}) {
     v1::PushPullResponse response;
     if (result.ok()) {
       response.Swap(&*result);
-      const size_t bytes = response.ByteSizeLong();
-      if (bytes > max_message_bytes_) {
+      // The shared data is not in `response` yet: count it too.
+      const absl::StatusOr<size_t> bytes = internal::PushPullResponseSize(response, shared);
+      absl::Status refused;
+      if (!bytes.ok()) {
+        refused = bytes.status();
+      } else if (*bytes > max_message_bytes_) {
+        refused = absl::ResourceExhaustedError(absl::StrCat(
+            "the answer to seq ", seq, " is ", *bytes, " bytes, over --max_message_bytes ",
+            max_message_bytes_, "; pull fewer keys per request"));
+      }
+      if (!refused.ok()) {
         for (v1::Slice& w : *response.mutable_weights()) {
           response_buffers_->Give(std::move(*w.mutable_data()));
         }
+        shared.clear();
         response.Clear();
-        response.mutable_status()->set_code(static_cast<int>(absl::StatusCode::kResourceExhausted));
-        response.mutable_status()->set_message(absl::StrCat(
-            "the answer to seq ", seq, " is ", bytes, " bytes, over --max_message_bytes ",
-            max_message_bytes_, "; pull fewer keys per request"));
+        response.mutable_status()->set_code(static_cast<int>(refused.code()));
+        response.mutable_status()->set_message(std::string(refused.message()));
       }
     } else {
+      shared.clear();  // none (the store fills the sink only for an answer)
       response.mutable_status()->set_code(static_cast<int>(result.status().code()));
       response.mutable_status()->set_message(std::string(result.status().message()));
     }
     response.set_seq(seq);
     auto write = std::make_unique<Write>();
-    write->buffer =
-        internal::SerializePushPullResponse(&response, response_buffers_, &write->bytes);
+    // Cannot fail: PushPullResponseSize checked `shared` against `response` above.
+    absl::StatusOr<grpc::ByteBuffer> serialized =
+        internal::SerializePushPullResponse(&response, shared, response_buffers_, &write->bytes);
+    shared.clear();  // the slices hold their own references
+    if (serialized.ok()) {
+      write->buffer = *std::move(serialized);
+    } else {
+      v1::PushPullResponse failed;
+      failed.set_seq(seq);
+      failed.mutable_status()->set_code(static_cast<int>(serialized.status().code()));
+      failed.mutable_status()->set_message(std::string(serialized.status().message()));
+      write->buffer =
+          internal::SerializePushPullResponse(&failed, response_buffers_, &write->bytes);
+    }
 
     const grpc::ByteBuffer* start = nullptr;
     bool read_again = false;

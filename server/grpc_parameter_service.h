@@ -12,7 +12,11 @@
 // PushPull is a raw method (grpc::ByteBuffer both ways), so that no gradient or weight is copied
 // into or out of a protobuf string (server/internal/push_pull_wire.h): a request's gradient is
 // read in place from gRPC's receive slices (the store takes their pieces, see SliceView), and the
-// answered weights are written into reused buffers that gRPC sends as they are. A malformed
+// answered weights are not copied either: a dense fp32 answer is sent straight from the
+// partition's weights, which the answer holds by reference until gRPC has sent it (the store
+// copies them before an update only if an answer still holds them: SharedWeights,
+// PushPullAnswerSink); bf16/fp16 and sparse answers are encoded into reused buffers that gRPC
+// sends as they are. A malformed
 // request gets INVALID_ARGUMENT in its response when its seq can be read, and otherwise ends the
 // stream with INVALID_ARGUMENT.
 //

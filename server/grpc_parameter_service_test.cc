@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <thread>
@@ -1068,6 +1069,159 @@ TEST(PushPullWireTest, ResponseSerialisesAsProtobufWithWeightsInPooledSlices) {
   EXPECT_GE(pool->Take().capacity(), big.size() * 4);
 }
 
+// The bytes of `buffer`, joined.
+std::string Flat(const grpc::ByteBuffer& buffer) {
+  std::vector<grpc::Slice> slices;
+  EXPECT_TRUE(buffer.Dump(&slices).ok());
+  std::string flat;
+  for (const grpc::Slice& s : slices) {
+    flat.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  }
+  return flat;
+}
+
+SharedWeights Shared(size_t n, float first) {
+  std::vector<float> values(n);
+  for (size_t i = 0; i < n; ++i) values[i] = first + static_cast<float>(i);
+  return SharedWeights(std::move(values));
+}
+
+// Weight data held by reference is sent as if it were in the response: large data as its own
+// slice that holds a reference until gRPC releases it, small data copied into the header. The size
+// computed beforehand is the serialised size.
+TEST(PushPullWireTest, SharedWeightsSerialiseAsTheWholeResponse) {
+  auto pool = std::make_shared<internal::BufferPool>(4, 64 << 20);
+  const SharedWeights big = Shared(100000, 0.5f);  // its own slice
+  const SharedWeights small = Shared(10, -3.0f);   // under kOwnSliceMinBytes: copied
+  const SharedWeights huge = Shared(40000, 7.0f);  // 160000 bytes: a 3-byte length prefix
+  v1::PushPullResponse response;
+  response.set_seq(7);
+  *response.add_weights() = PullKey("big", 0);
+  response.mutable_weights(0)->set_encoding(v1::ENCODING_FP32);
+  response.mutable_weights(0)->set_version(3);
+  *response.add_weights() = GradSlice("pooled", 1, std::vector<float>(20000, 2.0f));
+  *response.add_weights() = PullKey("small", 2);
+  response.mutable_weights(2)->set_encoding(v1::ENCODING_FP32);
+  *response.add_weights() = PullKey("huge", 3);
+  std::vector<internal::SharedSliceData> shared = {{3, huge}, {0, big}, {2, small}};
+  v1::PushPullResponse want = response;
+  want.mutable_weights(0)->set_data(std::string(big.bytes()));
+  want.mutable_weights(2)->set_data(std::string(small.bytes()));
+  want.mutable_weights(3)->set_data(std::string(huge.bytes()));
+
+  absl::StatusOr<size_t> size = internal::PushPullResponseSize(response, shared);
+  ASSERT_TRUE(size.ok()) << size.status();
+  EXPECT_EQ(*size, want.ByteSizeLong());
+  {
+    size_t bytes = 0;
+    absl::StatusOr<grpc::ByteBuffer> buffer =
+        internal::SerializePushPullResponse(&response, shared, pool, &bytes);
+    ASSERT_TRUE(buffer.ok()) << buffer.status();
+    shared.clear();
+    EXPECT_EQ(bytes, want.ByteSizeLong());
+    EXPECT_EQ(buffer->Length(), want.ByteSizeLong());
+    // The data follows the other fields of its slice: compare what a parser reads.
+    v1::PushPullResponse got;
+    ASSERT_TRUE(got.ParseFromString(Flat(*buffer)));
+    EXPECT_TRUE(got.SerializeAsString() == want.SerializeAsString());
+    // The large data is referenced by the buffer, the small data was copied.
+    EXPECT_FALSE(big.unique());
+    EXPECT_FALSE(huge.unique());
+    EXPECT_TRUE(small.unique());
+  }
+  // gRPC released the slices (here: the buffer above): only this test holds the weights.
+  EXPECT_TRUE(big.unique());
+  EXPECT_TRUE(huge.unique());
+  EXPECT_GE(pool->held_bytes(), size_t{20000} * 4);  // the pooled data went back
+}
+
+// Shared data that does not match the response (an index out of range or twice, or a slice that
+// has data of its own) is INTERNAL, and nothing is serialised.
+TEST(PushPullWireTest, SharedWeightsThatDoNotFitTheResponseAreInternal) {
+  auto pool = std::make_shared<internal::BufferPool>(4, 64 << 20);
+  const SharedWeights w = Shared(4, 1.0f);
+  v1::PushPullResponse response;
+  *response.add_weights() = PullKey("a", 0);
+  *response.add_weights() = GradSlice("b", 0, {1, 2});
+  const std::vector<std::vector<internal::SharedSliceData>> cases = {
+      {{2, w}}, {{-1, w}}, {{0, w}, {0, w}}, {{1, w}}};
+  for (const std::vector<internal::SharedSliceData>& shared : cases) {
+    SCOPED_TRACE(shared.back().first);
+    EXPECT_EQ(internal::PushPullResponseSize(response, shared).status().code(),
+              absl::StatusCode::kInternal);
+    v1::PushPullResponse copy = response;
+    size_t bytes = 0;
+    EXPECT_EQ(internal::SerializePushPullResponse(&copy, shared, pool, &bytes).status().code(),
+              absl::StatusCode::kInternal);
+    EXPECT_EQ(copy.SerializeAsString(), response.SerializeAsString());
+  }
+}
+
+// The store's answer by reference, serialised as the service does and held unsent (as gRPC holds
+// a queued write), keeps the weights it answered bit for bit while later pushes update the
+// partition, which copies them once; after the buffer is released, updates copy nothing.
+TEST(PushPullWireTest, HeldSerialisedAnswerKeepsItsWeightsWhileTheStoreCopiesOnWrite) {
+  constexpr int kN = 50000;
+  auto pool = std::make_shared<internal::BufferPool>(4, 64 << 20);
+  ParameterStore store;
+  v1::CreateJobStateRequest job;
+  job.set_job_id("j");
+  *job.mutable_config() = Config(v1::CONSISTENCY_ASP, 1, 0.5f);
+  std::vector<float> initial(kN);
+  for (int i = 0; i < kN; ++i) initial[i] = 0.25f * static_cast<float>(i);
+  *job.add_partitions() = Dense("w", 0, kN, initial);
+  ASSERT_TRUE(store.CreateJobState(job).ok());
+  std::vector<float> grad(kN);
+  for (int i = 0; i < kN; ++i) grad[i] = static_cast<float>(i % 7);
+  uint64_t seq = 0;
+  // PushPulls `grad` by reference and returns the serialised answer.
+  auto push_pull = [&]() -> grpc::ByteBuffer {
+    const v1::PushPullRequest request =
+        Request("j", 0, 1, 0, ++seq, {GradSlice("w", 0, grad, true)});
+    auto sink = std::make_shared<PushPullAnswerSink>();
+    std::optional<absl::StatusOr<v1::PushPullResponse>> answer;
+    store.PushPull(
+        ViewOf(request), [&answer](absl::StatusOr<v1::PushPullResponse> r) { answer = r; }, nullptr,
+        sink);
+    EXPECT_TRUE(answer.has_value() && answer->ok());
+    if (!answer.has_value() || !answer->ok()) return grpc::ByteBuffer();
+    size_t bytes = 0;
+    absl::StatusOr<grpc::ByteBuffer> buffer =
+        internal::SerializePushPullResponse(&**answer, sink->shared, pool, &bytes);
+    EXPECT_TRUE(buffer.ok()) << buffer.status();
+    return buffer.ok() ? *std::move(buffer) : grpc::ByteBuffer();
+  };
+  auto weights_of = [](const grpc::ByteBuffer& buffer) {
+    v1::PushPullResponse response;
+    EXPECT_TRUE(response.ParseFromString(Flat(buffer)));
+    EXPECT_EQ(response.weights_size(), 1);
+    return response.weights_size() == 1 ? response.weights(0).data() : std::string();
+  };
+  std::vector<float> w1 = initial;
+  for (int i = 0; i < kN; ++i) w1[i] -= 0.5f * grad[i];
+  std::vector<float> w2 = w1;
+  for (int i = 0; i < kN; ++i) w2[i] -= 0.5f * grad[i];
+
+  auto held = std::make_unique<grpc::ByteBuffer>(push_pull());
+  const std::string first = weights_of(*held);
+  EXPECT_TRUE(first == Fp32Bytes(w1));
+  EXPECT_EQ(store.GetShardStats().weight_copies_on_write, 0);
+  // The next update finds the answer held: copies, and the held buffer still has w1.
+  grpc::ByteBuffer second = push_pull();
+  EXPECT_EQ(store.GetShardStats().weight_copies_on_write, 1);
+  EXPECT_TRUE(weights_of(*held) == first) << "the held answer changed under the update";
+  EXPECT_TRUE(weights_of(second) == Fp32Bytes(w2));
+  EXPECT_EQ(store.GetShardStats().bytes_pulled, 2 * kN * 4);
+  // Released (the write done), the next update writes in place.
+  held.reset();
+  second.Clear();
+  grpc::ByteBuffer third = push_pull();
+  EXPECT_EQ(store.GetShardStats().weight_copies_on_write, 1);
+  std::vector<float> w3 = w2;
+  for (int i = 0; i < kN; ++i) w3[i] -= 0.5f * grad[i];
+  EXPECT_TRUE(weights_of(third) == Fp32Bytes(w3));
+}
+
 // ---- The raw PushPull method over gRPC.
 
 // A request whose push slice is corrupt (wrong wire type inside the slice) but whose seq is
@@ -1143,6 +1297,42 @@ TEST_F(GrpcParameterServiceTest, LargeGradientsRoundTripExactly) {
       ASSERT_EQ(w[i], -0.5f * static_cast<float>(seq) * grad[i]) << "i=" << i << " seq=" << seq;
     }
   }
+  stream->WritesDone();
+  EXPECT_TRUE(stream->Finish().ok());
+}
+
+// An answer whose values alone fit --max_message_bytes exactly (the store's own check passes) is
+// still over it with its framing: the service counts the weights it sends by reference too and
+// answers RESOURCE_EXHAUSTED in the response, and the stream goes on.
+TEST_F(GrpcParameterServiceTest, SharedAnswerOverTheLimitWithItsFramingIsRefused) {
+  v1::CreateJobStateRequest job;
+  job.set_job_id("exact");
+  *job.mutable_config() = Config(v1::CONSISTENCY_ASP, 1, 0.5f);
+  *job.add_partitions() = Dense("w", 0, kLimit / 4);
+  *job.add_partitions() = Dense("w", 1, kLimit / 4 - 64);
+  ASSERT_TRUE(CreateJobState(job).ok());
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  auto stream = stub_->PushPull(&context);
+  v1::PushPullRequest over = Request("exact", 0, 1, 0, 1, {}, {PullKey("w", 0)});
+  over.set_pull_encoding(v1::ENCODING_FP32);
+  ASSERT_TRUE(stream->Write(over));
+  v1::PushPullResponse response;
+  ASSERT_TRUE(stream->Read(&response));
+  EXPECT_EQ(response.seq(), 1u);
+  EXPECT_EQ(response.status().code(), static_cast<int>(grpc::StatusCode::RESOURCE_EXHAUSTED))
+      << response.status().message();
+  EXPECT_THAT(response.status().message(), HasSubstr("--max_message_bytes"));
+  EXPECT_EQ(response.weights_size(), 0);
+  // 64 values less: it fits, framing included, and comes back whole.
+  v1::PushPullRequest under = Request("exact", 0, 1, 0, 2, {}, {PullKey("w", 1)});
+  under.set_pull_encoding(v1::ENCODING_FP32);
+  ASSERT_TRUE(stream->Write(under));
+  ASSERT_TRUE(stream->Read(&response));
+  EXPECT_EQ(response.seq(), 2u);
+  ASSERT_EQ(response.status().code(), 0) << response.status().message();
+  ASSERT_EQ(response.weights_size(), 1);
+  EXPECT_EQ(response.weights(0).data(), std::string((kLimit / 4 - 64) * 4, '\0'));
   stream->WritesDone();
   EXPECT_TRUE(stream->Finish().ok());
 }

@@ -313,6 +313,33 @@ class ParameterStore::MemoryBudget {
   std::atomic<int64_t> used_{0};
 };
 
+namespace {
+
+// 10 us .. 60 s, for gate waits in nanoseconds.
+std::vector<int64_t> WaitBoundsNs() {
+  std::vector<int64_t> bounds;
+  for (int64_t us :
+       {10,    50,     100,    250,    500,     1000,    2500,    5000,     10000,    25000,
+        50000, 100000, 250000, 500000, 1000000, 2500000, 5000000, 10000000, 30000000, 60000000}) {
+    bounds.push_back(us * 1000);
+  }
+  return bounds;
+}
+
+}  // namespace
+
+struct ParameterStore::Counters {
+  std::atomic<int64_t> bytes_pushed{0};
+  std::atomic<int64_t> bytes_pulled{0};
+  std::atomic<int64_t> updates_applied{0};
+  std::atomic<int64_t> duplicates{0};
+  std::atomic<int64_t> skipped_non_finite{0};
+  std::atomic<int64_t> weight_copies_on_write{0};
+  StoreHistogram bsp_wait_ns{WaitBoundsNs()};
+  StoreHistogram ssp_wait_ns{WaitBoundsNs()};
+  StoreHistogram ssp_staleness{{0, 1, 2, 3, 4, 5, 6, 8, 10, 15, 20, 30, 50, 100}};
+};
+
 // One dense partition or one sparse table.
 struct ParameterStore::Partition {
   struct Seq {
@@ -343,7 +370,8 @@ struct ParameterStore::Partition {
   }
 
   std::shared_ptr<MemoryBudget> budget;
-  std::atomic<int64_t> charged{0};  // bytes reserved in `budget`, given back on destruction
+  std::atomic<int64_t> charged{0};     // bytes reserved in `budget`, given back on destruction
+  std::shared_ptr<Counters> counters;  // the store's
 
   std::string name;    // "tensor/index", for messages
   std::string tensor;  // the key: tensor (or table) name and index (0 for a table)
@@ -366,8 +394,9 @@ struct ParameterStore::Partition {
   std::vector<uint8_t> contributed ABSL_GUARDED_BY(mu);
   std::vector<uint8_t> skipped ABSL_GUARDED_BY(mu);
   uint32_t contributors ABSL_GUARDED_BY(mu) = 0;
-  // Dense.
-  std::vector<float> weights ABSL_GUARDED_BY(mu);
+  // Dense. Only mu guards the handle: answers and checkpoints take a reference under the reader
+  // lock, and every write goes through MutableWeightsLocked (copy-on-write).
+  SharedWeights weights ABSL_GUARDED_BY(mu);
   std::vector<std::vector<float>> slots ABSL_GUARDED_BY(mu);
   std::vector<std::vector<float>> staged ABSL_GUARDED_BY(mu);  // per worker
   // Sparse.
@@ -396,6 +425,20 @@ struct ParameterStore::Partition {
     return it->second;
   }
 
+  // The dense weights to write in place. When an answer or a checkpoint still holds a reference
+  // to them, they are copied first and the partition keeps the copy (the holders keep the old
+  // values). unique() is an acquire load of the count that every holder decrements with release
+  // once done reading, so seeing 1 orders the writes that follow after those reads; no reference
+  // can appear meanwhile, since new ones are taken only under mu (held exclusively here) or from
+  // the partition's own handle.
+  float* MutableWeightsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    if (!weights.unique()) {
+      weights = SharedWeights(std::vector<float>(weights.data(), weights.data() + weights.size()));
+      counters->weight_copies_on_write.fetch_add(1, std::memory_order_relaxed);
+    }
+    return weights.mutable_data();
+  }
+
   // Applies a dense gradient to values [begin, begin + count) in place (count < 0: all, from
   // 0); g holds the gradient of those values. The caller bumps the version once per update. The
   // optimizers are elementwise, so applying one gradient block by block gives the same weights.
@@ -405,7 +448,7 @@ struct ParameterStore::Partition {
     const float lr = kernels::ScheduledLearningRate(config.schedule(), params.learning_rate, step);
     float* slot_ptrs[4] = {nullptr, nullptr, nullptr, nullptr};
     for (int s = 0; s < num_slots; ++s) slot_ptrs[s] = slots[s].data() + begin;
-    kernels::ApplyUpdateCpu(params, lr, v + 1, scale, g, weights.data() + begin, slot_ptrs,
+    kernels::ApplyUpdateCpu(params, lr, v + 1, scale, g, MutableWeightsLocked() + begin, slot_ptrs,
                             count < 0 ? num_elements : count);
   }
 
@@ -433,8 +476,7 @@ struct ParameterStore::Partition {
     if (!sparse) {
       if (BytesPerValue(encoding) == 4) {
         // One copy, without the zero fill of a resize.
-        slice->mutable_data()->assign(reinterpret_cast<const char*>(weights.data()),
-                                      weights.size() * sizeof(float));
+        slice->mutable_data()->assign(weights.bytes().data(), weights.bytes().size());
       } else {
         EncodeValues(encoding, weights.data(), weights.size(), slice->mutable_data());
       }
@@ -478,32 +520,6 @@ StoreHistogram::Snapshot StoreHistogram::snapshot() const {
   out.sum = sum_.load(std::memory_order_relaxed);
   return out;
 }
-
-namespace {
-
-// 10 us .. 60 s, for gate waits in nanoseconds.
-std::vector<int64_t> WaitBoundsNs() {
-  std::vector<int64_t> bounds;
-  for (int64_t us :
-       {10,    50,     100,    250,    500,     1000,    2500,    5000,     10000,    25000,
-        50000, 100000, 250000, 500000, 1000000, 2500000, 5000000, 10000000, 30000000, 60000000}) {
-    bounds.push_back(us * 1000);
-  }
-  return bounds;
-}
-
-}  // namespace
-
-struct ParameterStore::Counters {
-  std::atomic<int64_t> bytes_pushed{0};
-  std::atomic<int64_t> bytes_pulled{0};
-  std::atomic<int64_t> updates_applied{0};
-  std::atomic<int64_t> duplicates{0};
-  std::atomic<int64_t> skipped_non_finite{0};
-  StoreHistogram bsp_wait_ns{WaitBoundsNs()};
-  StoreHistogram ssp_wait_ns{WaitBoundsNs()};
-  StoreHistogram ssp_staleness{{0, 1, 2, 3, 4, 5, 6, 8, 10, 15, 20, 30, 50, 100}};
-};
 
 struct ParameterStore::Job : std::enable_shared_from_this<ParameterStore::Job> {
   Job(std::string job_id, const v1::JobConfig& cfg, absl::StatusOr<kernels::OptimizerParams> p,
@@ -955,6 +971,7 @@ absl::StatusOr<v1::CreateJobStateResponse> ParameterStore::AddToJob(
     p->tensor = d.key().tensor();
     p->index = d.key().index();
     p->budget = budget_;
+    p->counters = counters_;
     p->charged = dense_bytes(d);
     p->num_elements = d.num_elements();
     p->params = *job.dense_params;
@@ -966,9 +983,9 @@ absl::StatusOr<v1::CreateJobStateResponse> ParameterStore::AddToJob(
     p->skipped.assign(workers, 0);
     p->staged.resize(workers);
     p->next_capture = next_capture;
-    p->weights.assign(static_cast<size_t>(d.num_elements()), 0.0f);
+    p->weights = SharedWeights(std::vector<float>(static_cast<size_t>(d.num_elements()), 0.0f));
     if (!d.initial_values().empty()) {
-      std::memcpy(p->weights.data(), d.initial_values().data(), d.initial_values().size());
+      std::memcpy(p->MutableWeightsLocked(), d.initial_values().data(), d.initial_values().size());
     }
     for (int s = 0; s < p->num_slots; ++s) {
       p->slots.emplace_back(static_cast<size_t>(d.num_elements()),
@@ -983,6 +1000,7 @@ absl::StatusOr<v1::CreateJobStateResponse> ParameterStore::AddToJob(
     p->name = absl::StrCat(t.name(), "/0");
     p->tensor = t.name();
     p->budget = budget_;
+    p->counters = counters_;
     p->charged = table_bytes(t);
     p->sparse = true;
     p->dim = t.dim();
@@ -1451,7 +1469,7 @@ void ParameterStore::AnswerWhenOpen(
     std::shared_ptr<Job> job, std::vector<PullItem> items, v1::Encoding encoding,
     std::shared_ptr<const std::atomic<bool>> cancelled,
     std::function<void(absl::StatusOr<std::vector<v1::Slice>>)> done,
-    std::function<std::string()> weights_buffer) {
+    std::shared_ptr<PushPullAnswerSink> sink) {
   ConsistencyGate::Wait wait;
   wait.cancelled = std::move(cancelled);
   if (job->bsp()) {
@@ -1475,9 +1493,8 @@ void ParameterStore::AnswerWhenOpen(
   if (!wait.clocks.empty()) wait_histogram = &counters_->ssp_wait_ns;
   const auto parked_at = std::chrono::steady_clock::now();
   auto token = std::make_shared<char>();
-  auto answer = [items = std::move(items), encoding, done = std::move(done),
-                 weights_buffer = std::move(weights_buffer), counters = counters_, wait_histogram,
-                 parked_at](absl::Status status) {
+  auto answer = [items = std::move(items), encoding, done = std::move(done), sink = std::move(sink),
+                 counters = counters_, wait_histogram, parked_at](absl::Status status) {
     if (!status.ok()) {
       done(status);
       return;
@@ -1488,19 +1505,33 @@ void ParameterStore::AnswerWhenOpen(
                                   .count());
     }
     std::vector<v1::Slice> slices(items.size());
+    int64_t bytes = 0;
+    // Dense fp32 answers to a sink share the partition's weights instead of copying them.
+    const bool share = sink != nullptr && BytesPerValue(encoding) == 4;
     for (size_t i = 0; i < items.size(); ++i) {
       const Partition& p = *items[i].partition;
-      if (weights_buffer) {
-        std::string buffer = weights_buffer();
+      *slices[i].mutable_key() = items[i].key;
+      if (share && !p.sparse) {
+        SharedWeights weights;
+        {
+          absl::ReaderMutexLock lock(&p.mu);
+          slices[i].set_encoding(v1::ENCODING_FP32);
+          slices[i].set_version(p.version.load(std::memory_order_relaxed));
+          weights = p.weights;
+        }
+        bytes += static_cast<int64_t>(weights.bytes().size());
+        sink->shared.emplace_back(static_cast<int>(i), std::move(weights));
+        continue;
+      }
+      if (sink != nullptr && sink->take_buffer) {
+        std::string buffer = sink->take_buffer();
         buffer.clear();
         slices[i].mutable_data()->swap(buffer);
       }
       absl::ReaderMutexLock lock(&p.mu);
-      *slices[i].mutable_key() = items[i].key;
       p.ReadInto(items[i].row_ids, encoding, &slices[i]);
+      bytes += static_cast<int64_t>(slices[i].data().size());
     }
-    int64_t bytes = 0;
-    for (const v1::Slice& slice : slices) bytes += static_cast<int64_t>(slice.data().size());
     counters->bytes_pulled.fetch_add(bytes, std::memory_order_relaxed);
     done(std::move(slices));
   };
@@ -1540,7 +1571,7 @@ void ParameterStore::PushPull(const v1::PushPullRequest& request, PushPullDone d
 
 void ParameterStore::PushPull(const PushPullView& request, PushPullDone done,
                               std::shared_ptr<const std::atomic<bool>> cancelled,
-                              std::function<std::string()> weights_buffer) {
+                              std::shared_ptr<PushPullAnswerSink> sink) {
   absl::StatusOr<std::shared_ptr<Job>> job =
       FindJobForCaller(request.job_id, request.worker_id, request.pull_encoding, "pull_encoding");
   if (!job.ok()) {
@@ -1582,7 +1613,7 @@ void ParameterStore::PushPull(const PushPullView& request, PushPullDone done,
         for (v1::Slice& s : *slices) response.add_weights()->Swap(&s);
         done(std::move(response));
       },
-      std::move(weights_buffer));
+      std::move(sink));
 }
 
 void ParameterStore::Pull(const v1::PullRequest& request, PullDone done,
@@ -1649,6 +1680,7 @@ ShardStats ParameterStore::GetShardStats() const {
   stats.updates_applied = c.updates_applied.load(std::memory_order_relaxed);
   stats.duplicates = c.duplicates.load(std::memory_order_relaxed);
   stats.skipped_non_finite = c.skipped_non_finite.load(std::memory_order_relaxed);
+  stats.weight_copies_on_write = c.weight_copies_on_write.load(std::memory_order_relaxed);
   stats.bsp_wait_ns = c.bsp_wait_ns.snapshot();
   stats.ssp_wait_ns = c.ssp_wait_ns.snapshot();
   stats.ssp_staleness = c.ssp_staleness.snapshot();
@@ -1673,10 +1705,12 @@ void ParameterStore::CloseAll(const absl::Status& status) {
 // ---------------------------------------------------------------------------------------------
 // Checkpoints.
 
-// One partition's state copied at its step boundary.
+// One partition's state copied at its step boundary. The dense weights are a reference, not a
+// copy (the partition copies them before its next update while this holds them; the capture is
+// charged for them all the same, as the copy may then exist).
 struct ParameterStore::PartitionSnapshot {
   v1::PartitionCheckpoint meta;  // everything but the ranges, filled when the file is laid out
-  std::vector<float> weights;
+  SharedWeights weights;
   std::vector<std::vector<float>> slots;
   std::vector<int64_t> row_ids;
   std::vector<int64_t> row_updates;
@@ -1843,7 +1877,7 @@ void ParameterStore::CaptureLocked(Job& job, Partition& p, int64_t step) {
   }
   if (!p.sparse) {
     meta.set_num_elements(p.num_elements);
-    snap.weights = p.weights;
+    snap.weights = p.weights;  // a reference (copy-on-write)
     snap.slots = p.slots;
   } else {
     if (!meta.mutable_table()->ParseFromString(p.table_decl)) {
@@ -2482,7 +2516,7 @@ absl::StatusOr<v1::RestoreResponse> ParameterStore::RestoreJobFromCheckpoint(
       p->last_applied[seq.worker()] = Partition::Seq{true, seq.incarnation(), seq.seq()};
     }
     if (!pc.sparse()) {
-      std::memcpy(p->weights.data(), at(pc.weights()), pc.weights().length());
+      std::memcpy(p->MutableWeightsLocked(), at(pc.weights()), pc.weights().length());
       for (int s = 0; s < pc.slots_size(); ++s) {
         std::memcpy(p->slots[s].data(), at(pc.slots(s)), pc.slots(s).length());
       }

@@ -22,13 +22,14 @@
 // The pull half waits on the gate (see consistency_gate.h) and never blocks a thread.
 //
 // Checkpoints (docs/checkpoints.md). A capture of step S is due at every k * checkpoint_every_steps
-// and at every step a Checkpoint call registers. Each partition is copied under its own lock at
-// the moment it reaches boundary S (BSP: its version becomes S, before any update of step S; SSP
-// and ASP: the slowest live worker's clock on it reaches S), so pushes never wait for other
-// partitions. Once every partition and table of the job is copied, the store's writer thread
-// writes <checkpoint_dir>/<job_id>/ckpt-<S>/shard-<shard_index> (server/checkpoint_file.h): the
-// push path never does file I/O. The copy counts against max_memory_bytes until it is written.
-// Restore reads and verifies a whole file, builds a fresh job from it, and only then swaps it in.
+// and at every step a Checkpoint call registers. Each partition is copied under its own lock (its
+// dense weights by reference, see SharedWeights) at the moment it reaches boundary S (BSP: its
+// version becomes S, before any update of step S; SSP and ASP: the slowest live worker's clock on
+// it reaches S), so pushes never wait for other partitions. Once every partition and table of the
+// job is copied, the store's writer thread writes
+// <checkpoint_dir>/<job_id>/ckpt-<S>/shard-<shard_index> (server/checkpoint_file.h): the push path
+// never does file I/O. The copy counts against max_memory_bytes until it is written. Restore reads
+// and verifies a whole file, builds a fresh job from it, and only then swaps it in.
 //
 // Lock order: Job::membership_mu > ConsistencyGate's lock; Partition::mu > ConsistencyGate's lock;
 // Partition::mu > Job::ckpt_mu > Job::log_mu and the writer's lock. Nothing takes a partition's
@@ -112,6 +113,9 @@ struct ShardStats {
   int64_t updates_applied = 0;  // optimizer applications
   int64_t duplicates = 0;       // push slices acknowledged as already applied (exactly-once)
   int64_t skipped_non_finite = 0;
+  // Dense partitions' weights copied before an update because an answer or a checkpoint still
+  // held them (SharedWeights); 0 when every answer was sent before the next update.
+  int64_t weight_copies_on_write = 0;
   // Nanoseconds a gated pull waited at its job's gate, from parking to release (0 when it was
   // open at once), by consistency mode.
   StoreHistogram::Snapshot bsp_wait_ns;
@@ -133,6 +137,78 @@ struct SliceView {
   absl::Span<const absl::string_view> pieces;
   absl::Span<const int64_t> row_ids;
   bool want_weights = false;
+};
+
+// A dense partition's fp32 weights, shared by reference count between the store and the answers
+// that still send them (copy-on-write). A holder only reads the values; the partition writes them
+// in place only while it holds the one reference, and otherwise writes a fresh copy
+// (ParameterStore::Partition::MutableWeightsLocked), so a reference taken for an answer or a
+// checkpoint sees the values of the moment it was taken, however long it is held. Copying,
+// moving and destroying handles to one buffer is thread-safe (an atomic count, like
+// std::shared_ptr); one handle is not to be used from two threads at once.
+class SharedWeights {
+ public:
+  SharedWeights() = default;  // holds nothing
+  explicit SharedWeights(std::vector<float> values) : rep_(new Rep{{1}, std::move(values)}) {}
+  SharedWeights(const SharedWeights& other) noexcept : rep_(other.rep_) {
+    // Relaxed: a new reference is made from one already held, which keeps the count above 0.
+    if (rep_ != nullptr) rep_->refs.fetch_add(1, std::memory_order_relaxed);
+  }
+  SharedWeights(SharedWeights&& other) noexcept : rep_(other.rep_) { other.rep_ = nullptr; }
+  SharedWeights& operator=(SharedWeights other) noexcept {
+    std::swap(rep_, other.rep_);
+    return *this;
+  }
+  ~SharedWeights() { reset(); }
+
+  // Drops this reference (the buffer is freed with the last one).
+  void reset() noexcept {
+    // Release: this holder's reads of the values happen before the decrement, which a later
+    // unique() (acquire) reads, so a writer that sees itself alone writes after them. Acquire: the
+    // last holder frees the buffer after every other holder's reads.
+    if (rep_ != nullptr && rep_->refs.fetch_sub(1, std::memory_order_acq_rel) == 1) delete rep_;
+    rep_ = nullptr;
+  }
+
+  explicit operator bool() const { return rep_ != nullptr; }
+  const float* data() const { return rep_ != nullptr ? rep_->values.data() : nullptr; }
+  size_t size() const { return rep_ != nullptr ? rep_->values.size() : 0; }
+  // The values as little-endian fp32 bytes (the wire's ENCODING_FP32).
+  absl::string_view bytes() const {
+    return absl::string_view(reinterpret_cast<const char*>(data()), size() * sizeof(float));
+  }
+
+  // True when this handle holds the only reference to its buffer. The count is loaded with
+  // acquire, which synchronises with every earlier holder's release decrement (all changes of
+  // the count are read-modify-writes, so they form one release sequence): once this returns true,
+  // every read of the values by a holder that has let go happens before what the caller writes
+  // next. Only the caller can make another reference then, so the answer stays true until it
+  // does.
+  bool unique() const { return rep_ != nullptr && rep_->refs.load(std::memory_order_acquire) == 1; }
+  // The values to write. REQUIRES: unique().
+  float* mutable_data() { return rep_->values.data(); }
+
+ private:
+  struct Rep {
+    std::atomic<int64_t> refs;
+    std::vector<float> values;
+  };
+  Rep* rep_ = nullptr;
+};
+
+// Where the weight data of one PushPull answer goes, for a transport that sends it without
+// copying it into the response (GrpcParameterService). One per request: the caller makes it and
+// passes it to ParameterStore::PushPull, the store fills `shared` on the thread that then runs
+// `done`, before it runs `done`, and the caller reads it in `done` (or later).
+struct PushPullAnswerSink {
+  // Optional: gives the string that the data of a slice that is copied (bf16 or fp16 encoded,
+  // sparse rows) is written into, so that a transport can reuse buffers (their capacity is kept
+  // when large enough); empty strings when unset.
+  std::function<std::string()> take_buffer;
+  // Filled by the store: for each answered dense slice in fp32, its index in the response's
+  // `weights` (whose `data` is left empty) and its values, shared with the partition. Each is the
+  // data of that slice bit for bit (little-endian fp32), and stays valid while it is held.
+  std::vector<std::pair<int, SharedWeights>> shared;
 };
 
 // A v1::PushPullRequest by reference (see SliceView), so that a transport can hand the store
@@ -260,13 +336,14 @@ class ParameterStore {
 
   // The same as PushPull above (one implementation, the same validation and errors), for a
   // request by reference: `request` and what it points to need to stay valid only until this call
-  // returns (the push is applied before it returns; a parked pull keeps nothing of it). When
-  // `weights_buffer` is set, the data of each answered weight slice is written into a string it
-  // returns (a transport's reused buffer, whose capacity is reused when large enough), so the
-  // caller can take it back out of the response with std::string::swap.
+  // returns (the push is applied before it returns; a parked pull keeps nothing of it). With a
+  // `sink`, a dense slice answered in fp32 does not copy the weights: its `data` in the response
+  // stays empty and the sink gets a reference to the partition's values instead (see
+  // PushPullAnswerSink; the response alone is then incomplete), and the data of the other slices
+  // is written into strings from sink->take_buffer. max_message_bytes counts the shared bytes.
   void PushPull(const PushPullView& request, PushPullDone done,
                 std::shared_ptr<const std::atomic<bool>> cancelled = nullptr,
-                std::function<std::string()> weights_buffer = nullptr);
+                std::shared_ptr<PushPullAnswerSink> sink = nullptr);
 
   // Answers request.keys once the gate opens for request.step (negative: no gating); keys must be
   // distinct, and each slice of the answer must fit max_message_bytes. `cancelled` as for
@@ -309,11 +386,12 @@ class ParameterStore {
   absl::Status ResolvePulls(const Job& job, const PushPullView& request, bool one_message,
                             std::vector<PullItem>* items) const;
   absl::StatusOr<PushAck> PushToJob(Job& job, const PushPullView& request);
-  // `weights_buffer` (optional): where each answered slice's data is written (see PushPull).
+  // `sink` (optional): takes dense fp32 answers by reference, slice i of `done`'s answer being
+  // item i (see PushPull).
   void AnswerWhenOpen(std::shared_ptr<Job> job, std::vector<PullItem> items, v1::Encoding encoding,
                       std::shared_ptr<const std::atomic<bool>> cancelled,
                       std::function<void(absl::StatusOr<std::vector<v1::Slice>>)> done,
-                      std::function<std::string()> weights_buffer = nullptr);
+                      std::shared_ptr<PushPullAnswerSink> sink = nullptr);
 
   // Checkpoints. Captures p at its next capture step when it has reached it. REQUIRES: p.mu held
   // (not annotated: clang cannot name a member of the incomplete Partition here).

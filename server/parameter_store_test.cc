@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <filesystem>
 #include <limits>
 #include <map>
@@ -913,14 +914,35 @@ std::vector<absl::string_view> RandomPieces(absl::string_view bytes, std::mt1993
   return pieces;
 }
 
+// A PushPull by reference with a sink, as the gRPC service makes it; `done` must run at once.
+struct SharedAnswer {
+  absl::StatusOr<v1::PushPullResponse> response = absl::InternalError("parked");
+  std::shared_ptr<PushPullAnswerSink> sink = std::make_shared<PushPullAnswerSink>();
+};
+
+SharedAnswer PushPullShared(ParameterStore& store, const PushPullView& view) {
+  SharedAnswer out;
+  std::optional<absl::StatusOr<v1::PushPullResponse>> response;
+  store.PushPull(
+      view, [&response](absl::StatusOr<v1::PushPullResponse> r) { response = std::move(r); },
+      nullptr, out.sink);
+  if (response.has_value()) out.response = *std::move(response);
+  return out;
+}
+
+// PushPullShared, with the shared data copied into the response (so it is the whole answer).
 absl::StatusOr<v1::PushPullResponse> PushPullViewNow(ParameterStore& store,
                                                      const PushPullView& view) {
-  std::optional<absl::StatusOr<v1::PushPullResponse>> out;
-  store.PushPull(
-      view, [&out](absl::StatusOr<v1::PushPullResponse> r) { out = std::move(r); }, nullptr,
-      [] { return std::string(); });
-  if (!out.has_value()) return absl::InternalError("parked");
-  return *std::move(out);
+  SharedAnswer answer = PushPullShared(store, view);
+  if (!answer.response.ok()) return answer.response;
+  for (const auto& [index, weights] : answer.sink->shared) {
+    if (index < 0 || index >= answer.response->weights_size() ||
+        !answer.response->weights(index).data().empty()) {
+      return absl::InternalError(absl::StrCat("bad shared slice index ", index));
+    }
+    answer.response->mutable_weights(index)->set_data(std::string(weights.bytes()));
+  }
+  return answer.response;
 }
 
 // The same pushes, once as protobuf requests and once by reference with the gradient cut into
@@ -1017,6 +1039,206 @@ TEST(ParameterStoreTest, PiecedGradientsAreValidatedLikeContiguousOnes) {
   ASSERT_TRUE(r.ok()) << r.status();
   ASSERT_EQ(r->weights_size(), 1);
   EXPECT_EQ(Floats(r->weights(0)), (std::vector<float>{-1, -2, -3, -4}));
+}
+
+// --- Answers by reference (copy-on-write weights) --------------------------------------------
+
+std::vector<float> Values(const SharedWeights& w) {
+  return std::vector<float>(w.data(), w.data() + w.size());
+}
+
+// A dense fp32 answer to a sink shares the partition's weights. While it is held, an update
+// copies them first (the held answer keeps its values bit for bit, later answers see the new
+// ones); once nothing holds them, updates write in place again.
+TEST(ParameterStoreTest, SharedAnswersKeepTheirWeightsAndTheStoreCopiesOnWrite) {
+  constexpr int kN = 5000;
+  ParameterStore store;
+  v1::CreateJobStateRequest job = JobRequest("j", Config(v1::CONSISTENCY_ASP, 1, 0.5f));
+  std::vector<float> initial(kN);
+  for (int i = 0; i < kN; ++i) initial[i] = static_cast<float>(i);
+  *job.add_partitions() = Dense("w", 0, kN, initial);
+  ASSERT_TRUE(store.CreateJobState(job).ok());
+  const std::vector<float> ones(kN, 1.0f);
+  // w after k updates of g = 1 with SGD at 0.5 (exact in fp32).
+  auto after = [&](int k) {
+    std::vector<float> w = initial;
+    for (float& v : w) v -= 0.5f * static_cast<float>(k);
+    return w;
+  };
+
+  const v1::PushPullRequest first = Request("j", 0, 1, 0, 1, {GradSlice("w", 0, ones, true)});
+  SharedAnswer a = PushPullShared(store, ViewOf(first));
+  ASSERT_TRUE(a.response.ok()) << a.response.status();
+  ASSERT_EQ(a.response->weights_size(), 1);
+  EXPECT_TRUE(a.response->weights(0).data().empty());
+  EXPECT_EQ(a.response->weights(0).encoding(), v1::ENCODING_FP32);
+  EXPECT_EQ(a.response->weights(0).version(), 1);
+  EXPECT_EQ(a.response->weights(0).key().tensor(), "w");
+  ASSERT_EQ(a.sink->shared.size(), 1u);
+  EXPECT_EQ(a.sink->shared[0].first, 0);
+  SharedWeights held = std::move(a.sink->shared[0].second);
+  EXPECT_EQ(Values(held), after(1));
+  const std::string held_bytes(held.bytes());
+  ShardStats stats = store.GetShardStats();
+  EXPECT_EQ(stats.weight_copies_on_write, 0);  // nothing held the weights at the update
+  EXPECT_EQ(stats.bytes_pulled, kN * 4);
+
+  // An update while the answer is held: copied first.
+  absl::StatusOr<PushAck> pushed = store.Push(Request("j", 0, 1, 1, 2, {GradSlice("w", 0, ones)}));
+  ASSERT_TRUE(pushed.ok()) << pushed.status();
+  EXPECT_EQ(store.GetShardStats().weight_copies_on_write, 1);
+  EXPECT_TRUE(held.bytes() == held_bytes) << "the held answer changed under the update";
+  EXPECT_EQ(PullDense(store, "j", "w", 0), after(2));
+  // A second update finds the copy unshared: in place.
+  pushed = store.Push(Request("j", 0, 1, 2, 3, {GradSlice("w", 0, ones)}));
+  ASSERT_TRUE(pushed.ok()) << pushed.status();
+  EXPECT_EQ(store.GetShardStats().weight_copies_on_write, 1);
+  EXPECT_TRUE(held.bytes() == held_bytes) << "the held answer changed under the update";
+
+  // A pull by reference now shares the partition's new buffer, not the held one.
+  v1::PushPullRequest pull = Request("j", 0, 1, 3, 4, {}, {PullKey("w", 0)});
+  pull.set_pull_encoding(v1::ENCODING_FP32);
+  SharedAnswer b = PushPullShared(store, ViewOf(pull));
+  ASSERT_TRUE(b.response.ok()) << b.response.status();
+  ASSERT_EQ(b.sink->shared.size(), 1u);
+  EXPECT_NE(b.sink->shared[0].second.data(), held.data());
+  EXPECT_EQ(Values(b.sink->shared[0].second), after(3));
+  EXPECT_EQ(b.response->weights(0).version(), 3);
+  EXPECT_EQ(store.GetShardStats().bytes_pulled, 2 * kN * 4 + kN * 4);  // PullDense, both shares
+
+  // Both released: the next update writes in place, no copy.
+  held.reset();
+  b.sink->shared.clear();
+  pushed = store.Push(Request("j", 0, 1, 3, 5, {GradSlice("w", 0, ones)}));
+  ASSERT_TRUE(pushed.ok()) << pushed.status();
+  EXPECT_EQ(store.GetShardStats().weight_copies_on_write, 1);
+  EXPECT_EQ(PullDense(store, "j", "w", 0), after(4));
+}
+
+// Only dense fp32 answers are shared: bf16 answers and sparse rows are encoded into the sink's
+// buffers (capacity reused), as the typed overload answers them.
+TEST(ParameterStoreTest, EncodedAndSparseAnswersToASinkAreCopiedIntoItsBuffers) {
+  ParameterStore store;
+  v1::CreateJobStateRequest job = JobRequest("j", Config(v1::CONSISTENCY_ASP, 1, 0.5f));
+  *job.add_partitions() = Dense("w", 0, 4, {1, 2, 3, 4});
+  auto* table = job.add_tables();
+  table->set_name("emb");
+  table->set_dim(2);
+  table->mutable_initializer()->set_kind(v1::Initializer::KIND_CONSTANT);
+  table->mutable_initializer()->set_value(0.25f);
+  ASSERT_TRUE(store.CreateJobState(job).ok());
+  for (v1::Encoding encoding : {v1::ENCODING_BF16, v1::ENCODING_FP32}) {
+    SCOPED_TRACE(v1::Encoding_Name(encoding));
+    v1::PushPullRequest request =
+        Request("j", 0, 1, 0, 1, {}, {PullKey("w", 0), PullKey("emb", 0, {3, 9})});
+    request.set_pull_encoding(encoding);
+    int taken = 0;
+    auto sink = std::make_shared<PushPullAnswerSink>();
+    sink->take_buffer = [&taken] {
+      ++taken;
+      std::string s;
+      s.reserve(1 << 16);
+      return s;
+    };
+    std::optional<absl::StatusOr<v1::PushPullResponse>> got;
+    store.PushPull(
+        ViewOf(request), [&got](absl::StatusOr<v1::PushPullResponse> r) { got = std::move(r); },
+        nullptr, sink);
+    ASSERT_TRUE(got.has_value() && got->ok());
+    std::optional<absl::StatusOr<v1::PushPullResponse>> want;
+    store.PushPull(request, [&want](absl::StatusOr<v1::PushPullResponse> r) { want = r; });
+    ASSERT_TRUE(want.has_value() && want->ok());
+    ASSERT_EQ((*got)->weights_size(), 2);
+    EXPECT_EQ((*got)->weights(1).SerializeAsString(), (*want)->weights(1).SerializeAsString());
+    EXPECT_GE((*got)->weights(1).data().capacity(), size_t{1} << 16);
+    EXPECT_EQ(Floats((*got)->weights(1)), (std::vector<float>{0.25f, 0.25f, 0.25f, 0.25f}));
+    if (encoding == v1::ENCODING_BF16) {
+      EXPECT_EQ(taken, 2);
+      EXPECT_TRUE(sink->shared.empty());
+      EXPECT_EQ((*got)->weights(0).SerializeAsString(), (*want)->weights(0).SerializeAsString());
+    } else {
+      EXPECT_EQ(taken, 1);  // the sparse rows only
+      ASSERT_EQ(sink->shared.size(), 1u);
+      EXPECT_EQ(sink->shared[0].first, 0);
+      EXPECT_TRUE((*got)->weights(0).data().empty());
+      EXPECT_EQ(sink->shared[0].second.bytes(), (*want)->weights(0).data());
+    }
+  }
+}
+
+// Pushes on several threads while other threads hold answers by reference and release them
+// after reading: every answer still has exactly the weights of its version (SGD of g = 1 at 0.5
+// from 0: every value is -0.5 * version), however the releases and updates interleave.
+TEST(ParameterStoreTest, SharedAnswersStayExactUnderConcurrentUpdates) {
+  constexpr int kN = 1 << 16;
+  constexpr int kThreads = 2;
+  constexpr int kPushes = 150;
+  ParameterStore store;
+  v1::CreateJobStateRequest job = JobRequest("j", Config(v1::CONSISTENCY_ASP, kThreads, 0.5f));
+  *job.add_partitions() = Dense("w", 0, kN);
+  ASSERT_TRUE(store.CreateJobState(job).ok());
+  absl::Mutex mu;
+  std::deque<std::pair<int64_t, SharedWeights>> held;  // guarded by mu
+  int pushers_left = kThreads;                         // guarded by mu
+  std::atomic<int> bad{0};
+  std::atomic<int> checked{0};
+  auto check = [&](int64_t version, const SharedWeights& w) {
+    const float want = -0.5f * static_cast<float>(version);
+    for (size_t i = 0; i < w.size(); ++i) {
+      if (w.data()[i] != want) {
+        bad.fetch_add(1);
+        return;
+      }
+    }
+    checked.fetch_add(1);
+  };
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      const v1::PushPullRequest request =
+          Request("j", static_cast<uint32_t>(t), 1, 0, 0,
+                  {GradSlice("w", 0, std::vector<float>(kN, 1.0f), true)});
+      for (int i = 0; i < kPushes; ++i) {
+        PushPullView view = ViewOf(request);
+        view.seq = static_cast<uint64_t>(i + 1);
+        SharedAnswer a = PushPullShared(store, view);
+        if (!a.response.ok() || a.sink->shared.size() != 1) {
+          bad.fetch_add(1);
+          continue;
+        }
+        absl::MutexLock lock(&mu);
+        held.emplace_back(a.response->weights(0).version(), std::move(a.sink->shared[0].second));
+      }
+      absl::MutexLock lock(&mu);
+      --pushers_left;
+    });
+  }
+  // Two releasers: read each held answer, then drop it (on a thread other than its pusher's).
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&] {
+      const absl::Time deadline = absl::Now() + absl::Seconds(60);
+      for (;;) {
+        std::pair<int64_t, SharedWeights> answer;
+        {
+          absl::MutexLock lock(&mu);
+          auto ready = [&] { return !held.empty() || pushers_left == 0; };
+          if (!mu.AwaitWithDeadline(absl::Condition(&ready), deadline)) return;
+          if (held.empty()) return;
+          answer = std::move(held.front());
+          held.pop_front();
+        }
+        check(answer.first, answer.second);
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  EXPECT_EQ(bad.load(), 0);
+  EXPECT_EQ(checked.load(), kThreads * kPushes);
+  const std::vector<float> final_weights = PullDense(store, "j", "w", 0);
+  ASSERT_EQ(final_weights.size(), static_cast<size_t>(kN));
+  EXPECT_EQ(final_weights[0], -0.5f * kThreads * kPushes);
+  // Each copy-on-write is one update that found an answer still held.
+  EXPECT_LE(store.GetShardStats().weight_copies_on_write, kThreads * kPushes);
 }
 
 // --- Shard-wide counters (metrics) ----------------------------------------------------------

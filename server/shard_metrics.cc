@@ -70,6 +70,10 @@ class ShardCollectable final : public prometheus::Collectable {
     out.push_back(Scalar("tessera_shard_non_finite_skipped_total",
                          "Push slices skipped for NaN or Inf values (non_finite_policy SKIP).",
                          MetricType::Counter, s.skipped_non_finite));
+    out.push_back(Scalar("tessera_shard_weight_copies_on_write_total",
+                         "Dense partitions whose weights were copied before an update because an "
+                         "answer still being sent or a checkpoint held them.",
+                         MetricType::Counter, s.weight_copies_on_write));
     prometheus::MetricFamily wait =
         MetricFamilyOf("tessera_shard_gate_wait_seconds",
                        "Seconds a gated pull waited at its job's consistency gate (BSP: the step's "

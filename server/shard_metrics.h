@@ -8,6 +8,9 @@
 //   tessera_shard_updates_applied_total          counter    optimizer applications
 //   tessera_shard_duplicate_pushes_total         counter    push slices dropped as already applied
 //   tessera_shard_non_finite_skipped_total       counter    push slices skipped for NaN/Inf
+//   tessera_shard_weight_copies_on_write_total   counter    dense weights copied before an update
+//                                                           because an answer or checkpoint held
+//                                                           them
 //   tessera_shard_gate_wait_seconds{consistency} histogram  how long a gated pull waited (bsp, ssp)
 //   tessera_shard_ssp_staleness_steps            histogram  SSP: step - slowest live clock, per
 //                                                           applied push slice

@@ -157,6 +157,8 @@ TEST(ShardMetricsTest, RpcAndStoreFamiliesThroughTheRealService) {
   EXPECT_EQ(Sample(text, "tessera_shard_updates_applied_total"), 1);
   // Weights answered: the two PushPull answers and the Pull.
   EXPECT_EQ(Sample(text, "tessera_shard_pulled_bytes_total"), 3 * 16);
+  // The one update came before any answer held the weights: written in place.
+  EXPECT_EQ(Sample(text, "tessera_shard_weight_copies_on_write_total"), 0);
   EXPECT_EQ(Sample(text, "tessera_shard_gate_wait_seconds_count{consistency=\"bsp\"}"), 0);
   EXPECT_EQ(Sample(text, "tessera_shard_ssp_staleness_steps_count"), 0);
   EXPECT_EQ(Sample(text, "tessera_shard_ssp_staleness_steps_bucket{le=\"+Inf\"}"), 0);

@@ -11,8 +11,11 @@
 // with the wrong wire type, groups), and it never reads past the end of the message or a field.
 //
 // Responses: SerializePushPullResponse writes a v1::PushPullResponse whose weight data lies in
-// strings of a BufferPool: the header fields are serialised (small), and every large weight data
-// becomes its own grpc::Slice over the string, which goes back to the pool when gRPC releases it.
+// strings of a BufferPool or in the store's weights themselves: the header fields are serialised
+// (small), and every large weight data becomes its own grpc::Slice, over the string (which goes
+// back to the pool when gRPC releases it) or over a dense partition's fp32 weights shared with the
+// store (SharedWeights, whose reference gRPC drops when it releases the slice; the store copies the
+// weights before it next updates them if that has not happened yet).
 //
 // Header-only so that server/CMakeLists.txt need not change.
 #ifndef TESSERA_SERVER_INTERNAL_PUSH_PULL_WIRE_H_
@@ -27,9 +30,11 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/types/span.h"
 #include "google/protobuf/repeated_field.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/slice.h"
@@ -592,25 +597,81 @@ inline size_t VarintSize(uint64_t v) {
 // the header slice.
 constexpr size_t kOwnSliceMinBytes = 16 << 10;
 
-// Serialises `response` in protobuf wire format without copying large weight data: each such data
+// Weight data of one answered slice held by reference: the index of the slice in the response's
+// `weights` and its data (see PushPullAnswerSink::shared).
+using SharedSliceData = std::pair<int, SharedWeights>;
+
+namespace wire_detail {
+
+// For each of `response`'s weights, its data held by reference in `shared`, or null. INTERNAL when
+// an index is out of range, repeated, or names a slice whose data is not empty.
+inline absl::Status SharedByIndex(const v1::PushPullResponse& response,
+                                  absl::Span<const SharedSliceData> shared,
+                                  std::vector<const SharedWeights*>* out) {
+  out->assign(static_cast<size_t>(response.weights_size()), nullptr);
+  for (const SharedSliceData& s : shared) {
+    if (s.first < 0 || s.first >= response.weights_size() || (*out)[s.first] != nullptr ||
+        !response.weights(s.first).data().empty()) {
+      return absl::InternalError(absl::StrCat("shared weight data for slice ", s.first, " of ",
+                                              response.weights_size(), " does not fit the answer"));
+    }
+    (*out)[s.first] = &s.second;
+  }
+  return absl::OkStatus();
+}
+
+// The bytes that `n` bytes of data add to a Slice of `meta` bytes inside a PushPullResponse: the
+// data field and the growth of the Slice's length prefix.
+inline size_t DataFieldGrowth(size_t meta, size_t n) {
+  if (n == 0) return 0;
+  const size_t body = meta + 1 + VarintSize(n) + n;
+  return (body - meta) + (VarintSize(body) - VarintSize(meta));
+}
+
+}  // namespace wire_detail
+
+// The serialised size of `response` once the data in `shared` is filled in (what
+// SerializePushPullResponse sends), without copying anything. INTERNAL as SharedByIndex.
+inline absl::StatusOr<size_t> PushPullResponseSize(const v1::PushPullResponse& response,
+                                                   absl::Span<const SharedSliceData> shared) {
+  std::vector<const SharedWeights*> by_index;
+  absl::Status s = wire_detail::SharedByIndex(response, shared, &by_index);
+  if (!s.ok()) return s;
+  size_t total = response.ByteSizeLong();
+  for (const SharedSliceData& d : shared) {
+    total += wire_detail::DataFieldGrowth(response.weights(d.first).ByteSizeLong(),
+                                          d.second.bytes().size());
+  }
+  return total;
+}
+
+// Serialises `response` in protobuf wire format without copying large weight data: each data
 // string is taken out of `response` (swapped, so `response` is left without it) and sent as its
-// own slice, which gives the string to `pool` once gRPC is done with it. *bytes is the message's
-// size.
-inline grpc::ByteBuffer SerializePushPullResponse(v1::PushPullResponse* response,
-                                                  const std::shared_ptr<BufferPool>& pool,
-                                                  size_t* bytes) {
+// own slice, which gives the string to `pool` once gRPC is done with it; the data of weights(i)
+// for an (i, values) in `shared` is `values` (whose data in `response` must be empty), sent as a
+// slice that holds a reference to them until gRPC is done with it. *bytes is the message's size.
+// INTERNAL (nothing serialised, `response` unchanged) when `shared` does not fit the response
+// (see SharedByIndex).
+inline absl::StatusOr<grpc::ByteBuffer> SerializePushPullResponse(
+    v1::PushPullResponse* response, absl::Span<const SharedSliceData> shared,
+    const std::shared_ptr<BufferPool>& pool, size_t* bytes) {
   using wire_detail::AppendVarint;
   using wire_detail::VarintSize;
+  std::vector<const SharedWeights*> by_index;
+  absl::Status fits = wire_detail::SharedByIndex(*response, shared, &by_index);
+  if (!fits.ok()) return fits;
   google::protobuf::RepeatedPtrField<v1::Slice> weights;
   weights.Swap(response->mutable_weights());
   std::string pending = response->SerializeAsString();
   size_t total = pending.size();
   std::vector<grpc::Slice> slices;
-  for (v1::Slice& w : weights) {
+  for (int i = 0; i < weights.size(); ++i) {
+    v1::Slice& w = weights[i];
+    const SharedWeights* values = by_index[static_cast<size_t>(i)];
     std::string data;
     data.swap(*w.mutable_data());
     const std::string meta = w.SerializeAsString();
-    const size_t n = data.size();
+    const size_t n = values != nullptr ? values->bytes().size() : data.size();
     const size_t body = meta.size() + (n > 0 ? 1 + VarintSize(n) + n : 0);
     pending.push_back(static_cast<char>((3 << 3) | 2));  // PushPullResponse.weights
     AppendVarint(body, &pending);
@@ -620,17 +681,38 @@ inline grpc::ByteBuffer SerializePushPullResponse(v1::PushPullResponse* response
     pending.push_back(static_cast<char>((3 << 3) | 2));  // Slice.data
     AppendVarint(n, &pending);
     if (n < kOwnSliceMinBytes) {
-      pending += data;
-      pool->Give(std::move(data));
+      if (values != nullptr) {
+        pending.append(values->bytes().data(), n);
+      } else {
+        pending += data;
+        pool->Give(std::move(data));
+      }
       continue;
     }
     slices.emplace_back(pending.data(), pending.size());  // copies the small header bytes
     pending.clear();
-    slices.push_back(BufferPool::MakeSlice(pool, std::move(data)));
+    if (values != nullptr) {
+      // gRPC only reads a slice it sends; the holder keeps the values alive and unchanged until
+      // gRPC drops the slice (on any thread).
+      auto* holder = new SharedWeights(*values);
+      slices.emplace_back(
+          const_cast<char*>(holder->bytes().data()), n,
+          [](void* h) { delete static_cast<SharedWeights*>(h); }, holder);
+    } else {
+      slices.push_back(BufferPool::MakeSlice(pool, std::move(data)));
+    }
   }
   if (!pending.empty()) slices.emplace_back(pending.data(), pending.size());
   *bytes = total;
   return grpc::ByteBuffer(slices.data(), slices.size());
+}
+
+// SerializePushPullResponse above for a response that holds all of its data.
+inline grpc::ByteBuffer SerializePushPullResponse(v1::PushPullResponse* response,
+                                                  const std::shared_ptr<BufferPool>& pool,
+                                                  size_t* bytes) {
+  // Cannot fail: nothing is shared.
+  return *SerializePushPullResponse(response, {}, pool, bytes);
 }
 
 }  // namespace tessera::server::internal
