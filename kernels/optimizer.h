@@ -56,6 +56,14 @@ float SlotInitialValue(const OptimizerParams& params, int slot);
 void ApplyUpdateCpu(const OptimizerParams& params, float lr, int64_t t, float grad_scale,
                     const float* g, float* w, float* const* slots, int64_t n);
 
+// ApplyUpdateCpu with the gradient given as the bytes of n fp32 values in host order (the wire's
+// little-endian ENCODING_FP32 on the machines Tessera runs on) at any alignment, such as a
+// gradient still lying in a transport's receive buffer: no copy to an aligned buffer is needed.
+// The same weights and slots, bit for bit. REQUIRES: as for ApplyUpdateCpu, g_bytes holding 4 * n
+// bytes.
+void ApplyUpdateCpuUnaligned(const OptimizerParams& params, float lr, int64_t t, float grad_scale,
+                             const void* g_bytes, float* w, float* const* slots, int64_t n);
+
 }  // namespace tessera::kernels
 
 #endif  // TESSERA_KERNELS_OPTIMIZER_H_

@@ -9,6 +9,7 @@
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 
 #include "absl/base/internal/raw_logging.h"
 #include "absl/status/status.h"
@@ -25,6 +26,18 @@ constexpr int64_t kParallelThreshold = int64_t{1} << 16;
 // Work unit of the parallel split (64 KiB of each array); OpenMP's static schedule hands each
 // thread one contiguous run of chunks.
 constexpr int64_t kChunk = int64_t{1} << 14;
+
+// The gradient as the kernels read it: g[i] from aligned floats, or the i-th fp32 value of a byte
+// array at any alignment (a 4-byte memcpy, which GCC turns into an unaligned vector load).
+inline float GradAt(const float* __restrict__ g, int64_t i) { return g[i]; }
+inline float GradAt(const unsigned char* __restrict__ g, int64_t i) {
+  float v;
+  std::memcpy(&v, g + 4 * i, sizeof v);
+  return v;
+}
+// The gradient from value k on.
+inline const float* GradFrom(const float* g, int64_t k) { return g + k; }
+inline const unsigned char* GradFrom(const unsigned char* g, int64_t k) { return g + 4 * k; }
 
 // Calls range(begin, end) over [0, n): once on this thread for small n, otherwise in kChunk
 // pieces spread over the OpenMP team.
@@ -44,11 +57,12 @@ void ForRanges(int64_t n, const Range& range) {
 // In every kernel g' = scale * g + l2 * w (l2 is weight_decay, or 0 for AdamW).
 
 // SGD: w -= lr * g'.
-void SgdRange(const float* __restrict__ g, float* __restrict__ w, int64_t n, float lr, float scale,
+template <typename T>
+void SgdRange(const T* __restrict__ g, float* __restrict__ w, int64_t n, float lr, float scale,
               float l2) {
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) {
-    const float gi = scale * g[i] + l2 * w[i];
+    const float gi = scale * GradAt(g, i) + l2 * w[i];
     w[i] -= lr * gi;
   }
 }
@@ -57,12 +71,12 @@ void SgdRange(const float* __restrict__ g, float* __restrict__ w, int64_t n, flo
 //   v = mu * v + g';  w -= lr * v.
 // Nesterov (PyTorch's nesterov=True, TF's use_nesterov=True):
 //   v = mu * v + g';  w -= lr * (g' + mu * v).
-template <bool kNesterov>
-void MomentumRange(const float* __restrict__ g, float* __restrict__ w, float* __restrict__ v,
-                   int64_t n, float lr, float scale, float l2, float mu) {
+template <bool kNesterov, typename T>
+void MomentumRange(const T* __restrict__ g, float* __restrict__ w, float* __restrict__ v, int64_t n,
+                   float lr, float scale, float l2, float mu) {
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) {
-    const float gi = scale * g[i] + l2 * w[i];
+    const float gi = scale * GradAt(g, i) + l2 * w[i];
     const float vi = mu * v[i] + gi;
     v[i] = vi;
     w[i] -= lr * (kNesterov ? gi + mu * vi : vi);
@@ -70,11 +84,12 @@ void MomentumRange(const float* __restrict__ g, float* __restrict__ w, float* __
 }
 
 // Adagrad as in PyTorch: acc += g'^2;  w -= lr * g' / (sqrt(acc) + eps).
-void AdagradRange(const float* __restrict__ g, float* __restrict__ w, float* __restrict__ acc,
+template <typename T>
+void AdagradRange(const T* __restrict__ g, float* __restrict__ w, float* __restrict__ acc,
                   int64_t n, float lr, float scale, float l2, float eps) {
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) {
-    const float gi = scale * g[i] + l2 * w[i];
+    const float gi = scale * GradAt(g, i) + l2 * w[i];
     const float ai = acc[i] + gi * gi;
     acc[i] = ai;
     w[i] -= lr * gi / (std::sqrt(ai) + eps);
@@ -85,7 +100,8 @@ void AdagradRange(const float* __restrict__ g, float* __restrict__ w, float* __r
 //   m = b1 * m + (1 - b1) * g';  v = b2 * v + (1 - b2) * g'^2;
 //   w = decay * w - (lr / (1 - b1^t)) * m / (sqrt(v) / sqrt(1 - b2^t) + eps),
 // where decay = 1 for Adam (whose weight decay is the L2 term in g') and 1 - lr * wd for AdamW.
-void AdamRange(const float* __restrict__ g, float* __restrict__ w, float* __restrict__ m,
+template <typename T>
+void AdamRange(const T* __restrict__ g, float* __restrict__ w, float* __restrict__ m,
                float* __restrict__ v, int64_t n, float scale, float l2, float decay, float b1,
                float b2, float step, float inv_sqrt_bc2, float eps) {
   const float one_minus_b1 = 1.0f - b1;
@@ -93,7 +109,7 @@ void AdamRange(const float* __restrict__ g, float* __restrict__ w, float* __rest
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) {
     const float wi = w[i];
-    const float gi = scale * g[i] + l2 * wi;
+    const float gi = scale * GradAt(g, i) + l2 * wi;
     const float mi = b1 * m[i] + one_minus_b1 * gi;
     const float vi = b2 * v[i] + one_minus_b2 * gi * gi;
     m[i] = mi;
@@ -111,14 +127,14 @@ void AdamRange(const float* __restrict__ g, float* __restrict__ w, float* __rest
 // For p = 0.5 sigma is computed as g'^2 / (alpha * (sqrt(n') + sqrt(n))), which equals the
 // difference of square roots without its cancellation; this is the vectorised case. Other
 // powers call powf per element (glibc offers no vector powf without -ffast-math).
-template <bool kSqrtPower>
-void FtrlRange(const float* __restrict__ g, float* __restrict__ w, float* __restrict__ z,
+template <bool kSqrtPower, typename T>
+void FtrlRange(const T* __restrict__ g, float* __restrict__ w, float* __restrict__ z,
                float* __restrict__ acc, int64_t n, float scale, float l2_grad, float inv_alpha,
                float power, float beta, float l1, float two_l2) {
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) {
     const float wi = w[i];
-    const float gi = scale * g[i] + l2_grad * wi;
+    const float gi = scale * GradAt(g, i) + l2_grad * wi;
     const float n_old = acc[i];
     const float g2 = gi * gi;
     const float n_new = n_old + g2;
@@ -254,20 +270,25 @@ float SlotInitialValue(const OptimizerParams& params, int slot) {
   return 0.0f;
 }
 
-void ApplyUpdateCpu(const OptimizerParams& params, float lr, int64_t t, float grad_scale,
-                    const float* g, float* w, float* const* slots, int64_t n) {
+namespace {
+
+// ApplyUpdateCpu over gradient elements of type T (float, or the bytes of floats: GradAt).
+template <typename T>
+void ApplyUpdate(const OptimizerParams& params, float lr, int64_t t, float grad_scale, const T* g,
+                 float* w, float* const* slots, int64_t n) {
   if (n <= 0) return;
   const float scale = grad_scale;
   const float wd = params.weight_decay;
   switch (params.kind) {
     case v1::OPTIMIZER_KIND_SGD:
-      ForRanges(n, [&](int64_t b, int64_t e) { SgdRange(g + b, w + b, e - b, lr, scale, wd); });
+      ForRanges(
+          n, [&](int64_t b, int64_t e) { SgdRange(GradFrom(g, b), w + b, e - b, lr, scale, wd); });
       return;
     case v1::OPTIMIZER_KIND_MOMENTUM: {
       float* v = slots[0];
       const float mu = params.momentum;
       ForRanges(n, [&](int64_t b, int64_t e) {
-        MomentumRange<false>(g + b, w + b, v + b, e - b, lr, scale, wd, mu);
+        MomentumRange<false>(GradFrom(g, b), w + b, v + b, e - b, lr, scale, wd, mu);
       });
       return;
     }
@@ -275,7 +296,7 @@ void ApplyUpdateCpu(const OptimizerParams& params, float lr, int64_t t, float gr
       float* v = slots[0];
       const float mu = params.momentum;
       ForRanges(n, [&](int64_t b, int64_t e) {
-        MomentumRange<true>(g + b, w + b, v + b, e - b, lr, scale, wd, mu);
+        MomentumRange<true>(GradFrom(g, b), w + b, v + b, e - b, lr, scale, wd, mu);
       });
       return;
     }
@@ -283,7 +304,7 @@ void ApplyUpdateCpu(const OptimizerParams& params, float lr, int64_t t, float gr
       float* acc = slots[0];
       const float eps = params.epsilon;
       ForRanges(n, [&](int64_t b, int64_t e) {
-        AdagradRange(g + b, w + b, acc + b, e - b, lr, scale, wd, eps);
+        AdagradRange(GradFrom(g, b), w + b, acc + b, e - b, lr, scale, wd, eps);
       });
       return;
     }
@@ -304,8 +325,8 @@ void ApplyUpdateCpu(const OptimizerParams& params, float lr, int64_t t, float gr
       const float b2 = params.beta2;
       const float eps = params.epsilon;
       ForRanges(n, [&](int64_t b, int64_t e) {
-        AdamRange(g + b, w + b, m + b, v + b, e - b, scale, l2, decay, b1, b2, step, inv_sqrt_bc2,
-                  eps);
+        AdamRange(GradFrom(g, b), w + b, m + b, v + b, e - b, scale, l2, decay, b1, b2, step,
+                  inv_sqrt_bc2, eps);
       });
       return;
     }
@@ -319,13 +340,13 @@ void ApplyUpdateCpu(const OptimizerParams& params, float lr, int64_t t, float gr
       const float two_l2 = 2.0f * params.ftrl_l2;
       if (params.ftrl_lr_power == -0.5f) {
         ForRanges(n, [&](int64_t b, int64_t e) {
-          FtrlRange<true>(g + b, w + b, z + b, acc + b, e - b, scale, wd, inv_alpha, power, beta,
-                          l1, two_l2);
+          FtrlRange<true>(GradFrom(g, b), w + b, z + b, acc + b, e - b, scale, wd, inv_alpha, power,
+                          beta, l1, two_l2);
         });
       } else {
         ForRanges(n, [&](int64_t b, int64_t e) {
-          FtrlRange<false>(g + b, w + b, z + b, acc + b, e - b, scale, wd, inv_alpha, power, beta,
-                           l1, two_l2);
+          FtrlRange<false>(GradFrom(g, b), w + b, z + b, acc + b, e - b, scale, wd, inv_alpha,
+                           power, beta, l1, two_l2);
         });
       }
       return;
@@ -334,6 +355,18 @@ void ApplyUpdateCpu(const OptimizerParams& params, float lr, int64_t t, float gr
       ABSL_RAW_LOG(FATAL, "ApplyUpdateCpu: optimizer kind %d not from MakeOptimizerParams",
                    static_cast<int>(params.kind));
   }
+}
+
+}  // namespace
+
+void ApplyUpdateCpu(const OptimizerParams& params, float lr, int64_t t, float grad_scale,
+                    const float* g, float* w, float* const* slots, int64_t n) {
+  ApplyUpdate(params, lr, t, grad_scale, g, w, slots, n);
+}
+
+void ApplyUpdateCpuUnaligned(const OptimizerParams& params, float lr, int64_t t, float grad_scale,
+                             const void* g_bytes, float* w, float* const* slots, int64_t n) {
+  ApplyUpdate(params, lr, t, grad_scale, static_cast<const unsigned char*>(g_bytes), w, slots, n);
 }
 
 #ifndef TESSERA_HAVE_CUDA

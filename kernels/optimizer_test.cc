@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <ostream>
 #include <random>
@@ -220,6 +221,52 @@ TEST_P(ApplyUpdateCpuTest, MatchesDoublePrecisionReference) {
       ASSERT_TRUE(Near("w", i, w[i], ref_w[i]));
       for (int s = 0; s < num_slots; ++s) {
         ASSERT_TRUE(Near(absl::StrCat("slot", s).c_str(), i, slots[s][i], ref_slots[s][i]));
+      }
+    }
+  }
+}
+
+// The gradient read from bytes at every misalignment gives the aligned update bit for bit, over
+// sizes on both sides of the OpenMP split.
+TEST_P(ApplyUpdateCpuTest, UnalignedGradientBytesGiveTheSameUpdateBitForBit) {
+  const UpdateCase& c = GetParam();
+  v1::OptimizerConfig config;
+  config.set_learning_rate(0.1f);
+  c.configure(config);
+  const absl::StatusOr<OptimizerParams> params = MakeOptimizerParams(config, c.sparse);
+  ASSERT_TRUE(params.ok()) << params.status();
+  const int num_slots = NumSlots(params->kind);
+  std::mt19937 rng(99);
+  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+  for (const int64_t n : {int64_t{1}, int64_t{37}, int64_t{4099}, (int64_t{1} << 16) + 5}) {
+    for (size_t misalign = 0; misalign < 4; ++misalign) {
+      SCOPED_TRACE(absl::StrCat("n = ", n, ", misaligned by ", misalign));
+      std::vector<float> w0(n);
+      for (float& x : w0) x = uniform(rng);
+      std::vector<float> aligned_w = w0;
+      std::vector<float> bytes_w = w0;
+      std::vector<std::vector<float>> aligned_slots(num_slots), bytes_slots(num_slots);
+      std::vector<float*> aligned_ptrs, bytes_ptrs;
+      for (int s = 0; s < num_slots; ++s) {
+        aligned_slots[s].assign(n, SlotInitialValue(*params, s));
+        bytes_slots[s] = aligned_slots[s];
+        aligned_ptrs.push_back(aligned_slots[s].data());
+        bytes_ptrs.push_back(bytes_slots[s].data());
+      }
+      std::vector<float> g(n);
+      std::vector<unsigned char> raw(4 * n + misalign);
+      for (int64_t t = 1; t <= 3; ++t) {
+        for (float& x : g) x = uniform(rng);
+        std::memcpy(raw.data() + misalign, g.data(), 4 * n);
+        const float lr = 0.05f * static_cast<float>(t);
+        ApplyUpdateCpu(*params, lr, t, 0.75f, g.data(), aligned_w.data(), aligned_ptrs.data(), n);
+        ApplyUpdateCpuUnaligned(*params, lr, t, 0.75f, raw.data() + misalign, bytes_w.data(),
+                                bytes_ptrs.data(), n);
+      }
+      ASSERT_EQ(0, std::memcmp(aligned_w.data(), bytes_w.data(), 4 * n));
+      ASSERT_NE(0, std::memcmp(aligned_w.data(), w0.data(), 4 * n));  // the update did something
+      for (int s = 0; s < num_slots; ++s) {
+        ASSERT_EQ(0, std::memcmp(aligned_slots[s].data(), bytes_slots[s].data(), 4 * n)) << s;
       }
     }
   }

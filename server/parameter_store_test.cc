@@ -671,6 +671,32 @@ TEST(ParameterStoreTest, NonFiniteGradientsAreRejectedOrSkipped) {
   }
 }
 
+// The fp32 check walks large gradients block by block: one NaN or Inf anywhere (first value,
+// block edges, the last partial block, the last value) is found, and a clean gradient passes.
+TEST(ParameterStoreTest, OneNonFiniteValueAnywhereInALargeGradientIsFound) {
+  constexpr int64_t kElements = 5000;  // 19 blocks of 256 and a partial one
+  ParameterStore store;
+  v1::CreateJobStateRequest job = JobRequest("big", Config(v1::CONSISTENCY_ASP, 1, 0.5f));
+  *job.add_partitions() = Dense("w", 0, kElements);
+  ASSERT_TRUE(store.CreateJobState(job).ok());
+  uint64_t seq = 0;
+  for (const int64_t at :
+       {int64_t{0}, int64_t{255}, int64_t{256}, int64_t{2047}, int64_t{4864}, kElements - 1}) {
+    for (const float bad : {NAN, INFINITY, -INFINITY}) {
+      SCOPED_TRACE(absl::StrCat("value ", bad, " at ", at));
+      std::vector<float> grad(kElements, 1.0f);
+      grad[at] = bad;
+      auto ack = store.Push(Request("big", 0, 1, 0, ++seq, {GradSlice("w", 0, grad)}));
+      EXPECT_EQ(ack.status().code(), absl::StatusCode::kInvalidArgument) << ack.status();
+    }
+  }
+  EXPECT_EQ(PullDense(store, "big", "w", 0), std::vector<float>(kElements, 0.0f));
+  auto ok = store.Push(
+      Request("big", 0, 1, 0, ++seq, {GradSlice("w", 0, std::vector<float>(kElements, 2.0f))}));
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(PullDense(store, "big", "w", 0), std::vector<float>(kElements, -1.0f));
+}
+
 TEST(ParameterStoreTest, DropJobFailsParkedPullsAndForgetsTheJob) {
   ParameterStore store;
   v1::CreateJobStateRequest job = JobRequest("d", Config(v1::CONSISTENCY_BSP, 2, 0.5f));
