@@ -179,14 +179,18 @@ std::vector<UpdateCase> UpdateCases() {
 
 class ApplyUpdateCpuTest : public ::testing::TestWithParam<UpdateCase> {};
 
-// Several random sizes (one above the threshold where OpenMP splits the work), five steps each
-// with a different learning rate, compared element by element with ReferenceStep.
-TEST_P(ApplyUpdateCpuTest, MatchesDoublePrecisionReference) {
-  const UpdateCase& c = GetParam();
+// The case's optimizer at learning rate 0.1.
+absl::StatusOr<OptimizerParams> ParamsOf(const UpdateCase& c) {
   v1::OptimizerConfig config;
   config.set_learning_rate(0.1f);
   c.configure(config);
-  const absl::StatusOr<OptimizerParams> params = MakeOptimizerParams(config, c.sparse);
+  return MakeOptimizerParams(config, c.sparse);
+}
+
+// Several random sizes (one above the threshold where OpenMP splits the work), five steps each
+// with a different learning rate, compared element by element with ReferenceStep.
+TEST_P(ApplyUpdateCpuTest, MatchesDoublePrecisionReference) {
+  const absl::StatusOr<OptimizerParams> params = ParamsOf(GetParam());
   ASSERT_TRUE(params.ok()) << params.status();
   const int num_slots = NumSlots(params->kind);
 
@@ -229,11 +233,7 @@ TEST_P(ApplyUpdateCpuTest, MatchesDoublePrecisionReference) {
 // The gradient read from bytes at every misalignment gives the aligned update bit for bit, over
 // sizes on both sides of the OpenMP split.
 TEST_P(ApplyUpdateCpuTest, UnalignedGradientBytesGiveTheSameUpdateBitForBit) {
-  const UpdateCase& c = GetParam();
-  v1::OptimizerConfig config;
-  config.set_learning_rate(0.1f);
-  c.configure(config);
-  const absl::StatusOr<OptimizerParams> params = MakeOptimizerParams(config, c.sparse);
+  const absl::StatusOr<OptimizerParams> params = ParamsOf(GetParam());
   ASSERT_TRUE(params.ok()) << params.status();
   const int num_slots = NumSlots(params->kind);
   std::mt19937 rng(99);

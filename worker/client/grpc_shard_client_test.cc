@@ -398,6 +398,27 @@ TEST_F(GrpcShardClientTest, UnansweredRequestFailsAtItsDeadlineWithTheAddress) {
   ASSERT_TRUE(next.ok()) << next.status();
 }
 
+// Sends seq with `lent` as its one push slice's data; the outcome records the status and
+// borrowed_references() when the callback ran.
+struct LentOutcome {
+  absl::Notification done;
+  absl::Status status;
+  int64_t references = -1;
+};
+void SendLent(GrpcShardClient* client, uint64_t seq, absl::string_view lent, LentOutcome* out,
+              absl::Duration timeout = absl::Seconds(60)) {
+  auto r = std::make_shared<v1::PushPullRequest>();
+  r->set_job_id("job");
+  r->set_seq(seq);
+  r->add_push()->mutable_key()->set_tensor("w");
+  client->PushPullBorrowed(r, {lent}, absl::Now() + timeout, ShardClient::WeightsTarget(),
+                           [out, client](absl::StatusOr<v1::PushPullResponse> response) {
+                             out->references = client->borrowed_references();
+                             out->status = response.status();
+                             out->done.Notify();
+                           });
+}
+
 // A request whose lent bytes are stuck behind a shard that reads nothing: at its deadline the
 // client ends the stalled stream so that gRPC lets go of the bytes, and the callback (after which
 // the caller may free them) runs only then. The client then works on a new stream.
@@ -407,55 +428,22 @@ TEST_F(GrpcShardClientTest, DeadlineOnAStalledStreamRunsTheCallbackAfterTheLentB
   Start();
   // Far over any flow-control window, so most of it cannot leave the client.
   std::vector<float> big(8 << 20, 1.0f);
-  auto r = std::make_shared<v1::PushPullRequest>();
-  r->set_job_id("job");
-  r->set_seq(11);
-  r->add_push()->mutable_key()->set_tensor("w");
-  absl::Notification done;
-  absl::StatusOr<v1::PushPullResponse> result;
-  int64_t references_at_callback = -1;
-  int64_t references_while_stalled = -1;
-  client_->PushPullBorrowed(
-      r, {absl::string_view(reinterpret_cast<const char*>(big.data()), big.size() * 4)},
-      absl::Now() + absl::Milliseconds(300), ShardClient::WeightsTarget(),
-      [&](absl::StatusOr<v1::PushPullResponse> response) {
-        references_at_callback = client_->borrowed_references();
-        result = std::move(response);
-        done.Notify();
-      });
+  LentOutcome expired;
+  SendLent(client_.get(), 11,
+           absl::string_view(reinterpret_cast<const char*>(big.data()), big.size() * 4), &expired,
+           absl::Milliseconds(300));
   absl::SleepFor(absl::Milliseconds(100));
-  references_while_stalled = client_->borrowed_references();
+  EXPECT_GT(client_->borrowed_references(), 0);
   // The shard holds its reads for 20 s: the callback must come well before that.
-  ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(10)));
-  EXPECT_GT(references_while_stalled, 0);
-  EXPECT_EQ(references_at_callback, 0);
-  EXPECT_EQ(result.status().code(), absl::StatusCode::kDeadlineExceeded) << result.status();
+  ASSERT_TRUE(expired.done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  EXPECT_EQ(expired.references, 0);
+  EXPECT_EQ(expired.status.code(), absl::StatusCode::kDeadlineExceeded) << expired.status;
   // The caller may now reuse the memory; nothing reads it any more.
   std::fill(big.begin(), big.end(), -1.0f);
   hold.Notify();
   auto next = Call(Request(12, "after"));
   ASSERT_TRUE(next.ok()) << next.status();
   EXPECT_EQ(next->weights(0).data(), "after");
-}
-
-// Sends seq with `lent` as its one push slice's data; the outcome records the status and
-// borrowed_references() when the callback ran.
-struct LentOutcome {
-  absl::Notification done;
-  absl::Status status;
-  int64_t references = -1;
-};
-void SendLent(GrpcShardClient* client, uint64_t seq, absl::string_view lent, LentOutcome* out) {
-  auto r = std::make_shared<v1::PushPullRequest>();
-  r->set_job_id("job");
-  r->set_seq(seq);
-  r->add_push()->mutable_key()->set_tensor("w");
-  client->PushPullBorrowed(r, {lent}, absl::Now() + absl::Seconds(60), ShardClient::WeightsTarget(),
-                           [out, client](absl::StatusOr<v1::PushPullResponse> response) {
-                             out->references = client->borrowed_references();
-                             out->status = response.status();
-                             out->done.Notify();
-                           });
 }
 
 // CancelPending gives lent bytes stuck on a stalled stream back before it runs the callback, and
