@@ -101,9 +101,10 @@ bool HasNonFinite(v1::Encoding encoding, absl::string_view bytes) {
     uint32_t bad = 0;
     for (size_t begin = 0; begin < n; begin += kNonFiniteBlockValues) {
       const size_t end = std::min(n, begin + kNonFiniteBlockValues);
-      // A prefetch past the end is harmless: it never faults.
-      for (size_t line = 0; line < 4 * kNonFiniteBlockValues; line += 64) {
-        __builtin_prefetch(p + 4 * begin + kNonFinitePrefetchBytes + line);
+      const size_t ahead = 4 * begin + kNonFinitePrefetchBytes;
+      for (size_t line = 0; line < 4 * kNonFiniteBlockValues && ahead + line < bytes.size();
+           line += 64) {
+        __builtin_prefetch(p + ahead + line);
       }
 #pragma omp simd reduction(| : bad)
       for (size_t i = begin; i < end; ++i) {

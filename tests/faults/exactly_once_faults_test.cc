@@ -889,6 +889,74 @@ TEST_F(ExactlyOnceFaultsTest, AfterAShardRestartWeightsAreTheCheckpointPlusWhatW
             << Cuts() << " connection cuts, " << keys << " keys exact\n";
 }
 
+// A partition during a large push whose gradient is lent to gRPC, not copied (the client's
+// callback may run only once gRPC has let go of the caller's memory, and bytes already written to
+// a connection the peer no longer reads are let go only when that connection closes): the push
+// still ends within a bound after its deadline, a client shut down in the partition does too, and
+// once the partition heals the shards serve a new client.
+TEST_F(ExactlyOnceFaultsTest, APartitionDuringALargeLentPushEndsWithinABound) {
+  constexpr int64_t kValues = int64_t{8} << 20;  // 32 MiB: far more than TCP's buffers hold
+  v1::JobConfig config;
+  config.set_consistency(v1::CONSISTENCY_ASP);
+  config.set_num_workers(1);
+  config.mutable_optimizer()->set_kind(v1::OPTIMIZER_KIND_SGD);
+  config.mutable_optimizer()->set_learning_rate(1.0f);
+  const std::vector<client::DenseTensorSpec> specs = {{"big", {kValues}, {}}};  // zeros
+  auto make_client = [&](absl::Duration timeout) {
+    ParameterClient::Options o;
+    o.shard_addresses = ProxyAddresses();
+    o.job_id = "lent";
+    o.partition_bytes = 4 << 20;
+    o.call_timeout = timeout;
+    o.retry.max_attempts = 1;
+    auto c = ParameterClient::Create(o);
+    EXPECT_TRUE(c.ok()) << c.status();
+    return c.ok() ? *std::move(c) : nullptr;
+  };
+  auto pc = make_client(absl::Seconds(2));
+  ASSERT_NE(pc, nullptr);
+  ASSERT_TRUE(pc->DeclareJob(config, specs, {}).ok());
+  std::vector<float> grad(kValues, 1.0f), weights(kValues, 0.0f);
+  auto warm = pc->PushPull("big", 0, grad, absl::MakeSpan(weights)).get();
+  ASSERT_TRUE(warm.ok()) << warm.status();
+  ASSERT_EQ(weights[kValues - 1], -1.0f);
+
+  for (auto& p : proxies_) p->SetBlackhole(true);
+  absl::Time start = absl::Now();
+  auto cut_future = pc->PushPull("big", 1, grad, absl::MakeSpan(weights));
+  // The bound is keepalive's (2 x 5 s): it closes a connection whose peer stopped reading, and
+  // with it gRPC lets go of the lent bytes queued there.
+  ASSERT_EQ(cut_future.wait_for(std::chrono::seconds(60)), std::future_status::ready)
+      << "the push in the partition did not end: its lent bytes were never released";
+  auto cut = cut_future.get();
+  const absl::Duration push_took = absl::Now() - start;
+  ASSERT_FALSE(cut.ok());
+  EXPECT_TRUE(cut.status().code() == absl::StatusCode::kDeadlineExceeded ||
+              cut.status().code() == absl::StatusCode::kUnavailable)
+      << cut.status();
+  EXPECT_LT(push_took, absl::Seconds(30)) << cut.status();
+  std::cerr << "push in the partition ended after " << push_took << ": " << cut.status() << "\n";
+
+  // A push in flight when its client is destroyed, still in the partition.
+  auto second = std::async(std::launch::async, [&] {
+    return pc->PushPull("big", 2, grad, absl::MakeSpan(weights)).get();
+  });
+  absl::SleepFor(absl::Milliseconds(300));
+  start = absl::Now();
+  pc.reset();  // waits for its calls
+  const absl::Duration shutdown_took = absl::Now() - start;
+  EXPECT_LT(shutdown_took, absl::Seconds(30));
+  std::cerr << "shutdown in the partition took " << shutdown_took << "\n";
+  EXPECT_FALSE(second.get().ok());
+
+  for (auto& p : proxies_) p->SetBlackhole(false);
+  auto healed = make_client(absl::Seconds(20));
+  ASSERT_NE(healed, nullptr);
+  ASSERT_TRUE(healed->AttachJob(specs, {}).ok());
+  auto after = healed->PushPull("big", 3, grad, absl::MakeSpan(weights)).get();
+  ASSERT_TRUE(after.ok()) << after.status();
+}
+
 }  // namespace
 }  // namespace faults
 }  // namespace tessera

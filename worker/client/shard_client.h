@@ -85,7 +85,9 @@ class ShardClient {
 
   // Fails every PushPull in flight with CANCELLED now, without waiting for its answer or its
   // deadline (a pull parked at a BSP barrier may otherwise wait the whole deadline); their
-  // callbacks run before this returns, and no weights are written to their targets afterwards.
+  // callbacks run before this returns, and no weights are written to their targets afterwards. (A
+  // request whose answer or deadline came just before may still have its callback waiting for
+  // gRPC to release lent bytes, see PushPullBorrowed; it runs soon after, on another thread.)
   // Later calls work as usual. Used when the caller shuts down. The default does nothing: calls in
   // flight then end with their answer or at their deadline.
   virtual void CancelPending() {}
