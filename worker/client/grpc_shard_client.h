@@ -70,8 +70,8 @@ class GrpcShardClient final : public ShardClient {
     // each stream's requests in order, so more than one lets it work on several at once.
     int streams = 1;
     // Send the bytes of large push slices without copying them into a serialised message: they
-    // travel as their own gRPC slices, pointing into the shared request (false: plain protobuf
-    // serialisation, one more copy of every pushed byte).
+    // travel as their own gRPC slices, pointing into the shared request or into the caller's lent
+    // memory (false: every byte is copied into the message, lent bytes included).
     bool zero_copy_push = true;
     // Times a request pending on a broken stream is written again on a new one.
     int max_stream_resends = 1;
