@@ -398,19 +398,21 @@ TEST_F(GrpcShardClientTest, UnansweredRequestFailsAtItsDeadlineWithTheAddress) {
   ASSERT_TRUE(next.ok()) << next.status();
 }
 
-// Sends seq with `lent` as its one push slice's data; the outcome records the status and
+// Sends seq with `values` lent as its one push slice's data; the outcome records the status and
 // borrowed_references() when the callback ran.
 struct LentOutcome {
   absl::Notification done;
   absl::Status status;
   int64_t references = -1;
 };
-void SendLent(GrpcShardClient* client, uint64_t seq, absl::string_view lent, LentOutcome* out,
-              absl::Duration timeout = absl::Seconds(60)) {
+void SendLent(GrpcShardClient* client, uint64_t seq, const std::vector<float>& values,
+              LentOutcome* out, absl::Duration timeout = absl::Seconds(60)) {
   auto r = std::make_shared<v1::PushPullRequest>();
   r->set_job_id("job");
   r->set_seq(seq);
   r->add_push()->mutable_key()->set_tensor("w");
+  const absl::string_view lent(reinterpret_cast<const char*>(values.data()),
+                               values.size() * sizeof(float));
   client->PushPullBorrowed(r, {lent}, absl::Now() + timeout, ShardClient::WeightsTarget(),
                            [out, client](absl::StatusOr<v1::PushPullResponse> response) {
                              out->references = client->borrowed_references();
@@ -429,9 +431,7 @@ TEST_F(GrpcShardClientTest, DeadlineOnAStalledStreamRunsTheCallbackAfterTheLentB
   // Far over any flow-control window, so most of it cannot leave the client.
   std::vector<float> big(8 << 20, 1.0f);
   LentOutcome expired;
-  SendLent(client_.get(), 11,
-           absl::string_view(reinterpret_cast<const char*>(big.data()), big.size() * 4), &expired,
-           absl::Milliseconds(300));
+  SendLent(client_.get(), 11, big, &expired, absl::Milliseconds(300));
   absl::SleepFor(absl::Milliseconds(100));
   EXPECT_GT(client_->borrowed_references(), 0);
   // The shard holds its reads for 20 s: the callback must come well before that.
@@ -454,9 +454,7 @@ TEST_F(GrpcShardClientTest, CancelPendingReleasesLentBytesOfAStalledStreamFirst)
   Start();
   std::vector<float> big(8 << 20, 2.0f);
   LentOutcome cancelled;
-  SendLent(client_.get(), 2,
-           absl::string_view(reinterpret_cast<const char*>(big.data()), big.size() * 4),
-           &cancelled);
+  SendLent(client_.get(), 2, big, &cancelled);
   absl::SleepFor(absl::Milliseconds(100));
   EXPECT_GT(client_->borrowed_references(), 0);
   EXPECT_FALSE(cancelled.done.HasBeenNotified());
@@ -479,8 +477,7 @@ TEST_F(GrpcShardClientTest, ShutdownReleasesLentBytesOfAStalledStreamBeforeTheCa
   Start();
   std::vector<float> big(8 << 20, 3.0f);
   LentOutcome shut;
-  SendLent(client_.get(), 5,
-           absl::string_view(reinterpret_cast<const char*>(big.data()), big.size() * 4), &shut);
+  SendLent(client_.get(), 5, big, &shut);
   absl::SleepFor(absl::Milliseconds(100));
   EXPECT_GT(client_->borrowed_references(), 0);
   const absl::Time start = absl::Now();
