@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <limits>
 #include <set>
+#include <type_traits>
 #include <utility>
 
 #include "absl/container/flat_hash_set.h"
@@ -442,26 +443,23 @@ struct ParameterStore::Partition {
   // Applies a dense gradient to values [begin, begin + count) in place (count < 0: all, from
   // 0); g holds the gradient of those values. The caller bumps the version once per update. The
   // optimizers are elementwise, so applying one gradient block by block gives the same weights.
-  void ApplyDenseLocked(const v1::JobConfig& config, int64_t step, float scale, const float* g,
+  // G is float (aligned values) or char (fp32 bytes at any alignment, read in place by
+  // kernels::ApplyUpdateCpuUnaligned).
+  template <typename G>
+  void ApplyDenseLocked(const v1::JobConfig& config, int64_t step, float scale, const G* g,
                         int64_t begin = 0, int64_t count = -1) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    static_assert(std::is_same_v<G, float> || std::is_same_v<G, char>);
     const int64_t v = version.load(std::memory_order_relaxed);
     const float lr = kernels::ScheduledLearningRate(config.schedule(), params.learning_rate, step);
     float* slot_ptrs[4] = {nullptr, nullptr, nullptr, nullptr};
     for (int s = 0; s < num_slots; ++s) slot_ptrs[s] = slots[s].data() + begin;
-    kernels::ApplyUpdateCpu(params, lr, v + 1, scale, g, MutableWeightsLocked() + begin, slot_ptrs,
-                            count < 0 ? num_elements : count);
-  }
-
-  // ApplyDenseLocked with the gradient of values [begin, begin + count) as fp32 bytes at any
-  // alignment (kernels::ApplyUpdateCpuUnaligned).
-  void ApplyDenseBytesLocked(const v1::JobConfig& config, int64_t step, float scale, const char* g,
-                             int64_t begin, int64_t count) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    const int64_t v = version.load(std::memory_order_relaxed);
-    const float lr = kernels::ScheduledLearningRate(config.schedule(), params.learning_rate, step);
-    float* slot_ptrs[4] = {nullptr, nullptr, nullptr, nullptr};
-    for (int s = 0; s < num_slots; ++s) slot_ptrs[s] = slots[s].data() + begin;
-    kernels::ApplyUpdateCpuUnaligned(params, lr, v + 1, scale, g, MutableWeightsLocked() + begin,
-                                     slot_ptrs, count);
+    float* const w = MutableWeightsLocked() + begin;
+    const int64_t n = count < 0 ? num_elements : count;
+    if constexpr (std::is_same_v<G, float>) {
+      kernels::ApplyUpdateCpu(params, lr, v + 1, scale, g, w, slot_ptrs, n);
+    } else {
+      kernels::ApplyUpdateCpuUnaligned(params, lr, v + 1, scale, g, w, slot_ptrs, n);
+    }
   }
 
   void ApplySparseLocked(const v1::JobConfig& config, int64_t step, float scale,
@@ -1374,8 +1372,8 @@ absl::StatusOr<PushAck> ParameterStore::PushToJob(Job& job, const PushPullView& 
           },
           [&](const char* g, size_t begin, size_t count) {
             p.mu.AssertHeld();
-            p.ApplyDenseBytesLocked(job.config, step, scale, g, static_cast<int64_t>(begin),
-                                    static_cast<int64_t>(count));
+            p.ApplyDenseLocked(job.config, step, scale, g, static_cast<int64_t>(begin),
+                               static_cast<int64_t>(count));
           });
     } else {
       if (s.row_ids.empty()) continue;

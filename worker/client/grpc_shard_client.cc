@@ -607,7 +607,7 @@ void GrpcShardClient::PushPullBorrowed(std::shared_ptr<const v1::PushPullRequest
     absl::MutexLock lock(&mu_);
     if (!stopping_) {
       // A retry has the same seq, so it takes the same stream as its first attempt.
-      stream = CurrentStreamLocked(static_cast<int>(request->seq() % streams_.size()), &start);
+      stream = CurrentStreamLocked(SlotOf(request->seq()), &start);
       Pending p;
       p.request = request;
       p.borrowed = borrowed;
@@ -787,10 +787,9 @@ void GrpcShardClient::CancelPending() {
   }
   // A request whose bytes are still queued on its stream can only be given back by ending that
   // stream (its other requests, if any, are written again on a new one).
-  const int slots = static_cast<int>(options_.streams);
   for (auto& [seq, p] : cancelled) {
     if (p.loan != nullptr && p.loan->Outstanding()) {
-      CancelStream(static_cast<int>(seq % static_cast<uint64_t>(slots)), p.stream_generation);
+      CancelStream(SlotOf(seq), p.stream_generation);
     }
   }
   // Out of pending_, so a late answer is dropped (Deliver) and never written to a target.
@@ -852,11 +851,10 @@ void GrpcShardClient::ExpireDeadlines() {
       }
     }
   }
-  const uint64_t slots = static_cast<uint64_t>(options_.streams);
   for (Expired& e : expired) {
     // Bytes still queued on a stalled stream are given back only when the stream ends.
     if (e.loan != nullptr && e.loan->Outstanding()) {
-      CancelStream(static_cast<int>(e.seq % slots), e.generation);
+      CancelStream(SlotOf(e.seq), e.generation);
     }
     Finish(e.loan, std::move(e.done),
            absl::DeadlineExceededError(

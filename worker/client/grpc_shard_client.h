@@ -157,6 +157,10 @@ class GrpcShardClient final : public ShardClient {
               absl::StatusOr<v1::PushPullResponse> result);
   // Queues a deferred callback for the sweeper thread (any thread, no lock held).
   void PostReady(std::function<void()> fn);
+  // The stream slot of a request: seq % streams, so that a retry takes its first attempt's stream.
+  int SlotOf(uint64_t seq) const {
+    return static_cast<int>(seq % static_cast<uint64_t>(options_.streams));
+  }
   // Cancels the stream in `slot` when it is still of `generation` (no lock held).
   void CancelStream(int slot, uint64_t generation);
 
