@@ -7,10 +7,10 @@ PACKAGES=(
   build-essential cmake pkg-config git
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libspdlog-dev libgtest-dev libgmock-dev libbenchmark-dev
-  libdnnl-dev zlib1g-dev libsqlite3-dev libcli11-dev
+  libdnnl-dev ocl-icd-opencl-dev zlib1g-dev libsqlite3-dev libcli11-dev
   prometheus-cpp-dev libsystemd-dev
   openssl iproute2 systemd prometheus python3-grpcio
-  libisal-dev clang libclang-rt-14-dev
+  libisal-dev clang libclang-rt-14-dev libomp-dev
   dataset-fashion-mnist
   python3 python3-numpy
 )
