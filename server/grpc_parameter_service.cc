@@ -37,7 +37,7 @@ void RaiseTo(std::atomic<int64_t>* peak, int64_t value) {
 // store.
 class PushPullReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
-  PushPullReactor(ParameterStore* store, internal::ThreadPool* pool, size_t max_message_bytes,
+  PushPullReactor(ParameterStore* store, ThreadPool* pool, size_t max_message_bytes,
                   size_t max_queued_bytes,
                   std::shared_ptr<GrpcParameterService::StatsCounters> stats)
       : store_(store),
@@ -399,7 +399,7 @@ class PushPullReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, g
   }
 
   ParameterStore* const store_;
-  internal::ThreadPool* const pool_;
+  ThreadPool* const pool_;
   const size_t max_message_bytes_;
   const size_t max_queued_bytes_;
   const std::shared_ptr<GrpcParameterService::StatsCounters> stats_;
@@ -489,7 +489,7 @@ class CheckpointReactor final : public grpc::ServerUnaryReactor {
 // StartWrite is being issued or outstanding, so no write reaches a call that gRPC is done with.
 class PullReactor final : public grpc::ServerWriteReactor<v1::PullResponse> {
  public:
-  PullReactor(ParameterStore* store, internal::ThreadPool* pool, const v1::PullRequest& request,
+  PullReactor(ParameterStore* store, ThreadPool* pool, const v1::PullRequest& request,
               size_t max_message_bytes)
       : max_message_bytes_(max_message_bytes), request_(request) {
     pool->Schedule([this, store] {
@@ -615,7 +615,7 @@ class PullReactor final : public grpc::ServerWriteReactor<v1::PullResponse> {
 
 }  // namespace
 
-GrpcParameterService::GrpcParameterService(ParameterStore* store, internal::ThreadPool* pool,
+GrpcParameterService::GrpcParameterService(ParameterStore* store, ThreadPool* pool,
                                            size_t max_message_bytes, size_t max_queued_bytes)
     : store_(store),
       pool_(pool),

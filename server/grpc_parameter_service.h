@@ -32,7 +32,7 @@
 #include <cstdint>
 #include <memory>
 
-#include "server/internal/thread_pool.h"
+#include "common/thread_pool.h"
 #include "server/parameter_store.h"
 #include "tessera/v1/parameter.grpc.pb.h"
 
@@ -72,7 +72,7 @@ class GrpcParameterService final : public ParameterCallbackServiceBase {
   // max_message_bytes are split (Pull) or refused with RESOURCE_EXHAUSTED (PushPull). A PushPull
   // stream stops reading while its queued requests and responses hold max_queued_bytes or more
   // (it always reads when nothing is queued).
-  GrpcParameterService(ParameterStore* store, internal::ThreadPool* pool, size_t max_message_bytes,
+  GrpcParameterService(ParameterStore* store, ThreadPool* pool, size_t max_message_bytes,
                        size_t max_queued_bytes = kDefaultMaxQueuedBytes);
 
   grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* PushPull(
@@ -112,7 +112,7 @@ class GrpcParameterService final : public ParameterCallbackServiceBase {
 
  private:
   ParameterStore* const store_;
-  internal::ThreadPool* const pool_;
+  ThreadPool* const pool_;
   const size_t max_message_bytes_;
   const size_t max_queued_bytes_;
   const std::shared_ptr<StatsCounters> stats_ = std::make_shared<StatsCounters>();

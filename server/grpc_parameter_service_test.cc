@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/thread_pool.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/unknown_field_set.h"
 #include "grpcpp/create_channel.h"
@@ -25,7 +26,6 @@
 #include "gtest/gtest.h"
 #include "server/internal/push_pull_wire.h"
 #include "server/internal/test_requests.h"
-#include "server/internal/thread_pool.h"
 #include "server/shard_server.h"
 #include "tessera/v1/parameter.grpc.pb.h"
 
@@ -1343,7 +1343,7 @@ TEST(PushPullFlowControlTest, ClientThatNeverReadsCannotMakeTheShardQueueWithout
   constexpr size_t kMaxQueuedBytes = 4 << 20;
   constexpr int kElements = 100000;  // 400 KB of weights per response
   ParameterStore store;
-  internal::ThreadPool pool(2);
+  ThreadPool pool(2);
   GrpcParameterService service(&store, &pool, 16 << 20, kMaxQueuedBytes);
   grpc::ServerBuilder builder;
   int port = 0;

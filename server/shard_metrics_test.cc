@@ -16,6 +16,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/thread_pool.h"
 #include "gmock/gmock.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
@@ -24,7 +25,6 @@
 #include "gtest/gtest.h"
 #include "server/grpc_parameter_service.h"
 #include "server/internal/test_requests.h"
-#include "server/internal/thread_pool.h"
 #include "tessera/v1/parameter.grpc.pb.h"
 
 namespace tessera::server {
@@ -70,7 +70,7 @@ TEST(ShardMetricsTest, RpcAndStoreFamiliesThroughTheRealService) {
   auto metrics = Metrics::Create("server", "");
   ASSERT_TRUE(metrics.ok()) << metrics.status();
   ParameterStore store;
-  internal::ThreadPool pool(2);
+  ThreadPool pool(2);
   GrpcParameterService service(&store, &pool, size_t{4} << 20);
   RegisterShardMetrics(metrics->get(), &store);
 

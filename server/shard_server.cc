@@ -20,9 +20,9 @@ constexpr size_t kMaxMessageBytes = (size_t{2} << 30) - 1;
 ShardServer::ShardServer(const ShardServerOptions& options) : options_(options) {
   int threads = options.threads;
   if (threads <= 0) threads = std::max(1u, std::thread::hardware_concurrency());
-  pool_ = std::make_unique<internal::ThreadPool>(threads);
+  pool_ = std::make_unique<ThreadPool>(threads);
   ParameterStoreOptions store_options;
-  internal::ThreadPool* pool = pool_.get();
+  ThreadPool* pool = pool_.get();
   store_options.executor = [pool](std::function<void()> task) { pool->Schedule(std::move(task)); };
   store_options.max_memory_bytes = options.max_memory_bytes;
   store_options.max_message_bytes = options.max_message_bytes;

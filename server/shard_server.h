@@ -15,11 +15,11 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/thread_pool.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server.h"
 #include "grpcpp/server_builder.h"
 #include "server/grpc_parameter_service.h"
-#include "server/internal/thread_pool.h"
 #include "server/parameter_store.h"
 
 namespace tessera::server {
@@ -80,7 +80,7 @@ class ShardServer {
   explicit ShardServer(const ShardServerOptions& options);
 
   const ShardServerOptions options_;
-  std::unique_ptr<internal::ThreadPool> pool_;
+  std::unique_ptr<ThreadPool> pool_;
   std::unique_ptr<ParameterStore> store_;
   std::unique_ptr<GrpcParameterService> service_;
   std::unique_ptr<grpc::Server> server_;

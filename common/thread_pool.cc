@@ -1,8 +1,8 @@
-#include "server/internal/thread_pool.h"
+#include "common/thread_pool.h"
 
 #include <utility>
 
-namespace tessera::server::internal {
+namespace tessera {
 
 ThreadPool::ThreadPool(int num_threads) {
   threads_.reserve(num_threads);
@@ -52,4 +52,4 @@ void ThreadPool::Loop() {
   }
 }
 
-}  // namespace tessera::server::internal
+}  // namespace tessera

@@ -2,8 +2,8 @@
 //
 // Life cycle: kRunning from construction until Stop() (or the destructor), which runs every task
 // already queued and joins the threads; tasks scheduled after Stop() run inline on the caller.
-#ifndef TESSERA_SERVER_INTERNAL_THREAD_POOL_H_
-#define TESSERA_SERVER_INTERNAL_THREAD_POOL_H_
+#ifndef TESSERA_COMMON_THREAD_POOL_H_
+#define TESSERA_COMMON_THREAD_POOL_H_
 
 #include <deque>
 #include <functional>
@@ -13,7 +13,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 
-namespace tessera::server::internal {
+namespace tessera {
 
 class ThreadPool {
  public:
@@ -41,6 +41,6 @@ class ThreadPool {
   std::vector<std::thread> threads_;
 };
 
-}  // namespace tessera::server::internal
+}  // namespace tessera
 
-#endif  // TESSERA_SERVER_INTERNAL_THREAD_POOL_H_
+#endif  // TESSERA_COMMON_THREAD_POOL_H_
