@@ -51,120 +51,15 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "server/coordinator/coordinator_options.h"
 #include "server/coordinator/job_store.h"
+#include "server/coordinator/job_watch.h"
+#include "server/coordinator/shard_control.h"
+#include "server/coordinator/task_stream.h"
 #include "tessera/v1/job.pb.h"
 #include "tessera/v1/parameter.pb.h"
 
 namespace tessera::coordinator {
-
-// The coordinator's calls to the shards (ParameterService). An interface so tests can fake it.
-// Implementations put a deadline on every call and are thread-safe.
-class ShardControl {
- public:
-  virtual ~ShardControl() = default;
-  // CreateJobState(job_id, config, no partitions) on the shard at `address`. Blocks.
-  virtual absl::Status CreateJobState(const std::string& address, const std::string& job_id,
-                                      const v1::JobConfig& config) = 0;
-  // DropJob(job_id) on the shard at `address`. Blocks.
-  virtual absl::Status DropJob(const std::string& address, const std::string& job_id) = 0;
-  // Checkpoint (see parameter.proto): answers once the shard's file of `request.step` is durable,
-  // or with the shard's error (FAILED_PRECONDITION: the step boundary passed without a snapshot).
-  // Blocks for at most `timeout`.
-  virtual absl::StatusOr<v1::CheckpointResponse> Checkpoint(const std::string& address,
-                                                            const v1::CheckpointRequest& request,
-                                                            absl::Duration timeout) = 0;
-  // Restore (see parameter.proto): DATA_LOSS for a torn or corrupt file, NOT_FOUND for a missing
-  // one. Blocks (the implementation's deadline).
-  virtual absl::StatusOr<v1::RestoreResponse> Restore(const std::string& address,
-                                                      const v1::RestoreRequest& request) = 0;
-  // UpdateMembership (see parameter.proto). Blocks (the implementation's deadline).
-  virtual absl::StatusOr<v1::UpdateMembershipResponse> UpdateMembership(
-      const std::string& address, const v1::UpdateMembershipRequest& request) = 0;
-  // Ends the calls in flight (they return CANCELLED) so that a stopping coordinator does not wait
-  // out their deadlines; the coordinator calls it from Stop() before it joins its threads. May
-  // make later calls fail at once too. Never blocks. The default does nothing.
-  virtual void CancelAll() {}
-};
-
-// A worker's WatchTasks stream as the coordinator sees it. Implementations never block: Send
-// queues. Thread-safe. The coordinator calls Send and Close while holding its own lock, so they
-// must never call into the coordinator.
-class TaskStream {
- public:
-  virtual ~TaskStream() = default;
-  virtual void Send(const v1::TaskEvent& event) = 0;
-  // Ends the stream with `status` once the queued events are written.
-  virtual void Close(const absl::Status& status) = 0;
-  // The stream has ended (the worker went away, or Close finished). The coordinator polls this
-  // on every tick, so a transport never calls back into the coordinator from its callbacks.
-  virtual bool closed() const = 0;
-};
-
-// One WatchJob subscriber: a bounded queue the coordinator fills and the transport drains. The
-// coordinator never blocks on it; a watcher more than `max_queued` messages behind is ended with
-// RESOURCE_EXHAUSTED. Thread-safe.
-class JobWatch {
- public:
-  explicit JobWatch(size_t max_queued) : max_queued_(max_queued) {}
-
-  enum class Poll { kMessage, kEmpty, kEnded };
-  // The next message (kMessage), nothing yet (kEmpty), or the end of the stream (kEnded, with
-  // its status in `*end`). Never blocks.
-  Poll Next(v1::WatchJobResponse* out, absl::Status* end);
-  // `wakeup` runs (on the pushing thread, with no coordinator lock held by the watch) after every
-  // message or end pushed. Pass nullptr to detach; SetWakeup waits for a running wakeup to return.
-  void SetWakeup(std::function<void()> wakeup);
-  // The client went away: later pushes are dropped.
-  void Cancel();
-
-  // Coordinator side.
-  // Queues `message`; false when the watch has ended (the coordinator then forgets it).
-  bool Push(v1::WatchJobResponse message);
-  void End(const absl::Status& status);
-  // Ends the replay: `replay` goes first, then what Push() held back since the watch began.
-  void FinishReplay(std::vector<v1::WatchJobResponse> replay);
-
- private:
-  void Wake();
-  const size_t max_queued_;
-  absl::Mutex mu_;
-  std::deque<v1::WatchJobResponse> queue_ ABSL_GUARDED_BY(mu_);
-  std::deque<v1::WatchJobResponse> held_ ABSL_GUARDED_BY(mu_);  // live messages during replay
-  bool replaying_ ABSL_GUARDED_BY(mu_) = true;
-  size_t replay_left_ ABSL_GUARDED_BY(mu_) = 0;  // replayed messages still queued (not limited)
-  bool ended_ ABSL_GUARDED_BY(mu_) = false;      // no more pushes
-  absl::Status end_status_ ABSL_GUARDED_BY(mu_);
-  absl::Mutex wakeup_mu_;
-  std::function<void()> wakeup_ ABSL_GUARDED_BY(wakeup_mu_);
-};
-
-struct CoordinatorOptions {
-  // Shards every job uses; 0: the registered live shards (contiguous indices 0..S-1, S >= 1).
-  int num_shards = 0;
-  absl::Duration lease = absl::Seconds(10);
-  absl::Duration heartbeat_interval = absl::Seconds(2);
-  // Succeeded jobs whose weights stay on the shards (older ones are dropped); >= 0.
-  int retain_models = 4;
-  // Unix milliseconds; null: the wall clock.
-  std::function<int64_t()> now_ms;
-  // A watcher further behind than this is dropped with RESOURCE_EXHAUSTED.
-  size_t max_watch_queue = 1000;
-  // Check dataset files when validating specs (tests of the state machine turn it off).
-  bool check_files = true;
-  // LOST and LEFT members kept (per role) for ListMembers; older ones are forgotten, so daemons
-  // that come and go forever do not grow the member list and the database without bound.
-  size_t max_departed_members = 256;
-  // A recovering job whose lost shard has not come back (or whose restore keeps failing) for this
-  // long fails. > 0.
-  absl::Duration recovery_timeout = absl::Seconds(300);
-  // Deadline of each Checkpoint call to a shard (it waits for the step and the write). > 0.
-  absl::Duration checkpoint_timeout = absl::Seconds(120);
-  // Recoveries per job; the next loss fails it. >= 0.
-  int max_recoveries = 10;
-  // Run the fault-tolerance actions on the thread that calls Tick() (tests, with a fake
-  // ShardControl), instead of a thread per action.
-  bool inline_actions = false;
-};
 
 // What the coordinator's metrics read at scrape time (Coordinator::MetricsSnapshot).
 struct CoordinatorMetricsSnapshot {
