@@ -5,25 +5,33 @@
 // State: jobs (PENDING -> RUNNING -> SUCCEEDED | FAILED | CANCELLED) and members (shards and
 // workers with leases), all in memory under one mutex and mirrored to the JobStore. A mutation
 // queues its rows under the mutex; the calling thread then writes them in one SQLite transaction
-// after releasing it (FlushWrites: writers take turns on a second mutex, so rows land in the order
-// they were queued). A call that changed state returns only once its rows are durable.
+// after releasing it (writers take turns on a second mutex, so rows land in the order they were
+// queued). A call that changed state returns only once its rows are durable.
 //
-// Tick() does the periodic work: the owed DropJob calls (ended jobs, retained weights that go;
-// kept in SQLite and retried with a backoff per shard address until settled), one scheduling
-// pass (strict FIFO gang scheduling of the oldest PENDING job), lease expiry, the restart grace
-// for RUNNING jobs, throttled progress writes, and the fault-tolerance actions (DESIGN.md §7,
-// docs/coordinator.md "Fault tolerance"): committing the automatic checkpoints, recovering a job
-// whose shard was lost (Restore on every shard, UpdateMembership, new Tasks), removing a lost
-// worker's rank from the shards' membership, and handing a lost rank to an idle worker. Start()
-// runs Tick on a thread that wakes on every change and at least every 500 ms; tests call it by
-// hand.
+// The class is a façade over rooms of their own in internal/, which share one state type
+// (internal/cluster_state.h: the jobs, the members, the queued rows, the owed drops, and the
+// mutex), each function annotated with the lock it needs:
+//   member_registry     registration, heartbeats, leases, task streams
+//   gang_scheduler      the oldest PENDING job onto idle workers and the shards
+//   checkpoint_planner  automatic and manual checkpoints: plans, calls, commits, retention
+//   recovery            shard loss and rewinds, lost ranks, hand-overs, the restart grace
+//   progress_reports, job_events
+//                       ReportProgress into the record, events and watches
+//   job_lifecycle       creation, cancellation, the end of a job, --retain_models
+//   shard_drops         the durable owed DropJob calls and their retries
+//   task_assignments, job_steps, action_threads
+//                       the Tasks sent to workers; step arithmetic; the action threads
+// None of them includes this header.
 //
-// Shard calls never run under mu_. The fault-tolerance actions may block for an RPC deadline, so
-// Tick runs each on a thread of its own (CoordinatorOptions::inline_actions: on the calling
-// thread, for tests); a job has at most one action (recovery, membership change, hand-over) and
-// one automatic checkpoint call in flight, so a change of membership never waits for a checkpoint
-// call that long-polls a step ahead of the job; every action re-checks the job's state under the
-// lock before it changes anything (a checkpoint planned before a recovery is never committed).
+// Tick() does the periodic work: the owed DropJob calls, lease expiry, the restart grace for
+// RUNNING jobs, throttled progress writes, the fault-tolerance actions (DESIGN.md §7,
+// docs/coordinator.md "Fault tolerance"; at most one action and one automatic checkpoint call
+// per job, each on a thread of its own, see internal/action_threads.h and
+// CoordinatorOptions::inline_actions), and the scheduling passes (strict FIFO gang scheduling
+// of the oldest PENDING job). Start() runs Tick on a thread that wakes on every change and at
+// least every 500 ms; tests call it by hand. Shard calls never run under the mutex; every action
+// re-checks the job's state under it before it changes anything (a checkpoint planned before a
+// recovery is never committed).
 //
 // Life cycle: Create() -> kNew; Start() -> kRunning (the tick thread); Stop() -> kStopped (cancels
 // the shard calls in flight with ShardControl::CancelAll, then joins the tick thread and every
@@ -35,12 +43,8 @@
 
 #include <atomic>
 #include <cstdint>
-#include <deque>
-#include <functional>
 #include <map>
 #include <memory>
-#include <optional>
-#include <set>
 #include <string>
 #include <thread>
 #include <utility>
@@ -51,120 +55,20 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "server/coordinator/coordinator_options.h"
 #include "server/coordinator/job_store.h"
+#include "server/coordinator/job_watch.h"
+#include "server/coordinator/shard_control.h"
+#include "server/coordinator/task_stream.h"
 #include "tessera/v1/job.pb.h"
 #include "tessera/v1/parameter.pb.h"
 
 namespace tessera::coordinator {
 
-// The coordinator's calls to the shards (ParameterService). An interface so tests can fake it.
-// Implementations put a deadline on every call and are thread-safe.
-class ShardControl {
- public:
-  virtual ~ShardControl() = default;
-  // CreateJobState(job_id, config, no partitions) on the shard at `address`. Blocks.
-  virtual absl::Status CreateJobState(const std::string& address, const std::string& job_id,
-                                      const v1::JobConfig& config) = 0;
-  // DropJob(job_id) on the shard at `address`. Blocks.
-  virtual absl::Status DropJob(const std::string& address, const std::string& job_id) = 0;
-  // Checkpoint (see parameter.proto): answers once the shard's file of `request.step` is durable,
-  // or with the shard's error (FAILED_PRECONDITION: the step boundary passed without a snapshot).
-  // Blocks for at most `timeout`.
-  virtual absl::StatusOr<v1::CheckpointResponse> Checkpoint(const std::string& address,
-                                                            const v1::CheckpointRequest& request,
-                                                            absl::Duration timeout) = 0;
-  // Restore (see parameter.proto): DATA_LOSS for a torn or corrupt file, NOT_FOUND for a missing
-  // one. Blocks (the implementation's deadline).
-  virtual absl::StatusOr<v1::RestoreResponse> Restore(const std::string& address,
-                                                      const v1::RestoreRequest& request) = 0;
-  // UpdateMembership (see parameter.proto). Blocks (the implementation's deadline).
-  virtual absl::StatusOr<v1::UpdateMembershipResponse> UpdateMembership(
-      const std::string& address, const v1::UpdateMembershipRequest& request) = 0;
-  // Ends the calls in flight (they return CANCELLED) so that a stopping coordinator does not wait
-  // out their deadlines; the coordinator calls it from Stop() before it joins its threads. May
-  // make later calls fail at once too. Never blocks. The default does nothing.
-  virtual void CancelAll() {}
-};
-
-// A worker's WatchTasks stream as the coordinator sees it. Implementations never block: Send
-// queues. Thread-safe. The coordinator calls Send and Close while holding its own lock, so they
-// must never call into the coordinator.
-class TaskStream {
- public:
-  virtual ~TaskStream() = default;
-  virtual void Send(const v1::TaskEvent& event) = 0;
-  // Ends the stream with `status` once the queued events are written.
-  virtual void Close(const absl::Status& status) = 0;
-  // The stream has ended (the worker went away, or Close finished). The coordinator polls this
-  // on every tick, so a transport never calls back into the coordinator from its callbacks.
-  virtual bool closed() const = 0;
-};
-
-// One WatchJob subscriber: a bounded queue the coordinator fills and the transport drains. The
-// coordinator never blocks on it; a watcher more than `max_queued` messages behind is ended with
-// RESOURCE_EXHAUSTED. Thread-safe.
-class JobWatch {
- public:
-  explicit JobWatch(size_t max_queued) : max_queued_(max_queued) {}
-
-  enum class Poll { kMessage, kEmpty, kEnded };
-  // The next message (kMessage), nothing yet (kEmpty), or the end of the stream (kEnded, with
-  // its status in `*end`). Never blocks.
-  Poll Next(v1::WatchJobResponse* out, absl::Status* end);
-  // `wakeup` runs (on the pushing thread, with no coordinator lock held by the watch) after every
-  // message or end pushed. Pass nullptr to detach; SetWakeup waits for a running wakeup to return.
-  void SetWakeup(std::function<void()> wakeup);
-  // The client went away: later pushes are dropped.
-  void Cancel();
-
-  // Coordinator side.
-  // Queues `message`; false when the watch has ended (the coordinator then forgets it).
-  bool Push(v1::WatchJobResponse message);
-  void End(const absl::Status& status);
-  // Ends the replay: `replay` goes first, then what Push() held back since the watch began.
-  void FinishReplay(std::vector<v1::WatchJobResponse> replay);
-
- private:
-  void Wake();
-  const size_t max_queued_;
-  absl::Mutex mu_;
-  std::deque<v1::WatchJobResponse> queue_ ABSL_GUARDED_BY(mu_);
-  std::deque<v1::WatchJobResponse> held_ ABSL_GUARDED_BY(mu_);  // live messages during replay
-  bool replaying_ ABSL_GUARDED_BY(mu_) = true;
-  size_t replay_left_ ABSL_GUARDED_BY(mu_) = 0;  // replayed messages still queued (not limited)
-  bool ended_ ABSL_GUARDED_BY(mu_) = false;      // no more pushes
-  absl::Status end_status_ ABSL_GUARDED_BY(mu_);
-  absl::Mutex wakeup_mu_;
-  std::function<void()> wakeup_ ABSL_GUARDED_BY(wakeup_mu_);
-};
-
-struct CoordinatorOptions {
-  // Shards every job uses; 0: the registered live shards (contiguous indices 0..S-1, S >= 1).
-  int num_shards = 0;
-  absl::Duration lease = absl::Seconds(10);
-  absl::Duration heartbeat_interval = absl::Seconds(2);
-  // Succeeded jobs whose weights stay on the shards (older ones are dropped); >= 0.
-  int retain_models = 4;
-  // Unix milliseconds; null: the wall clock.
-  std::function<int64_t()> now_ms;
-  // A watcher further behind than this is dropped with RESOURCE_EXHAUSTED.
-  size_t max_watch_queue = 1000;
-  // Check dataset files when validating specs (tests of the state machine turn it off).
-  bool check_files = true;
-  // LOST and LEFT members kept (per role) for ListMembers; older ones are forgotten, so daemons
-  // that come and go forever do not grow the member list and the database without bound.
-  size_t max_departed_members = 256;
-  // A recovering job whose lost shard has not come back (or whose restore keeps failing) for this
-  // long fails. > 0.
-  absl::Duration recovery_timeout = absl::Seconds(300);
-  // Deadline of each Checkpoint call to a shard (it waits for the step and the write). > 0.
-  absl::Duration checkpoint_timeout = absl::Seconds(120);
-  // Recoveries per job; the next loss fails it. >= 0.
-  int max_recoveries = 10;
-  // Run the fault-tolerance actions on the thread that calls Tick() (tests, with a fake
-  // ShardControl), instead of a thread per action.
-  bool inline_actions = false;
-};
+namespace internal {
+struct ClusterState;
+class ActionThreads;
+}  // namespace internal
 
 // What the coordinator's metrics read at scrape time (Coordinator::MetricsSnapshot).
 struct CoordinatorMetricsSnapshot {
@@ -251,221 +155,21 @@ class Coordinator {
   absl::Status CheckLive(absl::Duration max_tick_age) const;
 
  private:
-  struct MemberEntry {
-    int64_t n = 0;  // the number in "s-<n>"/"w-<n>"
-    v1::Member member;
-    std::shared_ptr<TaskStream> stream;
-    // The worker's current assignment (until it is released), and whether the records that make
-    // it durable are written (SendAssigns): from then on a task stream that replaces another gets
-    // it again, since the old one may have taken it to a worker that was no longer reading, or
-    // there was no stream when it was due (the worker ignores an assignment it already runs).
-    std::optional<v1::TaskEvent> assign;
-    bool assign_durable = false;
-  };
-  struct JobEntry {
-    int64_t n = 0;
-    v1::Job job;
-    int64_t last_seq = 0;
-    bool starting = false;           // the scheduler is creating its state on the shards
-    bool weights_on_shards = false;  // SUCCEEDED and not yet dropped by --retain_models
-    int64_t last_progress_event_ms = 0;
-    int64_t last_write_ms = 0;
-    bool dirty = false;  // the record changed since it was last queued for writing
-    // After a coordinator restart: RUNNING jobs' ranks must report by then (0: not restarting).
-    int64_t restart_deadline_ms = 0;
-    std::vector<bool> rank_seen;
-    std::vector<std::shared_ptr<JobWatch>> watchers;
-    // Committed checkpoints, newest first (RUNNING and SUCCEEDED jobs).
-    std::vector<v1::CheckpointRecord> checkpoints;
-    bool action_running = false;      // a fault-tolerance action of the job is in flight
-    bool checkpoint_running = false;  // an automatic checkpoint call is in flight
-    // The last automatic checkpoint that failed (not interrupted); later plans skip past it.
-    int64_t checkpoint_failed_step = 0;
-    int64_t recovery_since_ms = 0;  // when the current recovery began
-    bool membership_dirty = false;  // the shards must hear the live ranks again
-    // Ranks handed over at a step the job has not reached yet: rank -> the step it joined at (the
-    // shards have it live from there, not before). Kept until the job's step reaches it, so that
-    // a later membership update never makes such a rank live before its join (its new worker
-    // starts there). Cleared by a recovery (every rank restarts at the checkpoint); re-derived
-    // after a restart (Load).
-    std::map<int, int64_t> joins;
-    int handover_attempts = 0;   // hand-overs that came too late, since the last success
-    int64_t handover_floor = 0;  // the most steps a shard said it had done in such an answer
-    // Workers of the job whose trainer ended (they reported FAILED while the job recovered): they
-    // stay BUSY for the recovery's new Task, and are released, not cancelled, if the job ends.
-    std::set<std::string> stopped_members;
-  };
-  // A membership as the shards must hear it: (effective_step, live ranks) in ascending steps, to
-  // be sent in this order (each replaces the shards' history from its step on).
-  using MembershipLayers = std::vector<std::pair<int64_t, std::vector<uint32_t>>>;
-  // What a checkpoint asks of the shards, planned under the lock.
-  struct CheckpointPlan {
-    std::string job_id;
-    int64_t step = 0;
-    int64_t retain_from_step = 0;
-    std::vector<std::string> addresses;
-    int recoveries = 0;  // the job's count when planned: a recovery in between voids it
-    bool manual = false;
-  };
-  struct RecoveryPlan {
-    std::string job_id;
-    std::vector<int64_t> steps;  // committed checkpoints, newest first
-    std::vector<std::string> addresses;
-    std::vector<uint32_t> live_ranks;
-    uint64_t incarnation_base = 0;
-  };
-  struct HandoverPlan {
-    std::string job_id;
-    int rank = 0;
-    std::string member_id;
-    int64_t start_step = 0;
-    std::vector<std::string> addresses;
-    std::vector<uint32_t> live_ranks;  // without `rank`
-    MembershipLayers resend;           // sent before the join (empty: none)
-  };
-  // When an owed DropJob is tried next (ShardDrop is the store's), and how often it was queued:
-  // a drop queued again while its call ran (a Restore recreated the job) is not settled by it.
-  struct DropRetry {
-    int64_t next_try_ms = 0;
-    int64_t backoff_ms = 0;  // 0: never failed
-    uint64_t generation = 0;
-  };
-
   Coordinator(const CoordinatorOptions& options, JobStore* store, ShardControl* shards);
+  // Loads every job, member and owed drop from the store (see Create).
   absl::Status Load();
-  int64_t NowMs() const;
-  void Wake();
+  // The tick loop of Start().
   void Run();
 
-  // Writes the queued rows; returns the store's (sticky) error.
-  absl::Status FlushWrites() ABSL_LOCKS_EXCLUDED(mu_);
-  // Calls DropJob for the owed drops that are due and whose shard address is a live shard; an
-  // answer OK or NOT_FOUND settles a drop (deleted from the database), another error retries it
-  // with a backoff from 1 s doubling to kMaxDropBackoff, and at once when a shard registers at
-  // that address.
-  void RunShardDrops() ABSL_LOCKS_EXCLUDED(mu_);
-  // Owes DropJob(job_id) to the shard at `address`, in memory and (with the next FlushWrites) in
-  // the database, so that a coordinator restart does not forget it.
-  void QueueDrop(const std::string& address, const std::string& job_id)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // One scheduling pass over the oldest PENDING job; true when it started.
-  bool Schedule() ABSL_LOCKS_EXCLUDED(mu_);
-
-  JobEntry* FindJob(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  MemberEntry* FindMember(const std::string& member_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void QueueJob(JobEntry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void QueueMember(const MemberEntry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Appends an event built from the record (and `message`), queues both, tells the watchers.
-  void AddEvent(JobEntry& entry, const std::string& message) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Ends a RUNNING or PENDING job: FAILED or CANCELLED with `reason`, cancels its workers' tasks
-  // (except `except_member`), queues DropJob on its shards.
-  void EndJob(JobEntry& entry, v1::JobState state, const std::string& reason,
-              const std::string& except_member) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Whether the member's recorded assignment is still its rank's current one in a RUNNING job
-  // that is not recovering, and the member has not finished it.
-  bool StillAssigned(const MemberEntry& member) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Records `event` as the member's assignment, to be sent by SendAssigns once durable.
-  void RecordAssign(MemberEntry& member, const v1::TaskEvent& event)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Marks each (member id, assign) durable and sends it on the member's current task stream (if
-  // any), unless it is no longer StillAssigned (released, reassigned, the job ended meanwhile).
-  void SendAssigns(const std::vector<std::pair<std::string, v1::TaskEvent>>& assigns)
-      ABSL_LOCKS_EXCLUDED(mu_);
-  // A worker back to READY (when it is BUSY with `job_id`).
-  void ReleaseWorker(MemberEntry& member, const std::string& job_id)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A member LOST or LEFT: fails the RUNNING jobs that depend on it.
-  void MemberGone(MemberEntry& member, v1::MemberState state, const std::string& why)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void ApplyRetention() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-
-  // --- Fault tolerance (docs/coordinator.md "Fault tolerance").
-  // Runs `action` on a thread of its own (or inline, see CoordinatorOptions::inline_actions).
-  void RunAction(std::function<void()> action) ABSL_LOCKS_EXCLUDED(mu_);
-  // Joins the action threads that have finished (all of them when `all`).
-  void ReapActions(bool all) ABSL_LOCKS_EXCLUDED(mu_);
-  // Plans this tick's actions (checkpoint, recovery, membership, hand-over), at most one per job.
-  std::vector<std::function<void()>> PlanActions() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A RUNNING job lost a shard (or a rank hit a data-plane error): recovers it from its newest
-  // checkpoint, or fails it with `cause` when it has none or has recovered too often.
-  void StartRecovery(JobEntry& entry, const std::string& cause) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Rank `rank` of a RUNNING job has no worker any more: it is marked lost and leaves the shards'
-  // membership; the job fails when no rank is left.
-  void LoseRank(JobEntry& entry, int rank, const std::string& why)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::StatusOr<CheckpointPlan> PlanCheckpoint(JobEntry& entry, int64_t step, bool manual)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Checkpoint on every shard of the plan; the first error, naming the shard.
-  absl::StatusOr<std::vector<v1::CheckpointResponse>> CallCheckpoint(const CheckpointPlan& plan)
-      ABSL_LOCKS_EXCLUDED(mu_);
-  // Commits a checkpoint every shard confirmed (record, retention, event); then flushes.
-  absl::StatusOr<v1::CheckpointRecord> CommitCheckpoint(
-      const CheckpointPlan& plan, const std::vector<v1::CheckpointResponse>& responses)
-      ABSL_LOCKS_EXCLUDED(mu_);
-  void AutoCheckpoint(const CheckpointPlan& plan) ABSL_LOCKS_EXCLUDED(mu_);
-  void Recover(const RecoveryPlan& plan) ABSL_LOCKS_EXCLUDED(mu_);
-  // The job's live ranks `live_ranks` from `effective_step` on, as layers: the ranks of
-  // entry.joins whose join step lies beyond `effective_step` join again at their own step.
-  MembershipLayers LayeredMembership(const JobEntry& entry, const std::vector<uint32_t>& live_ranks,
-                                     int64_t effective_step) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // UpdateMembership of every layer, in order, on every shard; a failure sets membership_dirty.
-  void SendMembership(const std::string& job_id, const std::vector<std::string>& addresses,
-                      const MembershipLayers& layers) ABSL_LOCKS_EXCLUDED(mu_);
-  void Handover(const HandoverPlan& plan) ABSL_LOCKS_EXCLUDED(mu_);
-  // Steps a rank can be expected to do within a second (at least 10), doubled per earlier
-  // `attempt`.
-  int64_t StepMargin(const JobEntry& entry, int attempt) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The largest step reported by a rank that is not lost.
-  int64_t MaxRankStep(const v1::Job& job) const;
-  // An incarnation above every one the job has handed out (>= now_ms * 1024).
-  uint64_t NextIncarnation(const v1::Job& job) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  v1::DataPosition PositionAt(const v1::Job& job, int64_t step) const;
-  // Drops the job's checkpoint records (its weights left the shards).
-  void ForgetCheckpoints(JobEntry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void CheckLeases() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Forgets the oldest departed members beyond options_.max_departed_members per role. The newest
-  // member of each role stays, so ids are not handed out again after a restart.
-  void ForgetDepartedMembers() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Forgets task streams that have ended; a worker still holding a task of an ended job goes
-  // back to READY.
-  void ReapStreams() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void SetPendingReason(JobEntry& entry, const std::string& reason)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  std::string WorkerName(const v1::JobWorker& worker) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-
-  const CoordinatorOptions options_;
-  JobStore* const store_;
-  ShardControl* const shards_;
-
-  absl::Mutex write_mu_ ABSL_ACQUIRED_BEFORE(mu_);  // one FlushWrites at a time
-  absl::Mutex tick_mu_ ABSL_ACQUIRED_BEFORE(mu_);   // one Tick at a time
-
-  mutable absl::Mutex mu_;
-  std::map<int64_t, JobEntry> jobs_ ABSL_GUARDED_BY(mu_);  // by n: oldest first
-  std::map<std::string, int64_t> job_n_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, MemberEntry> members_ ABSL_GUARDED_BY(mu_);
-  int64_t next_shard_n_ ABSL_GUARDED_BY(mu_) = 1;
-  int64_t next_worker_n_ ABSL_GUARDED_BY(mu_) = 1;
-  StoreWrite pending_ ABSL_GUARDED_BY(mu_);
-  std::map<ShardDrop, DropRetry> drops_ ABSL_GUARDED_BY(mu_);
-  absl::Status store_error_ ABSL_GUARDED_BY(mu_);
-  bool wake_ ABSL_GUARDED_BY(mu_) = false;
-  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  bool started_ ABSL_GUARDED_BY(mu_) = false;
-  std::thread thread_;
+  // The shared state of the rooms, with the one mutex; the action threads.
+  const std::unique_ptr<internal::ClusterState> state_;
+  const std::unique_ptr<internal::ActionThreads> actions_;
+  absl::Mutex tick_mu_;  // one Tick at a time; taken before the state's mutex
+  std::thread thread_;   // the tick loop: started by Start(), joined by Stop()
   // When the tick loop last finished a tick (or started), in absl::GetCurrentTimeNanos(); 0
   // before Start().
   std::atomic<int64_t> last_tick_ns_{0};
   std::atomic<bool> ticks_stopped_{false};  // Stop() ran: CheckLive no longer asks for ticks
-
-  struct ActionThread {
-    std::thread thread;
-    std::shared_ptr<bool> done;  // guarded by actions_mu_
-  };
-  absl::Mutex actions_mu_;
-  std::vector<ActionThread> actions_ ABSL_GUARDED_BY(actions_mu_);
-  bool actions_stopped_ ABSL_GUARDED_BY(actions_mu_) = false;
 };
 
 }  // namespace tessera::coordinator

@@ -17,6 +17,14 @@ absl::Status CoordinatorServer::Validate(const CoordinatorServerOptions& options
   if (options.shard_rpc_timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("shard_rpc_timeout: must be > 0");
   }
+  if (options.store_threads < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("store_threads: must be >= 1, got ", options.store_threads));
+  }
+  if (options.checkpoint_threads < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("checkpoint_threads: must be >= 1, got ", options.checkpoint_threads));
+  }
   if (options.coordinator.recovery_timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError(
         absl::StrCat("--recovery_timeout: must be > 0 seconds, got ",
@@ -44,8 +52,12 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Create(
                                            : std::string(status.message()));
   }
   server->coordinator_ = std::move(*coordinator);
-  server->job_service_ = std::make_unique<GrpcJobService>(server->coordinator_.get());
-  server->cluster_service_ = std::make_unique<GrpcClusterService>(server->coordinator_.get());
+  server->store_pool_ = std::make_unique<ThreadPool>(options.store_threads);
+  server->checkpoint_pool_ = std::make_unique<ThreadPool>(options.checkpoint_threads);
+  server->job_service_ = std::make_unique<GrpcJobService>(
+      server->coordinator_.get(), server->store_pool_.get(), server->checkpoint_pool_.get());
+  server->cluster_service_ =
+      std::make_unique<GrpcClusterService>(server->coordinator_.get(), server->store_pool_.get());
   return server;
 }
 
@@ -81,6 +93,9 @@ void CoordinatorServer::Stop(absl::Duration grace) {
     server_->Shutdown(absl::ToChronoTime(absl::Now() + grace));
     server_->Wait();
   }
+  // Every call is finished: the pools have nothing left to run.
+  if (store_pool_ != nullptr) store_pool_->Stop();
+  if (checkpoint_pool_ != nullptr) checkpoint_pool_->Stop();
 }
 
 }  // namespace tessera::coordinator

@@ -1,6 +1,7 @@
 // CoordinatorServer: the tessera-coordinator process's pieces together: the JobStore in
 // <data_dir>/coordinator.db, the Coordinator, its gRPC services (JobService, ClusterService,
-// grpc.health.v1 and server reflection) and the shard control channels.
+// grpc.health.v1 and server reflection), the two bounded pools the services run their blocking
+// calls on (grpc_coordinator_service.h), and the shard control channels.
 //
 // Life cycle: Create() (opens the database and loads it) -> kNew; Start() binds and serves ->
 // kRunning; Stop() -> kStopped.
@@ -15,6 +16,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/security.h"
+#include "common/thread_pool.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server.h"
 #include "grpcpp/server_builder.h"
@@ -33,6 +35,12 @@ struct CoordinatorServerOptions {
   CoordinatorOptions coordinator;
   // Deadline of each CreateJobState / DropJob call to a shard.
   absl::Duration shard_rpc_timeout = absl::Seconds(10);
+  // Threads that run the calls committing to SQLite (CreateJob, CancelJob, WatchJob, Register,
+  // Deregister, ReportProgress) off gRPC's threads; the writes are serialized anyway. >= 1.
+  int store_threads = 4;
+  // Threads that run CheckpointJob calls (each waits for the shards to reach a step and write
+  // it); more calls wait for one. >= 1.
+  int checkpoint_threads = 4;
   // Listener credentials (common/security.h Security::ServerCredentials()); null: plaintext.
   std::shared_ptr<grpc::ServerCredentials> credentials;
   // What the shard control channels dial with (Security::Client()); default: plaintext.
@@ -74,6 +82,9 @@ class CoordinatorServer {
   std::unique_ptr<JobStore> store_;
   std::unique_ptr<GrpcShardControl> shards_;
   std::unique_ptr<Coordinator> coordinator_;
+  // Run until the server has shut down (its Shutdown waits for the reactors they finish).
+  std::unique_ptr<ThreadPool> store_pool_;
+  std::unique_ptr<ThreadPool> checkpoint_pool_;
   std::unique_ptr<GrpcJobService> job_service_;
   std::unique_ptr<GrpcClusterService> cluster_service_;
   std::unique_ptr<grpc::Server> server_;

@@ -24,13 +24,30 @@ grpc::ServerUnaryReactor* Reply(grpc::CallbackServerContext* context, absl::Stat
   return Done(context, result.status());
 }
 
-// A write reactor that ends at once with an error.
-template <typename Message>
-class FailedStream : public grpc::ServerWriteReactor<Message> {
- public:
-  explicit FailedStream(const absl::Status& status) { this->Finish(ToGrpcStatus(status)); }
-  void OnDone() override { delete this; }
-};
+// Runs `call` (returning absl::StatusOr<T>) on `pool`, off gRPC's thread, and finishes the call
+// from there with its result in `*response`. The library keeps the request and `response` alive
+// until the reactor is finished.
+template <typename T, typename Call>
+grpc::ServerUnaryReactor* ReplyOnPool(ThreadPool* pool, grpc::CallbackServerContext* context,
+                                      T* response, Call call) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  pool->Schedule([reactor, response, call = std::move(call)]() mutable {
+    absl::StatusOr<T> result = call();
+    if (result.ok()) *response = std::move(*result);
+    reactor->Finish(ToGrpcStatus(result.status()));
+  });
+  return reactor;
+}
+
+// As ReplyOnPool, for a call that returns only an absl::Status.
+template <typename Call>
+grpc::ServerUnaryReactor* DoneOnPool(ThreadPool* pool, grpc::CallbackServerContext* context,
+                                     Call call) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  pool->Schedule(
+      [reactor, call = std::move(call)]() mutable { reactor->Finish(ToGrpcStatus(call())); });
+  return reactor;
+}
 
 // The WatchTasks stream of one worker. It owns itself (self_) until gRPC calls OnDone; the
 // coordinator may keep a reference longer, and later Send/Close calls are then no-ops.
@@ -133,16 +150,32 @@ class TaskStreamReactor : public grpc::ServerWriteReactor<v1::TaskEvent>,
   absl::Status close_status_;  // set once, before finishing_
 };
 
-// One WatchJob stream, draining a JobWatch. Owns itself until OnDone.
+// One WatchJob stream, draining a JobWatch. Owns itself until OnDone. The watch comes later, from
+// the pool (Attach): opening it flushes and reads the stored events.
 class WatchReactor : public grpc::ServerWriteReactor<v1::WatchJobResponse>,
                      public std::enable_shared_from_this<WatchReactor> {
  public:
-  explicit WatchReactor(std::shared_ptr<JobWatch> watch) : watch_(std::move(watch)) {}
+  void Begin(std::shared_ptr<WatchReactor> self) { self_ = std::move(self); }
 
-  void Begin(std::shared_ptr<WatchReactor> self) {
-    self_ = std::move(self);
-    std::weak_ptr<WatchReactor> weak = self_;
-    watch_->SetWakeup([weak] {
+  // The coordinator's answer to WatchJob: the watch to drain, or the error to end the stream with.
+  // A watcher that went away meanwhile cancels the watch, so the coordinator forgets it.
+  void Attach(absl::StatusOr<std::shared_ptr<JobWatch>> watch) {
+    if (!watch.ok()) {
+      Stop(watch.status());
+      return;
+    }
+    bool cancelled = false;
+    {
+      absl::MutexLock lock(&mu_);
+      watch_ = *watch;
+      cancelled = cancelled_;
+    }
+    if (cancelled) {
+      (*watch)->Cancel();
+      return;
+    }
+    std::weak_ptr<WatchReactor> weak = shared_from_this();
+    (*watch)->SetWakeup([weak] {
       if (std::shared_ptr<WatchReactor> reactor = weak.lock()) reactor->Pump();
     });
     Pump();
@@ -155,7 +188,7 @@ class WatchReactor : public grpc::ServerWriteReactor<v1::WatchJobResponse>,
       writing_ = false;
     }
     if (!ok) {
-      watch_->Cancel();
+      CancelWatch();
       Stop(absl::CancelledError("the watcher went away"));
       return;
     }
@@ -163,7 +196,7 @@ class WatchReactor : public grpc::ServerWriteReactor<v1::WatchJobResponse>,
   }
   void OnCancel() override {
     auto keep = shared_from_this();
-    watch_->Cancel();
+    CancelWatch();
     Stop(absl::CancelledError("the watcher went away"));
   }
   void OnDone() override { self_.reset(); }
@@ -174,7 +207,7 @@ class WatchReactor : public grpc::ServerWriteReactor<v1::WatchJobResponse>,
     JobWatch::Poll poll;
     {
       absl::MutexLock lock(&mu_);
-      if (writing_ || finished_) return;
+      if (writing_ || finished_ || watch_ == nullptr) return;
       poll = watch_->Next(&current_, &end);
       if (poll == JobWatch::Poll::kEmpty) return;
       if (poll == JobWatch::Poll::kMessage) {
@@ -190,6 +223,15 @@ class WatchReactor : public grpc::ServerWriteReactor<v1::WatchJobResponse>,
       Finish(ToGrpcStatus(end));
     }
   }
+  void CancelWatch() {
+    std::shared_ptr<JobWatch> watch;
+    {
+      absl::MutexLock lock(&mu_);
+      cancelled_ = true;
+      watch = watch_;
+    }
+    if (watch != nullptr) watch->Cancel();
+  }
   void Stop(const absl::Status& status) {
     {
       absl::MutexLock lock(&mu_);
@@ -199,12 +241,13 @@ class WatchReactor : public grpc::ServerWriteReactor<v1::WatchJobResponse>,
     Finish(ToGrpcStatus(status));
   }
 
-  const std::shared_ptr<JobWatch> watch_;
   std::shared_ptr<WatchReactor> self_;
   absl::Mutex mu_;
+  std::shared_ptr<JobWatch> watch_ ABSL_GUARDED_BY(mu_);  // null until Attach
   v1::WatchJobResponse current_;
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;  // the watcher went away
 };
 
 }  // namespace
@@ -214,7 +257,8 @@ class WatchReactor : public grpc::ServerWriteReactor<v1::WatchJobResponse>,
 grpc::ServerUnaryReactor* GrpcJobService::CreateJob(grpc::CallbackServerContext* context,
                                                     const v1::CreateJobRequest* request,
                                                     v1::Job* response) {
-  return Reply(context, coordinator_->CreateJob(request->spec()), response);
+  return ReplyOnPool(store_pool_, context, response,
+                     [this, request] { return coordinator_->CreateJob(request->spec()); });
 }
 
 grpc::ServerUnaryReactor* GrpcJobService::GetJob(grpc::CallbackServerContext* context,
@@ -236,51 +280,26 @@ grpc::ServerUnaryReactor* GrpcJobService::ListJobs(grpc::CallbackServerContext* 
 grpc::ServerUnaryReactor* GrpcJobService::CancelJob(grpc::CallbackServerContext* context,
                                                     const v1::CancelJobRequest* request,
                                                     v1::Job* response) {
-  return Reply(context, coordinator_->CancelJob(request->job_id()), response);
+  return ReplyOnPool(store_pool_, context, response,
+                     [this, request] { return coordinator_->CancelJob(request->job_id()); });
 }
 
 grpc::ServerWriteReactor<v1::WatchJobResponse>* GrpcJobService::WatchJob(
     grpc::CallbackServerContext* context, const v1::WatchJobRequest* request) {
-  absl::StatusOr<std::shared_ptr<JobWatch>> watch = coordinator_->WatchJob(*request);
-  if (!watch.ok()) return new FailedStream<v1::WatchJobResponse>(watch.status());
-  auto reactor = std::make_shared<WatchReactor>(std::move(*watch));
+  auto reactor = std::make_shared<WatchReactor>();
   reactor->Begin(reactor);
+  store_pool_->Schedule(
+      [this, reactor, request] { reactor->Attach(coordinator_->WatchJob(*request)); });
   return reactor.get();
-}
-
-GrpcJobService::~GrpcJobService() {
-  std::vector<Blocking> blocking;
-  {
-    absl::MutexLock lock(&mu_);
-    blocking.swap(blocking_);
-  }
-  for (Blocking& b : blocking) b.thread.join();
 }
 
 grpc::ServerUnaryReactor* GrpcJobService::CheckpointJob(grpc::CallbackServerContext* context,
                                                         const v1::CheckpointJobRequest* request,
                                                         v1::CheckpointRecord* response) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  std::vector<Blocking> finished;
-  {
-    absl::MutexLock lock(&mu_);
-    std::vector<Blocking> running;
-    for (Blocking& b : blocking_) (*b.done ? finished : running).push_back(std::move(b));
-    blocking_.swap(running);
-    auto done = std::make_shared<bool>(false);
-    // Off the reactor thread: the call waits for the shards to reach the step and write it.
-    std::thread thread([this, reactor, response, done, job_id = request->job_id()] {
-      absl::StatusOr<v1::CheckpointRecord> record = coordinator_->CheckpointJob(job_id);
-      if (record.ok()) *response = std::move(*record);
-      reactor->Finish(ToGrpcStatus(record.status()));
-      absl::MutexLock lock(&mu_);
-      *done = true;
-    });
-    blocking_.push_back({std::move(thread), std::move(done)});
-  }
-  // Unlocked: the threads of earlier calls that are done (they set `done` as their last step).
-  for (Blocking& b : finished) b.thread.join();
-  return reactor;
+  // The call waits for the shards to reach the step and write it: on its own pool, so that a
+  // flood of checkpoints queues there and holds up neither gRPC's threads nor the store pool.
+  return ReplyOnPool(checkpoint_pool_, context, response,
+                     [this, request] { return coordinator_->CheckpointJob(request->job_id()); });
 }
 
 // --- ClusterService ------------------------------------------------------------------------------
@@ -288,7 +307,8 @@ grpc::ServerUnaryReactor* GrpcJobService::CheckpointJob(grpc::CallbackServerCont
 grpc::ServerUnaryReactor* GrpcClusterService::Register(grpc::CallbackServerContext* context,
                                                        const v1::RegisterRequest* request,
                                                        v1::RegisterResponse* response) {
-  return Reply(context, coordinator_->Register(*request), response);
+  return ReplyOnPool(store_pool_, context, response,
+                     [this, request] { return coordinator_->Register(*request); });
 }
 
 grpc::ServerUnaryReactor* GrpcClusterService::Heartbeat(grpc::CallbackServerContext* context,
@@ -300,7 +320,8 @@ grpc::ServerUnaryReactor* GrpcClusterService::Heartbeat(grpc::CallbackServerCont
 grpc::ServerUnaryReactor* GrpcClusterService::Deregister(grpc::CallbackServerContext* context,
                                                          const v1::DeregisterRequest* request,
                                                          v1::DeregisterResponse* response) {
-  return Done(context, coordinator_->Deregister(*request));
+  return DoneOnPool(store_pool_, context,
+                    [this, request] { return coordinator_->Deregister(*request); });
 }
 
 grpc::ServerUnaryReactor* GrpcClusterService::ListMembers(grpc::CallbackServerContext* context,
@@ -322,7 +343,8 @@ grpc::ServerWriteReactor<v1::TaskEvent>* GrpcClusterService::WatchTasks(
 grpc::ServerUnaryReactor* GrpcClusterService::ReportProgress(grpc::CallbackServerContext* context,
                                                              const v1::ProgressReport* request,
                                                              v1::ProgressAck* response) {
-  return Reply(context, coordinator_->ReportProgress(*request), response);
+  return ReplyOnPool(store_pool_, context, response,
+                     [this, request] { return coordinator_->ReportProgress(*request); });
 }
 
 }  // namespace tessera::coordinator

@@ -2,31 +2,29 @@
 // Coordinator. Handlers validate nothing themselves and hold no state beyond their streams; the
 // Coordinator does the work and the errors cross to gRPC through ToGrpcStatus.
 //
-// Unary handlers call the Coordinator inline on gRPC's callback threads: each call takes the
-// coordinator's mutex briefly and may wait for one small SQLite transaction. CheckpointJob, which
-// waits for the shards to reach a step and write it, runs on a thread of its own. Streams
-// (WatchTasks, WatchJob) are write reactors fed by bounded queues, so a slow client never blocks
-// the coordinator.
+// A gRPC thread never waits on SQLite or on a shard: the calls that commit to SQLite (CreateJob,
+// CancelJob, Register, Deregister, ReportProgress) and WatchJob (a flush and a read of the stored
+// events) run on a bounded pool of their own, `store_pool`, and CheckpointJob, which waits for the
+// shards to reach a step and write it, on another, `checkpoint_pool`, so that a flood of
+// checkpoints never holds up a progress report; each finishes its reactor from the pool. The calls
+// that only take the coordinator's mutex briefly (GetJob, ListJobs, Heartbeat, ListMembers,
+// WatchTasks) run inline. Streams (WatchTasks, WatchJob) are write reactors fed by bounded
+// queues, so a slow client never blocks the coordinator.
 #ifndef TESSERA_SERVER_COORDINATOR_GRPC_COORDINATOR_SERVICE_H_
 #define TESSERA_SERVER_COORDINATOR_GRPC_COORDINATOR_SERVICE_H_
 
-#include <memory>
-#include <thread>
-#include <vector>
-
-#include "absl/base/thread_annotations.h"
-#include "absl/synchronization/mutex.h"
+#include "common/thread_pool.h"
 #include "server/coordinator/coordinator.h"
 #include "tessera/v1/job.grpc.pb.h"
 
 namespace tessera::coordinator {
 
-// `coordinator` must outlive the service. Thread-safe. The destructor joins the CheckpointJob
-// threads (each ends within the coordinator's shard deadlines).
+// `coordinator` and the pools must outlive the service, and the pools must run until the server
+// has shut down (its Shutdown waits for the reactors the pools finish). Thread-safe.
 class GrpcJobService final : public v1::JobService::CallbackService {
  public:
-  explicit GrpcJobService(Coordinator* coordinator) : coordinator_(coordinator) {}
-  ~GrpcJobService() override;
+  GrpcJobService(Coordinator* coordinator, ThreadPool* store_pool, ThreadPool* checkpoint_pool)
+      : coordinator_(coordinator), store_pool_(store_pool), checkpoint_pool_(checkpoint_pool) {}
 
   grpc::ServerUnaryReactor* CreateJob(grpc::CallbackServerContext* context,
                                       const v1::CreateJobRequest* request,
@@ -46,19 +44,16 @@ class GrpcJobService final : public v1::JobService::CallbackService {
                                           v1::CheckpointRecord* response) override;
 
  private:
-  struct Blocking {
-    std::thread thread;
-    std::shared_ptr<bool> done;  // guarded by mu_
-  };
   Coordinator* const coordinator_;
-  absl::Mutex mu_;
-  std::vector<Blocking> blocking_ ABSL_GUARDED_BY(mu_);
+  ThreadPool* const store_pool_;
+  ThreadPool* const checkpoint_pool_;
 };
 
-// `coordinator` must outlive the service. Thread-safe.
+// As GrpcJobService: `coordinator` and `store_pool` must outlive the service. Thread-safe.
 class GrpcClusterService final : public v1::ClusterService::CallbackService {
  public:
-  explicit GrpcClusterService(Coordinator* coordinator) : coordinator_(coordinator) {}
+  GrpcClusterService(Coordinator* coordinator, ThreadPool* store_pool)
+      : coordinator_(coordinator), store_pool_(store_pool) {}
 
   grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* context,
                                      const v1::RegisterRequest* request,
@@ -80,6 +75,7 @@ class GrpcClusterService final : public v1::ClusterService::CallbackService {
 
  private:
   Coordinator* const coordinator_;
+  ThreadPool* const store_pool_;
 };
 
 }  // namespace tessera::coordinator

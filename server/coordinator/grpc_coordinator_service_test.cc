@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <fstream>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -63,6 +64,74 @@ class FakeParameterService final : public v1::ParameterService::Service {
   std::vector<std::string> dropped;
   std::vector<int64_t> checkpoint_steps;
 };
+
+// A shard whose Checkpoint calls are held (no thread waits on them: a callback service) until
+// Release(), and answered at once after it.
+class HeldCheckpointShard final : public v1::ParameterService::CallbackService {
+ public:
+  grpc::ServerUnaryReactor* CreateJobState(grpc::CallbackServerContext* context,
+                                           const v1::CreateJobStateRequest*,
+                                           v1::CreateJobStateResponse*) override {
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    reactor->Finish(grpc::Status::OK);
+    return reactor;
+  }
+  grpc::ServerUnaryReactor* DropJob(grpc::CallbackServerContext* context, const v1::DropJobRequest*,
+                                    v1::DropJobResponse*) override {
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    reactor->Finish(grpc::Status::OK);
+    return reactor;
+  }
+  grpc::ServerUnaryReactor* Checkpoint(grpc::CallbackServerContext* context,
+                                       const v1::CheckpointRequest* request,
+                                       v1::CheckpointResponse* response) override {
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    response->set_step(request->step());
+    response->set_bytes(4096);
+    absl::MutexLock lock(&mu_);
+    ++arrived_;
+    if (released_) {
+      reactor->Finish(grpc::Status::OK);
+    } else {
+      held_.push_back(reactor);
+    }
+    return reactor;
+  }
+  void Release() {
+    std::vector<grpc::ServerUnaryReactor*> held;
+    {
+      absl::MutexLock lock(&mu_);
+      released_ = true;
+      held.swap(held_);
+    }
+    for (grpc::ServerUnaryReactor* reactor : held) reactor->Finish(grpc::Status::OK);
+  }
+  int arrived() {
+    absl::MutexLock lock(&mu_);
+    return arrived_;
+  }
+
+ private:
+  absl::Mutex mu_;
+  int arrived_ ABSL_GUARDED_BY(mu_) = 0;
+  bool released_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<grpc::ServerUnaryReactor*> held_ ABSL_GUARDED_BY(mu_);
+};
+
+// The process's thread count (/proc/self/status); -1 when it cannot be read.
+int ProcessThreads() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (absl::StartsWith(line, "Threads:")) {
+      std::istringstream fields(line.substr(8));
+      int threads = -1;
+      fields >> threads;
+      return threads;
+    }
+  }
+  return -1;
+}
 
 std::unique_ptr<grpc::ClientContext> Context() {
   auto context = std::make_unique<grpc::ClientContext>();
@@ -316,6 +385,127 @@ TEST_F(CoordinatorGrpcTest, CheckpointJobWaitsForTheShardsAndCommits) {
   checkpoint.set_job_id("nope-7");
   EXPECT_EQ(jobs_->CheckpointJob(Context().get(), checkpoint, &record).error_code(),
             grpc::StatusCode::NOT_FOUND);
+  tasks_context->TryCancel();
+  tasks->Finish().ok();
+  shard_server->Shutdown();
+}
+
+// A flood of CheckpointJob calls waits on the bounded checkpoint pool: it starts no thread per
+// call, reaches the shard only as many at a time as the pool has threads, and leaves gRPC's
+// threads and the store pool free, so GetJob, ListMembers and CreateJob still answer.
+TEST_F(CoordinatorGrpcTest, ACheckpointJobFloodWaitsOnABoundedPoolAndOtherCallsStillAnswer) {
+  HeldCheckpointShard shard;
+  int shard_port = 0;
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &shard_port);
+  builder.RegisterService(&shard);
+  std::unique_ptr<grpc::Server> shard_server = builder.BuildAndStart();
+  ASSERT_NE(shard_server, nullptr);
+  v1::RegisterRequest request;
+  request.set_role(v1::MEMBER_ROLE_SERVER);
+  request.set_address(absl::StrCat("127.0.0.1:", shard_port));
+  v1::RegisterResponse response;
+  ASSERT_TRUE(cluster_->Register(Context().get(), request, &response).ok());
+  request.Clear();
+  request.set_role(v1::MEMBER_ROLE_WORKER);
+  request.set_hostname("host-a");
+  ASSERT_TRUE(cluster_->Register(Context().get(), request, &response).ok());
+  const std::string worker = response.member_id();
+  v1::WatchTasksRequest watch_tasks;
+  watch_tasks.set_member_id(worker);
+  auto tasks_context = Context();
+  auto tasks = cluster_->WatchTasks(tasks_context.get(), watch_tasks);
+  v1::CreateJobRequest create;
+  *create.mutable_spec() = MlpSpec("mlp", 1, data_);
+  v1::Job job;
+  ASSERT_TRUE(jobs_->CreateJob(Context().get(), create, &job).ok());
+  v1::TaskEvent event;
+  ASSERT_TRUE(tasks->Read(&event));
+  ASSERT_TRUE(event.has_assign());
+  v1::ProgressReport report;
+  report.set_member_id(worker);
+  report.set_job_id(job.id());
+  report.set_phase(v1::TASK_PHASE_TRAINING);
+  report.set_step(20);
+  report.set_total_steps(500);
+  report.set_incarnation(event.assign().incarnation());
+  v1::ProgressAck ack;
+  ASSERT_TRUE(cluster_->ReportProgress(Context().get(), report, &ack).ok());
+
+  const int pool_threads = CoordinatorServerOptions().checkpoint_threads;
+  constexpr int kCalls = 48;
+  const int threads_before = ProcessThreads();
+  ASSERT_GT(threads_before, 0);
+  struct Call {
+    grpc::ClientContext context;
+    v1::CheckpointJobRequest request;
+    v1::CheckpointRecord record;
+    grpc::Status status;
+  };
+  std::vector<std::unique_ptr<Call>> calls;
+  absl::Mutex mu;
+  int answered = 0;
+  for (int i = 0; i < kCalls; ++i) {
+    calls.push_back(std::make_unique<Call>());
+    Call& call = *calls.back();
+    call.context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(60)));
+    call.request.set_job_id(job.id());
+    jobs_->async()->CheckpointJob(&call.context, &call.request, &call.record,
+                                  [&mu, &answered, &call](grpc::Status status) {
+                                    absl::MutexLock lock(&mu);
+                                    call.status = std::move(status);
+                                    ++answered;
+                                  });
+  }
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  while (shard.arrived() < pool_threads && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  absl::SleepFor(absl::Milliseconds(500));  // time for more to arrive, were they not queued
+  EXPECT_EQ(shard.arrived(), pool_threads);
+  const int threads_during = ProcessThreads();
+  EXPECT_LT(threads_during - threads_before, kCalls / 2)
+      << threads_before << " threads before, " << threads_during << " during";
+
+  // Neither gRPC's threads nor the store pool wait on the checkpoints.
+  auto quick = [] {
+    auto context = std::make_unique<grpc::ClientContext>();
+    context->set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(3)));
+    return context;
+  };
+  v1::GetJobRequest get;
+  get.set_job_id(job.id());
+  v1::Job got;
+  const grpc::Status got_status = jobs_->GetJob(quick().get(), get, &got);
+  ASSERT_TRUE(got_status.ok()) << got_status.error_message();
+  EXPECT_EQ(got.state(), v1::JOB_STATE_RUNNING);
+  v1::ListMembersResponse members;
+  ASSERT_TRUE(cluster_->ListMembers(quick().get(), v1::ListMembersRequest(), &members).ok());
+  EXPECT_EQ(members.members_size(), 2);
+  v1::Job second;
+  const grpc::Status created = jobs_->CreateJob(quick().get(), create, &second);
+  ASSERT_TRUE(created.ok()) << created.error_message();
+  EXPECT_EQ(second.id(), "mlp-2");
+  {
+    absl::MutexLock lock(&mu);
+    EXPECT_EQ(answered, 0);
+  }
+
+  shard.Release();
+  {
+    absl::MutexLock lock(&mu);
+    EXPECT_TRUE(mu.AwaitWithTimeout(absl::Condition(
+                                        +[](int* n) { return *n == kCalls; }, &answered),
+                                    absl::Seconds(60)));
+  }
+  EXPECT_EQ(shard.arrived(), kCalls);
+  for (const std::unique_ptr<Call>& call : calls) {
+    EXPECT_TRUE(call->status.ok()) << call->status.error_message();
+    EXPECT_EQ(call->record.step(), 30);  // 20 + the smallest margin, every time
+    EXPECT_TRUE(call->record.manual());
+  }
+  ASSERT_TRUE(jobs_->GetJob(Context().get(), get, &got).ok());
+  EXPECT_EQ(got.last_checkpoint_step(), 30);
   tasks_context->TryCancel();
   tasks->Finish().ok();
   shard_server->Shutdown();

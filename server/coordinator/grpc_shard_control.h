@@ -14,7 +14,7 @@
 #include "absl/time/time.h"
 #include "common/security.h"
 #include "grpcpp/client_context.h"
-#include "server/coordinator/coordinator.h"
+#include "server/coordinator/shard_control.h"
 #include "tessera/v1/parameter.grpc.pb.h"
 
 namespace tessera::coordinator {
