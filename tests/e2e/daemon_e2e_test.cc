@@ -16,7 +16,6 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -34,10 +33,11 @@
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/child_process.h"
+#include "common/health_probe.h"
 #include "common/security.h"
 #include "gtest/gtest.h"
 #include "tests/testlib/child_process.h"
-#include "worker/client/local_shards.h"
 
 #ifndef TESSERA_BIN_DIR
 #error "TESSERA_BIN_DIR must name the folder of the daemons"
@@ -46,15 +46,12 @@
 namespace tessera {
 namespace {
 
-using testlib::ChildProcess;
-using testlib::ChildReaper;
 using testlib::CommandResult;
 using testlib::ReadWholeFile;
 using testlib::RunToEnd;
 using testlib::ScratchDirectory;
 using testlib::SpawnChild;
 using testlib::WaitChild;
-using testlib::WaitForPortFile;
 
 std::string Bin(const std::string& name) { return absl::StrCat(TESSERA_BIN_DIR, "/", name); }
 
@@ -124,15 +121,13 @@ class NotifySocket {
 int WaitReading(ChildProcess* p, NotifySocket* notify, absl::Duration timeout, bool* stopping) {
   const absl::Time deadline = absl::Now() + timeout;
   while (absl::Now() < deadline) {
-    int status = 0;
-    if (waitpid(p->pid, &status, WNOHANG) == p->pid) {
-      p->pid = -1;
+    if (p->HasExited()) {
       while (true) {
         const std::string rest = notify->Receive(absl::Milliseconds(60));
         if (rest.empty()) break;
         if (absl::StartsWith(rest, "STOPPING=1")) *stopping = true;
       }
-      return testlib::ExitCode(status);
+      return p->exit_code();
     }
     if (absl::StartsWith(notify->Receive(absl::Milliseconds(60)), "STOPPING=1")) *stopping = true;
   }
@@ -226,18 +221,17 @@ TEST_P(DaemonE2eTest, ReadyOnlyWhenServingWatchdogAndStoppingOnSigterm) {
   ChildProcess p =
       SpawnChild(BaseArgs(daemon, dir), dir.path(), daemon.binary,
                  WithEnv({{"NOTIFY_SOCKET", notify.path()}, {"WATCHDOG_USEC", "200000"}}));
-  ChildReaper reaper(&p);
 
   // READY=1 comes first, and by then the daemon serves.
   const std::string ready = notify.Receive(absl::Seconds(20));
   ASSERT_TRUE(absl::StartsWith(ready, "READY=1")) << "got '" << ready << "'\n"
-                                                  << ReadWholeFile(p.err_path);
+                                                  << ReadWholeFile(p.stderr_path());
   if (daemon.grpc) {
     int port = 0;
     ASSERT_TRUE(
         absl::SimpleAtoi(absl::StripAsciiWhitespace(ReadWholeFile(dir.File("grpc.port"))), &port))
         << "no port file when READY=1 arrived";
-    EXPECT_TRUE(client::IsServing(absl::StrCat("127.0.0.1:", port), absl::Seconds(5)))
+    EXPECT_TRUE(IsServing(absl::StrCat("127.0.0.1:", port), absl::Seconds(5)))
         << "READY=1 before health answered SERVING";
   }
 
@@ -251,7 +245,7 @@ TEST_P(DaemonE2eTest, ReadyOnlyWhenServingWatchdogAndStoppingOnSigterm) {
   EXPECT_LT(absl::Now() - start, absl::Seconds(3));
 
   // The metrics endpoint serves this daemon's families.
-  const int metrics_port = WaitForPortFile(dir.File("metrics.port"), nullptr, absl::Seconds(1));
+  const int metrics_port = p.WaitForPortFile(dir.File("metrics.port"), absl::Seconds(1));
   ASSERT_GT(metrics_port, 0);
   const std::string metrics = ScrapeMetrics(metrics_port);
   EXPECT_TRUE(absl::StrContains(metrics, "200 OK")) << metrics;
@@ -264,10 +258,11 @@ TEST_P(DaemonE2eTest, ReadyOnlyWhenServingWatchdogAndStoppingOnSigterm) {
   }
 
   // SIGTERM: STOPPING=1, then exit 0 within the grace (1 s).
-  ASSERT_EQ(kill(p.pid, SIGTERM), 0);
+  ASSERT_EQ(kill(p.pid(), SIGTERM), 0);
   bool stopping = false;
   const absl::Time term = absl::Now();
-  EXPECT_EQ(WaitReading(&p, &notify, absl::Seconds(10), &stopping), 0) << ReadWholeFile(p.err_path);
+  EXPECT_EQ(WaitReading(&p, &notify, absl::Seconds(10), &stopping), 0)
+      << ReadWholeFile(p.stderr_path());
   EXPECT_LT(absl::Now() - term, absl::Seconds(5));
   EXPECT_TRUE(stopping);
 }
@@ -276,18 +271,17 @@ TEST_P(DaemonE2eTest, NoNotifySocketStartsAndStopsAsBefore) {
   const Daemon& daemon = GetParam();
   ScratchDirectory dir("tessera-daemon-e2e");
   ChildProcess p = SpawnChild(BaseArgs(daemon, dir), dir.path(), daemon.binary);
-  ChildReaper reaper(&p);
   if (daemon.grpc) {
-    const int port = WaitForPortFile(dir.File("grpc.port"), &p, absl::Seconds(20));
-    ASSERT_GT(port, 0) << ReadWholeFile(p.err_path);
-    EXPECT_TRUE(client::IsServing(absl::StrCat("127.0.0.1:", port), absl::Seconds(5)));
+    const int port = p.WaitForPortFile(dir.File("grpc.port"), absl::Seconds(20));
+    ASSERT_GT(port, 0) << ReadWholeFile(p.stderr_path());
+    EXPECT_TRUE(IsServing(absl::StrCat("127.0.0.1:", port), absl::Seconds(5)));
   }
-  const int metrics_port = WaitForPortFile(dir.File("metrics.port"), &p, absl::Seconds(20));
-  ASSERT_GT(metrics_port, 0) << ReadWholeFile(p.err_path);
+  const int metrics_port = p.WaitForPortFile(dir.File("metrics.port"), absl::Seconds(20));
+  ASSERT_GT(metrics_port, 0) << ReadWholeFile(p.stderr_path());
   EXPECT_TRUE(absl::StrContains(ScrapeMetrics(metrics_port), "tessera_build_info"));
-  ASSERT_EQ(kill(p.pid, SIGINT), 0);
-  EXPECT_EQ(WaitChild(&p, absl::Seconds(10)), 0) << ReadWholeFile(p.err_path);
-  EXPECT_FALSE(absl::StrContains(ReadWholeFile(p.err_path), "systemd watchdog"));
+  ASSERT_EQ(kill(p.pid(), SIGINT), 0);
+  EXPECT_EQ(WaitChild(&p, absl::Seconds(10)), 0) << ReadWholeFile(p.stderr_path());
+  EXPECT_FALSE(absl::StrContains(ReadWholeFile(p.stderr_path()), "systemd watchdog"));
 }
 
 TEST_P(DaemonE2eTest, RefusesPlaintextOnNonLoopbackWithoutInsecure) {
@@ -312,11 +306,10 @@ TEST_P(DaemonE2eTest, RefusesPlaintextOnNonLoopbackWithoutInsecure) {
     // With --insecure it starts.
     args.push_back("--insecure");
     ChildProcess p = SpawnChild(args, dir.path(), "insecure");
-    ChildReaper reaper(&p);
-    const int port = WaitForPortFile(dir.File("grpc.port"), &p, absl::Seconds(20));
-    ASSERT_GT(port, 0) << ReadWholeFile(p.err_path);
-    EXPECT_TRUE(client::IsServing(absl::StrCat("127.0.0.1:", port), absl::Seconds(5)));
-    kill(p.pid, SIGTERM);
+    const int port = p.WaitForPortFile(dir.File("grpc.port"), absl::Seconds(20));
+    ASSERT_GT(port, 0) << ReadWholeFile(p.stderr_path());
+    EXPECT_TRUE(IsServing(absl::StrCat("127.0.0.1:", port), absl::Seconds(5)));
+    kill(p.pid(), SIGTERM);
     EXPECT_EQ(WaitChild(&p, absl::Seconds(10)), 0);
   }
   // The metrics endpoint is plain HTTP: non-loopback needs --metrics_insecure, which allows only
@@ -407,31 +400,30 @@ TEST_P(DaemonE2eTest, SighupReloadsLogLevelFromTheConfigFile) {
   ASSERT_TRUE(notify.bound());
   ChildProcess p =
       SpawnChild(args, dir.path(), daemon.binary, WithEnv({{"NOTIFY_SOCKET", notify.path()}}));
-  ChildReaper reaper(&p);
-  ASSERT_TRUE(notify.ReceiveUntil("READY=1", absl::Seconds(20))) << ReadWholeFile(p.err_path);
-  EXPECT_FALSE(absl::StrContains(ReadWholeFile(p.err_path), "debug logging is on"));
+  ASSERT_TRUE(notify.ReceiveUntil("READY=1", absl::Seconds(20))) << ReadWholeFile(p.stderr_path());
+  EXPECT_FALSE(absl::StrContains(ReadWholeFile(p.stderr_path()), "debug logging is on"));
 
   // An unchanged file: the level stays and the daemon serves on.
-  ASSERT_EQ(kill(p.pid, SIGHUP), 0);
-  EXPECT_TRUE(WaitForText(p.err_path, "log level unchanged (info)", absl::Seconds(5)))
-      << ReadWholeFile(p.err_path);
+  ASSERT_EQ(kill(p.pid(), SIGHUP), 0);
+  EXPECT_TRUE(WaitForText(p.stderr_path(), "log level unchanged (info)", absl::Seconds(5)))
+      << ReadWholeFile(p.stderr_path());
 
   std::ofstream(config, std::ios::trunc) << "# louder\nlog_level = debug\n";
-  ASSERT_EQ(kill(p.pid, SIGHUP), 0);
+  ASSERT_EQ(kill(p.pid(), SIGHUP), 0);
   // The debug line shows only when the new level is in force.
-  EXPECT_TRUE(WaitForText(p.err_path, "debug logging is on", absl::Seconds(5)))
-      << ReadWholeFile(p.err_path);
-  EXPECT_TRUE(absl::StrContains(ReadWholeFile(p.err_path), "log level now debug"));
-  EXPECT_TRUE(absl::StrContains(ReadWholeFile(p.err_path), absl::StrCat(config, ":2")));
+  EXPECT_TRUE(WaitForText(p.stderr_path(), "debug logging is on", absl::Seconds(5)))
+      << ReadWholeFile(p.stderr_path());
+  EXPECT_TRUE(absl::StrContains(ReadWholeFile(p.stderr_path()), "log level now debug"));
+  EXPECT_TRUE(absl::StrContains(ReadWholeFile(p.stderr_path()), absl::StrCat(config, ":2")));
 
   // A bad value keeps the old level.
   std::ofstream(config, std::ios::trunc) << "log_level = loud\n";
-  ASSERT_EQ(kill(p.pid, SIGHUP), 0);
-  EXPECT_TRUE(WaitForText(p.err_path, "keeping the log level", absl::Seconds(5)))
-      << ReadWholeFile(p.err_path);
+  ASSERT_EQ(kill(p.pid(), SIGHUP), 0);
+  EXPECT_TRUE(WaitForText(p.stderr_path(), "keeping the log level", absl::Seconds(5)))
+      << ReadWholeFile(p.stderr_path());
 
-  ASSERT_EQ(kill(p.pid, SIGTERM), 0);
-  EXPECT_EQ(WaitChild(&p, absl::Seconds(10)), 0) << ReadWholeFile(p.err_path);
+  ASSERT_EQ(kill(p.pid(), SIGTERM), 0);
+  EXPECT_EQ(WaitChild(&p, absl::Seconds(10)), 0) << ReadWholeFile(p.stderr_path());
 }
 
 // Makes a CA and a certificate for 127.0.0.1 signed by it (ca.pem, srv.pem, srv.key) and a token
@@ -474,9 +466,8 @@ TEST(DaemonTlsTest, TlsOnAnyAddressSighupReloadsSecurityFilesAndSigtermDrains) {
       args.insert(args.end(), {"--data_dir", dir.File("coord")});
     }
     ChildProcess p = SpawnChild(args, dir.path(), binary);
-    ChildReaper reaper(&p);
-    const int port = WaitForPortFile(dir.File("grpc.port"), &p, absl::Seconds(20));
-    ASSERT_GT(port, 0) << ReadWholeFile(p.err_path);
+    const int port = p.WaitForPortFile(dir.File("grpc.port"), absl::Seconds(20));
+    ASSERT_GT(port, 0) << ReadWholeFile(p.stderr_path());
     const std::string address = absl::StrCat("127.0.0.1:", port);
 
     SecurityOptions client_options;
@@ -485,21 +476,22 @@ TEST(DaemonTlsTest, TlsOnAnyAddressSighupReloadsSecurityFilesAndSigtermDrains) {
     client_options.auth_token_file = dir.File("token");
     absl::StatusOr<std::unique_ptr<Security>> client = Security::Create(client_options);
     ASSERT_TRUE(client.ok()) << client.status();
-    EXPECT_TRUE(client::IsServing(address, absl::Seconds(5), (*client)->Client()));
-    EXPECT_FALSE(client::IsServing(address, absl::Seconds(2)));  // plaintext
+    EXPECT_TRUE(IsServing(address, absl::Seconds(5), (*client)->Client()));
+    EXPECT_FALSE(IsServing(address, absl::Seconds(2)));  // plaintext
 
-    ASSERT_EQ(kill(p.pid, SIGHUP), 0);
-    EXPECT_TRUE(WaitForText(p.err_path, "token and certificate files re-read", absl::Seconds(5)))
-        << ReadWholeFile(p.err_path);
+    ASSERT_EQ(kill(p.pid(), SIGHUP), 0);
+    EXPECT_TRUE(
+        WaitForText(p.stderr_path(), "token and certificate files re-read", absl::Seconds(5)))
+        << ReadWholeFile(p.stderr_path());
     // The token file gone: the reload fails and the old token stays in force.
     std::filesystem::remove(dir.File("token"));
-    ASSERT_EQ(kill(p.pid, SIGHUP), 0);
-    EXPECT_TRUE(WaitForText(p.err_path, "keeping the old token", absl::Seconds(5)))
-        << ReadWholeFile(p.err_path);
-    EXPECT_TRUE(client::IsServing(address, absl::Seconds(5), (*client)->Client()));
+    ASSERT_EQ(kill(p.pid(), SIGHUP), 0);
+    EXPECT_TRUE(WaitForText(p.stderr_path(), "keeping the old token", absl::Seconds(5)))
+        << ReadWholeFile(p.stderr_path());
+    EXPECT_TRUE(IsServing(address, absl::Seconds(5), (*client)->Client()));
 
-    ASSERT_EQ(kill(p.pid, SIGTERM), 0);
-    EXPECT_EQ(WaitChild(&p, absl::Seconds(10)), 0) << ReadWholeFile(p.err_path);
+    ASSERT_EQ(kill(p.pid(), SIGTERM), 0);
+    EXPECT_EQ(WaitChild(&p, absl::Seconds(10)), 0) << ReadWholeFile(p.stderr_path());
   }
 }
 

@@ -29,6 +29,7 @@
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/child_process.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "gtest/gtest.h"
@@ -42,12 +43,10 @@
 namespace tessera {
 namespace {
 
-using testlib::ChildProcess;
 using testlib::ReadWholeFile;
 using testlib::ScratchDirectory;
 using testlib::SpawnChild;
 using testlib::StopChild;
-using testlib::WaitForPortFile;
 
 std::string Bin(const std::string& name) { return absl::StrCat(TESSERA_BIN_DIR, "/", name); }
 
@@ -148,19 +147,20 @@ class MetricsE2eTest : public ::testing::Test {
  protected:
   void TearDown() override {
     for (ChildProcess* p : {&worker_, &server_, &coordinator_}) {
-      if (p->pid > 0) {
+      if (p->running()) {
         const int code = StopChild(p, absl::Seconds(15));
         if (code != 0) {
-          ADD_FAILURE() << p->tag << " exited with " << code << ":\n" << ReadWholeFile(p->err_path);
+          ADD_FAILURE() << p->name() << " exited with " << code << ":\n"
+                        << ReadWholeFile(p->stderr_path());
         }
       }
     }
   }
 
-  // `p`'s stderr, and how it ended when HasExited() reaped it.
+  // `p`'s stderr, and how it ended when it has.
   std::string Dump(const ChildProcess& p) {
-    const std::string ended = p.reaped ? absl::StrCat(" (", testlib::DescribeEnd(p), ")") : "";
-    return absl::StrCat(p.tag, ended, " stderr:\n", ReadWholeFile(p.err_path));
+    const std::string ended = p.ended() ? absl::StrCat(" (", p.DescribeExit(), ")") : "";
+    return absl::StrCat(p.name(), ended, " stderr:\n", ReadWholeFile(p.stderr_path()));
   }
 
   ScratchDirectory dir_{"tessera-metrics-e2e"};
@@ -178,10 +178,10 @@ TEST_F(MetricsE2eTest, EveryDaemonServesValidMetrics) {
                   "127.0.0.1:0", "--metrics_port_file", d + "/coordinator.metrics"},
                  d, "coordinator");
   const int coordinator_port =
-      WaitForPortFile(d + "/coordinator.port", &coordinator_, absl::Seconds(30));
+      coordinator_.WaitForPortFile(d + "/coordinator.port", absl::Seconds(30));
   ASSERT_GT(coordinator_port, 0) << Dump(coordinator_);
   const int coordinator_metrics =
-      WaitForPortFile(d + "/coordinator.metrics", &coordinator_, absl::Seconds(10));
+      coordinator_.WaitForPortFile(d + "/coordinator.metrics", absl::Seconds(10));
   ASSERT_GT(coordinator_metrics, 0) << Dump(coordinator_);
   const std::string coordinator_address = absl::StrCat("127.0.0.1:", coordinator_port);
 
@@ -194,11 +194,11 @@ TEST_F(MetricsE2eTest, EveryDaemonServesValidMetrics) {
       SpawnChild({Bin("tessera-worker"), "--coordinator", coordinator_address, "--metrics_listen",
                   "127.0.0.1:0", "--metrics_port_file", d + "/worker.metrics"},
                  d, "worker");
-  const int server_port = WaitForPortFile(d + "/server.port", &server_, absl::Seconds(30));
+  const int server_port = server_.WaitForPortFile(d + "/server.port", absl::Seconds(30));
   ASSERT_GT(server_port, 0) << Dump(server_);
-  const int server_metrics = WaitForPortFile(d + "/server.metrics", &server_, absl::Seconds(10));
+  const int server_metrics = server_.WaitForPortFile(d + "/server.metrics", absl::Seconds(10));
   ASSERT_GT(server_metrics, 0) << Dump(server_);
-  const int worker_metrics = WaitForPortFile(d + "/worker.metrics", &worker_, absl::Seconds(30));
+  const int worker_metrics = worker_.WaitForPortFile(d + "/worker.metrics", absl::Seconds(30));
   ASSERT_GT(worker_metrics, 0) << Dump(worker_);
 
   // A small PushPull straight to the shard: 16 bytes of gradient, weights back.
