@@ -11,15 +11,11 @@
 //  - SIGHUP re-reads log_level from the config file and the new level takes effect.
 //
 // Every wait is bounded in time.
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/un.h>
 #include <unistd.h>
 
 #include <cstdlib>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -36,6 +32,8 @@
 #include "common/child_process.h"
 #include "common/health_probe.h"
 #include "common/security.h"
+#include "common/testing/notify_socket.h"
+#include "common/testing/prometheus_text.h"
 #include "gtest/gtest.h"
 #include "tests/testlib/child_process.h"
 
@@ -46,6 +44,7 @@
 namespace tessera {
 namespace {
 
+using prometheus_text::HttpGet;
 using testlib::CommandResult;
 using testlib::ReadWholeFile;
 using testlib::RunToEnd;
@@ -71,51 +70,6 @@ bool WaitForText(const std::string& path, const std::string& text, absl::Duratio
   return false;
 }
 
-// A datagram socket standing in for systemd's NOTIFY_SOCKET.
-class NotifySocket {
- public:
-  explicit NotifySocket(const std::string& path) : path_(path) {
-    fd_ = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-    sockaddr_un addr{};
-    addr.sun_family = AF_UNIX;
-    path_.copy(addr.sun_path, sizeof(addr.sun_path) - 1);
-    bound_ = bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
-    timeval tv{0, 50 * 1000};
-    setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  }
-  ~NotifySocket() { close(fd_); }
-  bool bound() const { return bound_; }
-  const std::string& path() const { return path_; }
-
-  // The next message; "" when none arrives before `timeout`.
-  std::string Receive(absl::Duration timeout) {
-    const absl::Time deadline = absl::Now() + timeout;
-    while (absl::Now() < deadline) {
-      char buf[4096];
-      const ssize_t n = recv(fd_, buf, sizeof(buf), 0);
-      if (n > 0) return std::string(buf, n);
-    }
-    return "";
-  }
-
-  // Receives until a message starting with `prefix` arrives; counts the WATCHDOG=1 messages
-  // seen on the way. False after `timeout`.
-  bool ReceiveUntil(const std::string& prefix, absl::Duration timeout, int* watchdogs = nullptr) {
-    const absl::Time deadline = absl::Now() + timeout;
-    while (absl::Now() < deadline) {
-      const std::string message = Receive(deadline - absl::Now());
-      if (absl::StartsWith(message, prefix)) return true;
-      if (message == "WATCHDOG=1" && watchdogs != nullptr) ++*watchdogs;
-    }
-    return false;
-  }
-
- private:
-  std::string path_;
-  int fd_ = -1;
-  bool bound_ = false;
-};
-
 // Waits up to `timeout` for `p` to exit while reading `notify` (a full datagram queue would block
 // the daemon's sd_notify calls); sets *stopping when STOPPING=1 arrives. Returns as WaitChild().
 int WaitReading(ChildProcess* p, NotifySocket* notify, absl::Duration timeout, bool* stopping) {
@@ -132,28 +86,6 @@ int WaitReading(ChildProcess* p, NotifySocket* notify, absl::Duration timeout, b
     if (absl::StartsWith(notify->Receive(absl::Milliseconds(60)), "STOPPING=1")) *stopping = true;
   }
   return WaitChild(p, absl::ZeroDuration());
-}
-
-// GET /metrics over plain HTTP; "" on failure.
-std::string ScrapeMetrics(int port) {
-  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  timeval tv{5, 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  std::string response;
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
-    const std::string request = "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
-    if (write(fd, request.data(), request.size()) == static_cast<ssize_t>(request.size())) {
-      char buf[65536];
-      ssize_t n;
-      while ((n = read(fd, buf, sizeof(buf))) > 0) response.append(buf, n);
-    }
-  }
-  close(fd);
-  return response;
 }
 
 struct Daemon {
@@ -247,14 +179,14 @@ TEST_P(DaemonE2eTest, ReadyOnlyWhenServingWatchdogAndStoppingOnSigterm) {
   // The metrics endpoint serves this daemon's families.
   const int metrics_port = p.WaitForPortFile(dir.File("metrics.port"), absl::Seconds(1));
   ASSERT_GT(metrics_port, 0);
-  const std::string metrics = ScrapeMetrics(metrics_port);
+  const std::string metrics = HttpGet(metrics_port, "/metrics");
   EXPECT_TRUE(absl::StrContains(metrics, "200 OK")) << metrics;
   EXPECT_TRUE(absl::StrContains(metrics, "tessera_build_info")) << metrics;
   EXPECT_TRUE(absl::StrContains(metrics, absl::StrCat("daemon=\"", daemon.daemon_label, "\"")));
   EXPECT_TRUE(absl::StrContains(metrics, "process_resident_memory_bytes"));
   if (daemon.grpc) {
     // The health checks above went through the metrics interceptor.
-    EXPECT_TRUE(absl::StrContains(ScrapeMetrics(metrics_port), "tessera_rpc_calls_total{"));
+    EXPECT_TRUE(absl::StrContains(HttpGet(metrics_port, "/metrics"), "tessera_rpc_calls_total{"));
   }
 
   // SIGTERM: STOPPING=1, then exit 0 within the grace (1 s).
@@ -278,7 +210,7 @@ TEST_P(DaemonE2eTest, NoNotifySocketStartsAndStopsAsBefore) {
   }
   const int metrics_port = p.WaitForPortFile(dir.File("metrics.port"), absl::Seconds(20));
   ASSERT_GT(metrics_port, 0) << ReadWholeFile(p.stderr_path());
-  EXPECT_TRUE(absl::StrContains(ScrapeMetrics(metrics_port), "tessera_build_info"));
+  EXPECT_TRUE(absl::StrContains(HttpGet(metrics_port, "/metrics"), "tessera_build_info"));
   ASSERT_EQ(kill(p.pid(), SIGINT), 0);
   EXPECT_EQ(WaitChild(&p, absl::Seconds(10)), 0) << ReadWholeFile(p.stderr_path());
   EXPECT_FALSE(absl::StrContains(ReadWholeFile(p.stderr_path()), "systemd watchdog"));
