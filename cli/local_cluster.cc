@@ -12,9 +12,7 @@
 #include <utility>
 
 #include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/strip.h"
 #include "cli/coordinator_client.h"
 
 namespace tessera::cli {

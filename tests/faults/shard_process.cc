@@ -1,6 +1,5 @@
 #include "tests/faults/shard_process.h"
 
-#include <signal.h>
 #include <unistd.h>
 
 #include <utility>
