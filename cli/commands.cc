@@ -172,13 +172,13 @@ void PrintFailingLogs(const v1::Job& job, CoordinatorClient* client, LocalCluste
       }
       if (!named) continue;
       for (const LocalCluster::Child& c : cluster->children()) {
-        if (c.pid > 0 && c.pid == m.pid()) choose(&c);
+        if (c.pid() > 0 && c.pid() == m.pid()) choose(&c);
       }
     }
   }
   cluster->CheckChildren().IgnoreError();
   for (const LocalCluster::Child& c : cluster->children()) {
-    if (c.pid <= 0) choose(&c);
+    if (c.pid() <= 0) choose(&c);
   }
   if (chosen.empty()) choose(&cluster->children().front());
   for (const LocalCluster::Child* c : chosen) {

@@ -1,56 +1,21 @@
 #include "cli/local_cluster.h"
 
-#include <fcntl.h>
 #include <signal.h>
 #include <stdlib.h>
-#include <sys/prctl.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <thread>
 #include <utility>
 
 #include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/strip.h"
 #include "cli/coordinator_client.h"
-#include "worker/client/local_shards.h"
-
-extern char** environ;
 
 namespace tessera::cli {
-namespace {
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-std::string DescribeExit(int status) {
-  if (WIFEXITED(status)) return absl::StrCat("exited with status ", WEXITSTATUS(status));
-  if (WIFSIGNALED(status)) {
-    return absl::StrCat("was killed by signal ", WTERMSIG(status), " (",
-                        strsignal(WTERMSIG(status)), ")");
-  }
-  return absl::StrCat("ended with wait status ", status);
-}
-
-absl::Status Exited(const LocalCluster::Child& child) {
-  return absl::InternalError(absl::StrCat(child.name, " ", DescribeExit(child.wait_status),
-                                          "; the end of ", child.log_path, ":\n",
-                                          LocalCluster::LogTail(child)));
-}
-
-}  // namespace
 
 absl::StatusOr<std::string> SelfBinaryDir() {
   std::error_code ec;
@@ -62,9 +27,7 @@ absl::StatusOr<std::string> SelfBinaryDir() {
 }
 
 std::string LocalCluster::LogTail(const Child& child, size_t max_bytes) {
-  std::string log = ReadFile(child.log_path);
-  if (log.size() > max_bytes) log = "..." + log.substr(log.size() - max_bytes);
-  return log;
+  return ReadFileTail(child.log_path, max_bytes);
 }
 
 absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const Options& options) {
@@ -192,85 +155,29 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const Options&
 }
 
 absl::Status LocalCluster::Spawn(Child* child) {
-  // Everything the child needs is built before fork: between fork and exec only
-  // async-signal-safe calls are allowed in a multi-threaded parent.
-  std::vector<char*> argv;
-  for (std::string& a : child->argv) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  const std::string& log = child->log_path;
   if (!child->port_file.empty()) unlink(child->port_file.c_str());
-  const pid_t parent = getpid();
-
-  const pid_t pid = fork();
-  if (pid < 0) {
-    return absl::InternalError(absl::StrCat("fork for ", child->name, ": ", std::strerror(errno)));
-  }
-  if (pid == 0) {
-    // The child: die with the parent, leave the terminal's process group, log to the file.
-    prctl(PR_SET_PDEATHSIG, SIGTERM);
-    if (getppid() != parent) _exit(127);
-    setpgid(0, 0);
-    const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-    if (fd >= 0) {
-      dup2(fd, STDOUT_FILENO);
-      dup2(fd, STDERR_FILENO);
-    }
-    const int null_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
-    if (null_fd >= 0) dup2(null_fd, STDIN_FILENO);
-    struct sigaction dfl;
-    std::memset(&dfl, 0, sizeof(dfl));
-    dfl.sa_handler = SIG_DFL;
-    for (int sig : {SIGINT, SIGTERM, SIGPIPE, SIGHUP, SIGCHLD}) sigaction(sig, &dfl, nullptr);
-    sigset_t none;
-    sigemptyset(&none);
-    sigprocmask(SIG_SETMASK, &none, nullptr);
-    execve(argv[0], argv.data(), environ);
-    _exit(127);
-  }
-  child->pid = pid;
-  child->wait_status = 0;
+  ChildProcess::Options options;
+  options.name = child->name;
+  options.argv = child->argv;
+  options.log_path = child->log_path;
+  options.append_log = true;
+  // Die with the parent, and leave the terminal's process group (see the header).
+  options.die_with_parent = true;
+  options.own_process_group = true;
+  absl::StatusOr<ChildProcess> process = ChildProcess::Spawn(std::move(options));
+  if (!process.ok()) return process.status();
+  child->process = *std::move(process);
   return absl::OkStatus();
 }
 
-bool LocalCluster::Reap(Child* child) {
-  if (child->pid <= 0) return true;
-  int status = 0;
-  const pid_t r = waitpid(child->pid, &status, WNOHANG);
-  if (r == child->pid || (r < 0 && errno == ECHILD)) {
-    child->pid = -1;
-    child->wait_status = status;
-    return true;
-  }
-  return false;
-}
-
 absl::StatusOr<std::string> LocalCluster::WaitServing(Child* child) {
-  const absl::Time deadline = absl::Now() + options_.start_timeout;
-  int port = 0;
-  for (;;) {
-    if (Reap(child)) return Exited(*child);
-    if (options_.interrupted && options_.interrupted()) {
-      return absl::CancelledError("interrupted while starting the cluster");
-    }
-    if (port == 0) {
-      int parsed = 0;
-      if (absl::SimpleAtoi(absl::StripAsciiWhitespace(ReadFile(child->port_file)), &parsed) &&
-          parsed > 0 && parsed < 65536) {
-        port = parsed;
-      }
-    }
-    if (port != 0) {
-      const std::string address = absl::StrCat("127.0.0.1:", port);
-      if (client::IsServing(address, absl::Milliseconds(500))) return address;
-    }
-    if (absl::Now() > deadline) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          child->name, " is not serving after ", absl::FormatDuration(options_.start_timeout),
-          port == 0 ? " (no port in " + child->port_file + ")" : "", "; the end of ",
-          child->log_path, ":\n", LogTail(*child)));
-    }
-    absl::SleepFor(absl::Milliseconds(25));
+  absl::StatusOr<int> port = WaitUntilServing(child->process, child->port_file,
+                                              options_.start_timeout, options_.interrupted);
+  if (absl::IsCancelled(port.status())) {
+    return absl::CancelledError("interrupted while starting the cluster");
   }
+  if (!port.ok()) return port.status();
+  return absl::StrCat("127.0.0.1:", *port);
 }
 
 absl::Status LocalCluster::WaitMembersReady() {
@@ -322,14 +229,14 @@ absl::Status LocalCluster::WaitMembersReady() {
 std::vector<pid_t> LocalCluster::live_pids() const {
   std::vector<pid_t> pids;
   for (const Child& c : children_) {
-    if (c.pid > 0) pids.push_back(c.pid);
+    if (c.pid() > 0) pids.push_back(c.pid());
   }
   return pids;
 }
 
 absl::Status LocalCluster::CheckChildren() {
   for (Child& c : children_) {
-    if (c.pid > 0 && Reap(&c)) return Exited(c);
+    if (c.process.running() && c.process.HasExited()) return c.process.ExitedError();
   }
   return absl::OkStatus();
 }
@@ -337,22 +244,12 @@ absl::Status LocalCluster::CheckChildren() {
 void LocalCluster::StopGroup(const std::string& prefix, absl::Duration grace) {
   std::vector<Child*> group;
   for (Child& c : children_) {
-    if (absl::StartsWith(c.name, prefix) && c.pid > 0) group.push_back(&c);
+    if (absl::StartsWith(c.name, prefix) && c.process.running()) group.push_back(&c);
   }
-  for (Child* c : group) kill(c->pid, SIGTERM);
+  for (Child* c : group) c->process.Signal(SIGTERM);
   const absl::Time deadline = absl::Now() + grace;
   for (Child* c : group) {
-    while (!Reap(c)) {
-      if (absl::Now() > deadline) {
-        kill(c->pid, SIGKILL);
-        int status = 0;
-        waitpid(c->pid, &status, 0);
-        c->pid = -1;
-        c->wait_status = status;
-        break;
-      }
-      absl::SleepFor(absl::Milliseconds(10));
-    }
+    if (!c->process.Wait(deadline - absl::Now())) c->process.Kill();
   }
 }
 
@@ -360,16 +257,16 @@ absl::Status LocalCluster::Stop(absl::Duration grace) {
   // Reap what already exited first, so that its status is reported.
   std::vector<std::string> exited_before;
   for (Child& c : children_) {
-    if (c.pid > 0 && Reap(&c)) exited_before.push_back(c.name);
+    if (c.process.running() && c.process.HasExited()) exited_before.push_back(c.name);
   }
   StopGroup("worker-", grace);
   StopGroup("shard-", grace);
   StopGroup("coordinator", grace);
   for (const Child& c : children_) {
-    if (WIFEXITED(c.wait_status) && WEXITSTATUS(c.wait_status) == 0) continue;
+    if (!c.process.ended() || c.process.exit_code() == 0) continue;
     const bool before =
         std::find(exited_before.begin(), exited_before.end(), c.name) != exited_before.end();
-    return absl::InternalError(absl::StrCat(c.name, " ", DescribeExit(c.wait_status),
+    return absl::InternalError(absl::StrCat(c.name, " ", c.process.DescribeExit(),
                                             before ? " before shutdown" : " after SIGTERM",
                                             "; the end of ", c.log_path, ":\n", LogTail(c)));
   }
@@ -390,19 +287,19 @@ LocalCluster::Child* LocalCluster::FindChild(const std::string& name) {
 absl::Status LocalCluster::Kill(const std::string& name) {
   Child* c = FindChild(name);
   if (c == nullptr) return absl::NotFoundError(absl::StrCat("no child named ", name));
-  if (c->pid <= 0) return absl::FailedPreconditionError(absl::StrCat(name, " is not running"));
-  kill(c->pid, SIGKILL);
-  int status = 0;
-  waitpid(c->pid, &status, 0);
-  c->pid = -1;
-  c->wait_status = status;
+  if (!c->process.running()) {
+    return absl::FailedPreconditionError(absl::StrCat(name, " is not running"));
+  }
+  c->process.Kill();
   return absl::OkStatus();
 }
 
 absl::Status LocalCluster::Restart(const std::string& name) {
   Child* c = FindChild(name);
   if (c == nullptr) return absl::NotFoundError(absl::StrCat("no child named ", name));
-  if (c->pid > 0) return absl::FailedPreconditionError(absl::StrCat(name, " is still running"));
+  if (c->process.running()) {
+    return absl::FailedPreconditionError(absl::StrCat(name, " is still running"));
+  }
   absl::Status spawned = Spawn(c);
   if (!spawned.ok()) return spawned;
   if (c->port_file.empty()) return absl::OkStatus();  // a worker: nothing to wait for

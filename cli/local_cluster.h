@@ -15,8 +15,9 @@
 // Every child's stdout and stderr go to <work_dir>/<name>.log (coordinator, shard-<i>,
 // worker-<i>).
 //
-// Thread-safety: not thread-safe; one thread drives a LocalCluster. Fork-safe: children exec
-// right after fork, calling only async-signal-safe functions in between.
+// The children are started by common/child_process.h (fork-safe in a multi-threaded parent).
+// Thread-safety: not thread-safe; one thread drives a LocalCluster, and it must live as long as
+// the cluster (PR_SET_PDEATHSIG follows the spawning thread).
 #ifndef TESSERA_CLI_LOCAL_CLUSTER_H_
 #define TESSERA_CLI_LOCAL_CLUSTER_H_
 
@@ -30,6 +31,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/child_process.h"
 
 namespace tessera::cli {
 
@@ -56,14 +58,15 @@ class LocalCluster {
     std::vector<std::string> worker_args;
   };
 
-  // One child process.
+  // One child process: how it is started, and the process while it runs.
   struct Child {
     std::string name;  // "coordinator", "shard-0", "worker-1"
     std::vector<std::string> argv;
     std::string log_path;
     std::string port_file;  // empty for workers
-    pid_t pid = -1;         // -1 once reaped
-    int wait_status = 0;    // valid once reaped
+    ChildProcess process;
+    // -1 once reaped.
+    pid_t pid() const { return process.pid(); }
   };
 
   // Starts the cluster as described above. INVALID_ARGUMENT for counts < 1 or a missing binary
@@ -117,8 +120,6 @@ class LocalCluster {
   // Waits for the child's port file and gRPC health; returns "127.0.0.1:<port>".
   absl::StatusOr<std::string> WaitServing(Child* child);
   absl::Status WaitMembersReady();
-  // Reaps `child` if it has exited; true when it is gone.
-  bool Reap(Child* child);
   void StopGroup(const std::string& prefix, absl::Duration grace);
 
   Options options_;

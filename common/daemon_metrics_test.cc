@@ -4,19 +4,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/security.h"
+#include "common/testing/prometheus_text.h"
 #include "gtest/gtest.h"
 
 namespace tessera {
 namespace {
 
-// The value of the sample line that starts with `series` ("name{labels}"), or -1 when absent.
-double Sample(const std::string& text, const std::string& series) {
-  const std::string prefix = series + " ";
-  size_t at = text.find("\n" + prefix);
-  if (at == std::string::npos) return -1;
-  at += 1 + prefix.size();
-  return std::stod(text.substr(at, text.find('\n', at) - at));
-}
+using prometheus_text::Sample;
 
 TEST(DaemonMetricsTest, AuthFailuresAreExposedByReason) {
   absl::StatusOr<std::unique_ptr<Metrics>> metrics = StartMetrics("server", MetricsFlags{});

@@ -26,6 +26,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/testing/prometheus_text.h"
 #include "gmock/gmock.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/generic/generic_stub.h"
@@ -39,68 +40,10 @@
 namespace tessera {
 namespace {
 
+using prometheus_text::HttpGet;
+using prometheus_text::Promtool;
+using prometheus_text::Sample;
 using ::testing::HasSubstr;
-
-// The value of the sample line `series` (name with its labels exactly as exposed), or -1.
-double Sample(const std::string& text, const std::string& series) {
-  for (absl::string_view line : absl::StrSplit(text, '\n')) {
-    if (!absl::StartsWith(line, series)) continue;
-    absl::string_view rest = line.substr(series.size());
-    if (rest.empty() || rest[0] != ' ') continue;
-    double value = 0;
-    if (absl::SimpleAtod(rest.substr(1), &value)) return value;
-  }
-  return -1;
-}
-
-// `promtool check metrics` over `text`: its exit status and output, or nullopt-like -1 when the
-// binary is missing.
-int Promtool(const std::string& text, std::string* output) {
-  if (access("/usr/bin/promtool", X_OK) != 0) return -1;
-  char path[] = "/tmp/tessera_metrics_test_XXXXXX";
-  const int fd = mkstemp(path);
-  if (fd < 0) return -2;
-  const ssize_t written = write(fd, text.data(), text.size());
-  close(fd);
-  if (written != static_cast<ssize_t>(text.size())) return -2;
-  const std::string cmd = absl::StrCat("/usr/bin/promtool check metrics < ", path, " 2>&1");
-  FILE* pipe = popen(cmd.c_str(), "r");
-  if (pipe == nullptr) return -2;
-  char buffer[4096];
-  size_t n;
-  while ((n = fread(buffer, 1, sizeof buffer, pipe)) > 0) output->append(buffer, n);
-  const int status = pclose(pipe);
-  unlink(path);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -2;
-}
-
-// GET `path` from 127.0.0.1:port with a plain socket (5 s timeouts); the whole response.
-std::string HttpGet(int port, const std::string& path) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return "";
-  timeval timeout{5, 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof timeout);
-  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &timeout, sizeof timeout);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  std::string response;
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) {
-    const std::string request =
-        absl::StrCat("GET ", path, " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
-    if (send(fd, request.data(), request.size(), 0) == static_cast<ssize_t>(request.size())) {
-      char buffer[8192];
-      for (int i = 0; i < 10000; ++i) {
-        const ssize_t n = recv(fd, buffer, sizeof buffer, 0);
-        if (n <= 0) break;
-        response.append(buffer, static_cast<size_t>(n));
-      }
-    }
-  }
-  close(fd);
-  return response;
-}
 
 TEST(MetricsTest, RejectsBadListenAddresses) {
   for (const char* bad : {"nocolon", ":9100", "127.0.0.1:", "127.0.0.1:abc", "127.0.0.1:70000",

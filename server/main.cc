@@ -2,27 +2,24 @@
 #include <malloc.h>
 #include <unistd.h>
 
-#include <csignal>
-#include <cstdio>
 #include <memory>
 #include <string>
 #include <utility>
-#include <vector>
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "common/config.h"
 #include "common/daemon_metrics.h"
+#include "common/daemon_runner.h"
 #include "common/membership.h"
 #include "common/metrics.h"
 #include "common/process.h"
 #include "common/security.h"
 #include "common/status_macros.h"
-#include "common/systemd.h"
 #include "server/shard_metrics.h"
 #include "server/shard_server.h"
-#include "spdlog/spdlog.h"
+#include "spdlog/fmt/fmt.h"
 
 namespace {
 
@@ -64,80 +61,56 @@ std::string AdvertisedAddress(const Flags& flags, int port) {
   return absl::StrCat(host, ":", port);
 }
 
-int Run(Flags flags, const tessera::LayeredConfig& config, tessera::Security* security) {
-  absl::Status logging = tessera::InitLogging(flags.log_level);
-  if (!logging.ok()) {
-    std::fprintf(stderr, "tessera-server: %s\n", std::string(logging.message()).c_str());
-    return 2;
+// The shard in RunDaemon's steps (common/daemon_runner.h).
+class ShardDaemon final : public tessera::Daemon {
+ public:
+  ShardDaemon(const Flags& flags, tessera::Security* security)
+      : flags_(flags), security_(security) {}
+
+  absl::Status Create(tessera::Metrics* metrics) override {
+    tessera::server::ShardServerOptions options = flags_.server;
+    options.credentials = security_->ServerCredentials();
+    options.configure = tessera::RpcMetricsHook(metrics);
+    TESSERA_ASSIGN_OR_RETURN(server_, tessera::server::ShardServer::Create(options));
+    tessera::server::RegisterShardMetrics(metrics, server_->store());
+    return absl::OkStatus();
   }
-  absl::StatusOr<std::unique_ptr<tessera::Metrics>> metrics =
-      tessera::StartMetrics("server", flags.metrics);
-  if (!metrics.ok()) {
-    spdlog::error("tessera-server: {}", metrics.status().ToString());
-    return 1;
-  }
-  tessera::Metrics* registry = metrics->get();
-  flags.server.credentials = security->ServerCredentials();
-  flags.server.configure = tessera::RpcMetricsHook(registry);
-  auto server = tessera::server::ShardServer::Create(flags.server);
-  if (!server.ok()) {
-    spdlog::error("tessera-server: {}", server.status().ToString());
-    return 2;
-  }
-  // From here until the end the endpoint reads the store at scrape time: every return destroys
-  // `metrics` (stopping the endpoint) before `server`, which owns the store. `metrics` must still
-  // outlive the server's calls (the interceptors): stop the server first when it was started.
-  tessera::server::RegisterShardMetrics(registry, (*server)->store());
-  absl::Status started = (*server)->Start();
-  if (!started.ok()) {
-    spdlog::error("tessera-server: {}", started.ToString());
-    metrics->reset();
-    return 1;
-  }
-  if (!flags.port_file.empty()) {
-    absl::Status written = tessera::WritePortFile(flags.port_file, (*server)->port());
-    if (!written.ok()) {
-      spdlog::error("tessera-server: {}", written.ToString());
-      (*server)->Stop(absl::ZeroDuration());
-      metrics->reset();
-      return 1;
-    }
-  }
-  std::unique_ptr<tessera::MemberAgent> agent;
-  if (!flags.coordinator.empty()) {
+  absl::Status Start() override { return server_->Start(); }
+  int port() const override { return server_->port(); }
+  void Announce() override {
+    if (flags_.coordinator.empty()) return;
     tessera::MemberAgent::Options options;
-    options.coordinator = flags.coordinator;
-    options.credentials = security->Client();
+    options.coordinator = flags_.coordinator;
+    options.credentials = security_->Client();
     options.registration.set_role(tessera::v1::MEMBER_ROLE_SERVER);
-    options.registration.set_address(AdvertisedAddress(flags, (*server)->port()));
-    options.registration.set_shard_index(flags.server.shard_index);
+    options.registration.set_address(AdvertisedAddress(flags_, server_->port()));
+    options.registration.set_shard_index(flags_.server.shard_index);
     options.registration.set_hostname(Hostname());
     options.registration.set_pid(::getpid());
-    agent = std::make_unique<tessera::MemberAgent>(std::move(options));
-    agent->Start();
+    agent_ = std::make_unique<tessera::MemberAgent>(std::move(options));
+    agent_->Start();
   }
   // The port answers health checks (SERVING) from here on, and READY means serving. The shard
   // loads no checkpoint by itself: only the coordinator knows which checkpoint of a job is
   // committed, so it sends Restore(job, step) once this shard has registered (docs/checkpoints.md).
-  tessera::systemd::NotifyReady(absl::StrCat("serving on ", (*server)->address()));
-  tessera::systemd::SystemdWatchdog watchdog;
-  tessera::server::ParameterStore* store = (*server)->store();
-  watchdog.Start([store] { return store->CheckLive(); });
-  const int signal = tessera::WaitForShutdownSignal(
-      [&] { tessera::ReloadDaemonConfig(config, security, "tessera-server"); });
+  std::string ReadyStatus() const override {
+    return absl::StrCat("serving on ", server_->address());
+  }
+  absl::Status CheckLive() override { return server_->store()->CheckLive(); }
   // Health NOT_SERVING for the whole drain, before the agent deregisters from the coordinator.
-  (*server)->SetNotServing();
-  tessera::systemd::NotifyStopping("draining");
-  if (agent != nullptr) agent->Stop(/*deregister=*/true);
-  spdlog::info("tessera-server: signal {} received, shutting down (grace {} s)", signal,
-               flags.shutdown_grace_seconds);
-  (*server)->Stop(absl::Seconds(flags.shutdown_grace_seconds));
-  // The metrics read the store at scrape time: stop serving them before the store goes.
-  metrics->reset();
-  watchdog.Stop();
-  spdlog::info("tessera-server: stopped");
-  return 0;
-}
+  void StopServing() override { server_->SetNotServing(); }
+  void Deregister() override {
+    if (agent_ != nullptr) agent_->Stop(/*deregister=*/true);
+  }
+  void Stop(absl::Duration grace) override { server_->Stop(grace); }
+
+ private:
+  const Flags& flags_;
+  tessera::Security* const security_;
+  // Owns the store, which the metrics read at scrape time: RunDaemon stops them before it returns.
+  std::unique_ptr<tessera::server::ShardServer> server_;
+  std::unique_ptr<tessera::MemberAgent> agent_;
+};
 
 }  // namespace
 
@@ -207,5 +180,16 @@ int main(int argc, char** argv) {
   std::unique_ptr<tessera::Security> security;
   const int code = config.Parse(app, argc, argv, [&] { return Validate(flags, &security); });
   if (code >= 0) return code;
-  return Run(flags, config, security.get());
+  tessera::DaemonRunOptions run;
+  run.program = "tessera-server";
+  run.metrics_daemon = "server";
+  run.metrics = flags.metrics;
+  run.port_file = flags.port_file;
+  run.shutdown_grace = absl::Seconds(flags.shutdown_grace_seconds);
+  run.drain_log = fmt::format("shutting down (grace {} s)", flags.shutdown_grace_seconds);
+  run.create_failure_exit_code = 2;
+  run.config = &config;
+  run.security = security.get();
+  ShardDaemon daemon(flags, security.get());
+  return tessera::RunDaemon(run, daemon);
 }

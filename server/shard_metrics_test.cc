@@ -16,6 +16,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/testing/prometheus_text.h"
 #include "common/thread_pool.h"
 #include "gmock/gmock.h"
 #include "grpcpp/create_channel.h"
@@ -31,36 +32,8 @@ namespace tessera::server {
 namespace {
 
 using namespace ::tessera::server::testing;  // NOLINT: request builders
-
-double Sample(const std::string& text, const std::string& series) {
-  for (absl::string_view line : absl::StrSplit(text, '\n')) {
-    if (!absl::StartsWith(line, series)) continue;
-    absl::string_view rest = line.substr(series.size());
-    if (rest.empty() || rest[0] != ' ') continue;
-    double value = 0;
-    if (absl::SimpleAtod(rest.substr(1), &value)) return value;
-  }
-  return -1;
-}
-
-int Promtool(const std::string& text, std::string* output) {
-  if (access("/usr/bin/promtool", X_OK) != 0) return -1;
-  char path[] = "/tmp/tessera_shard_metrics_test_XXXXXX";
-  const int fd = mkstemp(path);
-  if (fd < 0) return -2;
-  const bool ok = write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
-  close(fd);
-  if (!ok) return -2;
-  FILE* pipe =
-      popen(absl::StrCat("/usr/bin/promtool check metrics < ", path, " 2>&1").c_str(), "r");
-  if (pipe == nullptr) return -2;
-  char buffer[4096];
-  size_t n;
-  while ((n = fread(buffer, 1, sizeof buffer, pipe)) > 0) output->append(buffer, n);
-  const int status = pclose(pipe);
-  unlink(path);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -2;
-}
+using prometheus_text::Promtool;
+using prometheus_text::Sample;
 
 std::chrono::system_clock::time_point Deadline() {
   return std::chrono::system_clock::now() + std::chrono::seconds(10);

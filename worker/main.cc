@@ -24,18 +24,17 @@
 #include <string>
 
 #include "CLI/CLI.hpp"
-#include "absl/cleanup/cleanup.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "common/config.h"
 #include "common/daemon_metrics.h"
+#include "common/daemon_runner.h"
 #include "common/grpc_server.h"
 #include "common/metrics.h"
 #include "common/process.h"
 #include "common/security.h"
 #include "common/status_macros.h"
-#include "common/systemd.h"
 #include "kernels/backend.h"
 #include "spdlog/spdlog.h"
 #include "worker/daemon/worker_daemon.h"
@@ -154,16 +153,83 @@ int RunStandalone(const WorkerFlags& flags) {
   return 0;
 }
 
-// The daemon: registers, runs the tasks it is given, and on SIGTERM/SIGINT stops cleanly.
-// REQUIRES: BlockDaemonSignals() before any thread was started.
-int RunDaemon(const WorkerFlags& flags, const tessera::LayeredConfig& config,
-              tessera::Security* security) {
-  if (absl::Status s = tessera::InitLogging(flags.log_level); !s.ok()) {
-    std::fprintf(stderr, "tessera-worker: --log_level: %s\n", std::string(s.message()).c_str());
-    return kExitUsage;
+// The worker daemon in RunDaemon's steps (common/daemon_runner.h): it registers, runs the tasks
+// it is given, and on SIGTERM/SIGINT stops cleanly.
+class WorkerDaemonRun final : public tessera::Daemon {
+ public:
+  // `backend`: the device found at start-up, released once the daemon knows its name.
+  WorkerDaemonRun(const WorkerFlags& flags, tessera::Security* security,
+                  std::unique_ptr<tessera::kernels::Backend> backend)
+      : flags_(flags), security_(security), backend_(std::move(backend)) {}
+
+  absl::Status Create(tessera::Metrics* metrics) override {
+    metrics_ = metrics;
+    tessera::worker::WorkerDaemon::Options options;
+    options.coordinator = flags_.coordinator;
+    options.credentials = security_->Client();
+    options.device = flags_.device;
+    options.device_name = backend_->Name();
+    options.hostname = flags_.hostname;
+    options.num_threads = flags_.threads;
+    backend_.reset();
+    TESSERA_ASSIGN_OR_RETURN(daemon_, tessera::worker::WorkerDaemon::Create(options));
+    metrics->AddCollectable(tessera::worker::NewWorkerCollectable(daemon_.get()));
+    return absl::OkStatus();
   }
-  // Find the device once, so the worker registers with its name and a forced --device cuda on a
-  // host without a GPU fails now rather than in every task.
+  absl::Status Start() override {
+    daemon_->Start();
+    // grpc.health.v1 and reflection only: the worker's work comes over the channels it dials.
+    if (flags_.listen.empty()) return absl::OkStatus();
+    tessera::GrpcServerOptions server_options;
+    server_options.listen = flags_.listen;
+    server_options.credentials = security_->ServerCredentials();
+    server_options.configure = tessera::RpcMetricsHook(metrics_);
+    absl::StatusOr<tessera::StartedGrpcServer> health = tessera::StartGrpcServer(server_options);
+    if (!health.ok()) {
+      daemon_->Stop();
+      return health.status();
+    }
+    health_ = *std::move(health);
+    return absl::OkStatus();
+  }
+  int port() const override { return health_.port; }
+  void Announce() override {
+    if (health_.server != nullptr) {
+      spdlog::info("tessera-worker: health and reflection on port {}", health_.port);
+    }
+  }
+  // Registration goes on in the background (with retries): the worker is up once started.
+  std::string ReadyStatus() const override {
+    return absl::StrCat("worker for ", flags_.coordinator);
+  }
+  absl::Status CheckLive() override { return daemon_->CheckLive(); }
+  void StopServing() override {
+    if (health_.server != nullptr) tessera::SetGrpcServing(health_.server.get(), false);
+  }
+  // The daemon deregisters in Stop(), once its task is cancelled.
+  void Stop(absl::Duration grace) override {
+    daemon_->Stop();
+    if (health_.server != nullptr) {
+      health_.server->Shutdown(absl::ToChronoTime(absl::Now() + grace));
+      health_.server->Wait();
+    }
+  }
+
+ private:
+  const WorkerFlags& flags_;
+  tessera::Security* const security_;
+  std::unique_ptr<tessera::kernels::Backend> backend_;
+  tessera::Metrics* metrics_ = nullptr;
+  // Read by the metrics at scrape time: RunDaemon stops them before it returns.
+  std::unique_ptr<tessera::worker::WorkerDaemon> daemon_;
+  tessera::StartedGrpcServer health_;
+};
+
+// The daemon: the device found once, so the worker registers with its name and a forced --device
+// cuda on a host without a GPU fails now (exit 1) rather than in every task; then RunDaemon.
+// REQUIRES: BlockDaemonSignals() before any thread was started.
+int RunWorkerDaemon(const WorkerFlags& flags, const tessera::LayeredConfig& config,
+                    tessera::Security* security) {
   tessera::kernels::BackendOptions backend_options;
   absl::StatusOr<tessera::kernels::DeviceChoice> choice =
       tessera::kernels::ParseDeviceChoice(flags.device.empty() ? "auto" : flags.device);
@@ -173,64 +239,22 @@ int RunDaemon(const WorkerFlags& flags, const tessera::LayeredConfig& config,
   absl::StatusOr<std::unique_ptr<tessera::kernels::Backend>> backend =
       tessera::kernels::CreateBackend(backend_options);
   if (!backend.ok()) return Fail(backend.status(), false);
+  WorkerDaemonRun daemon(flags, security, *std::move(backend));
 
-  absl::StatusOr<std::unique_ptr<tessera::Metrics>> metrics =
-      tessera::StartMetrics("worker", flags.metrics);
-  if (!metrics.ok()) return Fail(metrics.status(), false);
-
-  tessera::worker::WorkerDaemon::Options options;
-  options.coordinator = flags.coordinator;
-  options.credentials = security->Client();
-  options.device = flags.device;
-  options.device_name = (*backend)->Name();
-  options.hostname = flags.hostname;
-  options.num_threads = flags.threads;
-  backend->reset();
-  absl::StatusOr<std::unique_ptr<tessera::worker::WorkerDaemon>> daemon =
-      tessera::worker::WorkerDaemon::Create(options);
-  if (!daemon.ok()) return Fail(daemon.status(), false);
-  (*metrics)->AddCollectable(tessera::worker::NewWorkerCollectable(daemon->get()));
-  // The endpoint reads the daemon at scrape time: it stops before the daemon goes, on every path.
-  absl::Cleanup stop_metrics = [&metrics] { metrics->reset(); };
-  (*daemon)->Start();
-  // grpc.health.v1 and reflection only: the worker's work comes over the channels it dials.
-  absl::StatusOr<tessera::StartedGrpcServer> health;
-  if (!flags.listen.empty()) {
-    tessera::GrpcServerOptions server_options;
-    server_options.listen = flags.listen;
-    server_options.credentials = security->ServerCredentials();
-    server_options.configure = tessera::RpcMetricsHook(metrics->get());
-    health = tessera::StartGrpcServer(server_options);
-    absl::Status written = health.status();
-    if (written.ok() && !flags.port_file.empty()) {
-      written = tessera::WritePortFile(flags.port_file, health->port);
-    }
-    if (!written.ok()) {
-      (*daemon)->Stop();
-      if (health.ok()) health->server->Shutdown();
-      return Fail(written, false);
-    }
-    spdlog::info("tessera-worker: health and reflection on port {}", health->port);
-  }
-  // Registration goes on in the background (with retries): the worker is up once started.
-  tessera::systemd::NotifyReady(absl::StrCat("worker for ", options.coordinator));
-  tessera::systemd::SystemdWatchdog watchdog;
-  tessera::worker::WorkerDaemon* worker_daemon = daemon->get();
-  watchdog.Start([worker_daemon] { return worker_daemon->CheckLive(); });
-  const int signal = tessera::WaitForShutdownSignal(
-      [&] { tessera::ReloadDaemonConfig(config, security, "tessera-worker"); });
-  if (health.ok() && health->server != nullptr)
-    tessera::SetGrpcServing(health->server.get(), false);
-  tessera::systemd::NotifyStopping("stopping");
-  spdlog::info("tessera-worker: signal {} received, stopping", signal);
-  (*daemon)->Stop();
-  if (health.ok() && health->server != nullptr) {
-    health->server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
-    health->server->Wait();
-  }
-  watchdog.Stop();
-  spdlog::info("tessera-worker: stopped");
-  return 0;
+  tessera::DaemonRunOptions run;
+  run.program = "tessera-worker";
+  run.metrics_daemon = "worker";
+  run.metrics = flags.metrics;
+  run.port_file = flags.port_file;
+  // How long the health listener's running calls may take to finish.
+  run.shutdown_grace = absl::Seconds(1);
+  run.drain_log = "stopping";
+  run.stopping_status = "stopping";
+  run.create_failure_exit_code = 1;
+  run.report_failure = [](const absl::Status& status) { Fail(status, false); };
+  run.config = &config;
+  run.security = security;
+  return tessera::RunDaemon(run, daemon);
 }
 
 }  // namespace
@@ -321,7 +345,7 @@ int main(int argc, char** argv) {
                    "--standalone; a daemon gets its jobs from the coordinator\n");
       return kExitUsage;
     }
-    return RunDaemon(flags, config, security.get());
+    return RunWorkerDaemon(flags, config, security.get());
   }
   // Only a --coordinator on the command line conflicts: $TESSERA_COORDINATOR or a config file
   // meant for the daemon does not.

@@ -22,6 +22,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "common/testing/prometheus_text.h"
 #include "gtest/gtest.h"
 #include "server/coordinator/coordinator_metrics.h"
 #include "server/coordinator/job_store.h"
@@ -1240,17 +1241,7 @@ TEST_F(CoordinatorTest, DepartedMembersDoNotPileUp) {
 
 // --- Metrics ------------------------------------------------------------------------------
 
-// The value of the sample line `series` in `text`, or -1.
-double Sample(const std::string& text, const std::string& series) {
-  for (absl::string_view line : absl::StrSplit(text, '\n')) {
-    if (!absl::StartsWith(line, series)) continue;
-    absl::string_view rest = line.substr(series.size());
-    if (rest.empty() || rest[0] != ' ') continue;
-    double value = 0;
-    if (absl::SimpleAtod(rest.substr(1), &value)) return value;
-  }
-  return -1;
-}
+using prometheus_text::Sample;
 
 TEST_F(CoordinatorTest, MetricsSnapshotCountsAndProgress) {
   auto metrics = Metrics::Create("coordinator", "");

@@ -1,23 +1,20 @@
 // tessera-coordinator: the control plane, one per cluster (DESIGN.md §1, §6). Flags live here only.
-#include <cstdio>
 #include <memory>
 #include <string>
-#include <utility>
-#include <vector>
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "common/config.h"
 #include "common/daemon_metrics.h"
+#include "common/daemon_runner.h"
 #include "common/metrics.h"
 #include "common/process.h"
 #include "common/security.h"
 #include "common/status_macros.h"
-#include "common/systemd.h"
 #include "server/coordinator/coordinator_metrics.h"
 #include "server/coordinator/coordinator_server.h"
-#include "spdlog/spdlog.h"
+#include "spdlog/fmt/fmt.h"
 
 namespace {
 
@@ -52,72 +49,45 @@ absl::Status Validate(const Flags& flags, std::unique_ptr<tessera::Security>* se
   return absl::OkStatus();
 }
 
-int Run(Flags flags, const tessera::LayeredConfig& config, tessera::Security* security) {
-  absl::Status logging = tessera::InitLogging(flags.log_level);
-  if (!logging.ok()) {
-    std::fprintf(stderr, "tessera-coordinator: %s\n", std::string(logging.message()).c_str());
-    return 2;
+// The coordinator in RunDaemon's steps (common/daemon_runner.h).
+class CoordinatorDaemon final : public tessera::Daemon {
+ public:
+  CoordinatorDaemon(const Flags& flags, tessera::Security* security)
+      : flags_(flags), security_(security) {}
+
+  absl::Status Create(tessera::Metrics* metrics) override {
+    tessera::coordinator::CoordinatorServerOptions options = flags_.server;
+    options.coordinator.lease = absl::Seconds(flags_.lease_seconds);
+    options.coordinator.heartbeat_interval = absl::Seconds(flags_.heartbeat_seconds);
+    options.coordinator.recovery_timeout = absl::Seconds(flags_.recovery_timeout_seconds);
+    options.credentials = security_->ServerCredentials();
+    options.client_credentials = security_->Client();
+    options.configure = tessera::RpcMetricsHook(metrics);
+    TESSERA_ASSIGN_OR_RETURN(server_, tessera::coordinator::CoordinatorServer::Create(options));
+    tessera::coordinator::RegisterCoordinatorMetrics(metrics, server_->coordinator());
+    return absl::OkStatus();
   }
-  absl::StatusOr<std::unique_ptr<tessera::Metrics>> metrics =
-      tessera::StartMetrics("coordinator", flags.metrics);
-  if (!metrics.ok()) {
-    spdlog::error("tessera-coordinator: {}", metrics.status().ToString());
-    return 1;
-  }
-  tessera::Metrics* registry = metrics->get();
-  flags.server.coordinator.lease = absl::Seconds(flags.lease_seconds);
-  flags.server.coordinator.heartbeat_interval = absl::Seconds(flags.heartbeat_seconds);
-  flags.server.coordinator.recovery_timeout = absl::Seconds(flags.recovery_timeout_seconds);
-  flags.server.credentials = security->ServerCredentials();
-  flags.server.client_credentials = security->Client();
-  flags.server.configure = tessera::RpcMetricsHook(registry);
-  auto server = tessera::coordinator::CoordinatorServer::Create(flags.server);
-  if (!server.ok()) {
-    spdlog::error("tessera-coordinator: {}", server.status().ToString());
-    return 2;
-  }
-  // From here until the end the endpoint reads the coordinator at scrape time: every return
-  // destroys `metrics` (stopping the endpoint) before `server`, which owns the coordinator.
-  // `metrics` must still outlive the server's calls (the interceptors): stop the server first
-  // when it was started.
-  tessera::coordinator::RegisterCoordinatorMetrics(registry, (*server)->coordinator());
-  absl::Status started = (*server)->Start();
-  if (!started.ok()) {
-    spdlog::error("tessera-coordinator: {}", started.ToString());
-    metrics->reset();
-    return 1;
-  }
-  if (!flags.port_file.empty()) {
-    absl::Status written = tessera::WritePortFile(flags.port_file, (*server)->port());
-    if (!written.ok()) {
-      spdlog::error("tessera-coordinator: {}", written.ToString());
-      (*server)->Stop(absl::ZeroDuration());
-      metrics->reset();
-      return 1;
-    }
-  }
+  absl::Status Start() override { return server_->Start(); }
+  int port() const override { return server_->port(); }
   // The port answers health checks (SERVING) and the database is loaded (Create()).
-  tessera::systemd::NotifyReady(absl::StrCat("serving on port ", (*server)->port()));
-  tessera::systemd::SystemdWatchdog watchdog;
+  std::string ReadyStatus() const override {
+    return absl::StrCat("serving on port ", server_->port());
+  }
   // A tick that waits on hung shards takes up to a few shard deadlines (10 s each); two minutes
   // without one means the loop is stuck.
-  tessera::coordinator::Coordinator* coordinator = (*server)->coordinator();
-  watchdog.Start([coordinator] { return coordinator->CheckLive(absl::Minutes(2)); });
-  const int signal = tessera::WaitForShutdownSignal(
-      [&] { tessera::ReloadDaemonConfig(config, security, "tessera-coordinator"); });
-  // Health NOT_SERVING for the whole drain (Stop() would set it too, but only after the log
-  // and the STOPPING notification).
-  (*server)->SetNotServing();
-  tessera::systemd::NotifyStopping("draining");
-  spdlog::info("tessera-coordinator: signal {} received, shutting down (grace {} s)", signal,
-               flags.shutdown_grace_seconds);
-  (*server)->Stop(absl::Seconds(flags.shutdown_grace_seconds));
-  // The metrics read the coordinator at scrape time: stop serving them before it goes.
-  metrics->reset();
-  watchdog.Stop();
-  spdlog::info("tessera-coordinator: stopped");
-  return 0;
-}
+  absl::Status CheckLive() override { return server_->coordinator()->CheckLive(absl::Minutes(2)); }
+  // Health NOT_SERVING for the whole drain (Stop() would set it too, but only after the log and
+  // the STOPPING notification).
+  void StopServing() override { server_->SetNotServing(); }
+  void Stop(absl::Duration grace) override { server_->Stop(grace); }
+
+ private:
+  const Flags& flags_;
+  tessera::Security* const security_;
+  // Owns the coordinator, which the metrics read at scrape time: RunDaemon stops them before it
+  // returns.
+  std::unique_ptr<tessera::coordinator::CoordinatorServer> server_;
+};
 
 }  // namespace
 
@@ -192,5 +162,16 @@ int main(int argc, char** argv) {
   std::unique_ptr<tessera::Security> security;
   const int code = config.Parse(app, argc, argv, [&] { return Validate(flags, &security); });
   if (code >= 0) return code;
-  return Run(std::move(flags), config, security.get());
+  tessera::DaemonRunOptions run;
+  run.program = "tessera-coordinator";
+  run.metrics_daemon = "coordinator";
+  run.metrics = flags.metrics;
+  run.port_file = flags.port_file;
+  run.shutdown_grace = absl::Seconds(flags.shutdown_grace_seconds);
+  run.drain_log = fmt::format("shutting down (grace {} s)", flags.shutdown_grace_seconds);
+  run.create_failure_exit_code = 2;
+  run.config = &config;
+  run.security = security.get();
+  CoordinatorDaemon daemon(flags, security.get());
+  return tessera::RunDaemon(run, daemon);
 }

@@ -58,7 +58,6 @@ namespace {
 
 using cli::CoordinatorClient;
 using cli::LocalCluster;
-using testlib::ChildProcess;
 using testlib::CommandResult;
 using testlib::kFashionMnistDir;
 using testlib::ReadWholeFile;
@@ -370,7 +369,7 @@ TEST(ClusterE2eTest, LocalLeavesNoProcessBehind) {
     std::string address, id, work_dir;
     const absl::Time deadline = absl::Now() + absl::Seconds(60);
     while (absl::Now() < deadline && id.empty()) {
-      const std::string err = ReadWholeFile(local.err_path);
+      const std::string err = ReadWholeFile(local.stderr_path());
       for (absl::string_view line : absl::StrSplit(err, '\n')) {
         if (absl::ConsumePrefix(&line, "tessera local: coordinator ")) {
           address = std::string(line.substr(0, line.find(',')));
@@ -383,7 +382,7 @@ TEST(ClusterE2eTest, LocalLeavesNoProcessBehind) {
       }
       absl::SleepFor(absl::Milliseconds(50));
     }
-    ASSERT_FALSE(id.empty()) << ReadWholeFile(local.err_path);
+    ASSERT_FALSE(id.empty()) << ReadWholeFile(local.stderr_path());
     ASSERT_FALSE(address.empty());
     ASSERT_FALSE(work_dir.empty());
     EXPECT_TRUE(std::filesystem::exists(work_dir)) << work_dir;
@@ -392,26 +391,26 @@ TEST(ClusterE2eTest, LocalLeavesNoProcessBehind) {
     v1::Job running = WaitForJob(client.get(), id, absl::Seconds(60), [](const v1::Job& j) {
       return j.state() == v1::JOB_STATE_RUNNING && j.step() > 0;
     });
-    ASSERT_EQ(running.state(), v1::JOB_STATE_RUNNING) << ReadWholeFile(local.err_path);
+    ASSERT_EQ(running.state(), v1::JOB_STATE_RUNNING) << ReadWholeFile(local.stderr_path());
 
-    const std::vector<pid_t> children = ChildrenOf(local.pid);
+    const std::vector<pid_t> children = ChildrenOf(local.pid());
     EXPECT_EQ(children.size(), 5u) << "coordinator, 2 shards, 2 workers";
 
     int code = 0;
     if (by_signal) {
-      kill(local.pid, SIGINT);
+      kill(local.pid(), SIGINT);
       code = WaitChild(&local, absl::Seconds(60));
-      EXPECT_EQ(code, 130) << ReadWholeFile(local.err_path);
+      EXPECT_EQ(code, 130) << ReadWholeFile(local.stderr_path());
     } else {
       CommandResult cancel =
           RunCommand({Tessera(), "cancel", id, "--coordinator", address}, dir.path(), "cancel");
       EXPECT_EQ(cancel.code, 0) << cancel.err;
       code = WaitChild(&local, absl::Seconds(60));
-      EXPECT_EQ(code, 1) << ReadWholeFile(local.err_path);
+      EXPECT_EQ(code, 1) << ReadWholeFile(local.stderr_path());
     }
     v1::Job last;
-    ASSERT_TRUE(ParseJob(LastLine(ReadWholeFile(local.out_path)), &last))
-        << ReadWholeFile(local.out_path) << ReadWholeFile(local.err_path);
+    ASSERT_TRUE(ParseJob(LastLine(ReadWholeFile(local.stdout_path())), &last))
+        << ReadWholeFile(local.stdout_path()) << ReadWholeFile(local.stderr_path());
     EXPECT_EQ(last.id(), id);
     EXPECT_EQ(last.state(), v1::JOB_STATE_CANCELLED);
 

@@ -11,16 +11,11 @@
 //  - SIGHUP re-reads log_level from the config file and the new level takes effect.
 //
 // Every wait is bounded in time.
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/un.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdlib>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -34,10 +29,13 @@
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/child_process.h"
+#include "common/health_probe.h"
 #include "common/security.h"
+#include "common/testing/notify_socket.h"
+#include "common/testing/prometheus_text.h"
 #include "gtest/gtest.h"
 #include "tests/testlib/child_process.h"
-#include "worker/client/local_shards.h"
 
 #ifndef TESSERA_BIN_DIR
 #error "TESSERA_BIN_DIR must name the folder of the daemons"
@@ -46,15 +44,13 @@
 namespace tessera {
 namespace {
 
-using testlib::ChildProcess;
-using testlib::ChildReaper;
+using prometheus_text::HttpGet;
 using testlib::CommandResult;
 using testlib::ReadWholeFile;
 using testlib::RunToEnd;
 using testlib::ScratchDirectory;
 using testlib::SpawnChild;
 using testlib::WaitChild;
-using testlib::WaitForPortFile;
 
 std::string Bin(const std::string& name) { return absl::StrCat(TESSERA_BIN_DIR, "/", name); }
 
@@ -74,91 +70,22 @@ bool WaitForText(const std::string& path, const std::string& text, absl::Duratio
   return false;
 }
 
-// A datagram socket standing in for systemd's NOTIFY_SOCKET.
-class NotifySocket {
- public:
-  explicit NotifySocket(const std::string& path) : path_(path) {
-    fd_ = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-    sockaddr_un addr{};
-    addr.sun_family = AF_UNIX;
-    path_.copy(addr.sun_path, sizeof(addr.sun_path) - 1);
-    bound_ = bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
-    timeval tv{0, 50 * 1000};
-    setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  }
-  ~NotifySocket() { close(fd_); }
-  bool bound() const { return bound_; }
-  const std::string& path() const { return path_; }
-
-  // The next message; "" when none arrives before `timeout`.
-  std::string Receive(absl::Duration timeout) {
-    const absl::Time deadline = absl::Now() + timeout;
-    while (absl::Now() < deadline) {
-      char buf[4096];
-      const ssize_t n = recv(fd_, buf, sizeof(buf), 0);
-      if (n > 0) return std::string(buf, n);
-    }
-    return "";
-  }
-
-  // Receives until a message starting with `prefix` arrives; counts the WATCHDOG=1 messages
-  // seen on the way. False after `timeout`.
-  bool ReceiveUntil(const std::string& prefix, absl::Duration timeout, int* watchdogs = nullptr) {
-    const absl::Time deadline = absl::Now() + timeout;
-    while (absl::Now() < deadline) {
-      const std::string message = Receive(deadline - absl::Now());
-      if (absl::StartsWith(message, prefix)) return true;
-      if (message == "WATCHDOG=1" && watchdogs != nullptr) ++*watchdogs;
-    }
-    return false;
-  }
-
- private:
-  std::string path_;
-  int fd_ = -1;
-  bool bound_ = false;
-};
-
 // Waits up to `timeout` for `p` to exit while reading `notify` (a full datagram queue would block
 // the daemon's sd_notify calls); sets *stopping when STOPPING=1 arrives. Returns as WaitChild().
 int WaitReading(ChildProcess* p, NotifySocket* notify, absl::Duration timeout, bool* stopping) {
   const absl::Time deadline = absl::Now() + timeout;
   while (absl::Now() < deadline) {
-    int status = 0;
-    if (waitpid(p->pid, &status, WNOHANG) == p->pid) {
-      p->pid = -1;
+    if (p->HasExited()) {
       while (true) {
         const std::string rest = notify->Receive(absl::Milliseconds(60));
         if (rest.empty()) break;
         if (absl::StartsWith(rest, "STOPPING=1")) *stopping = true;
       }
-      return testlib::ExitCode(status);
+      return p->exit_code();
     }
     if (absl::StartsWith(notify->Receive(absl::Milliseconds(60)), "STOPPING=1")) *stopping = true;
   }
   return WaitChild(p, absl::ZeroDuration());
-}
-
-// GET /metrics over plain HTTP; "" on failure.
-std::string ScrapeMetrics(int port) {
-  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  timeval tv{5, 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  std::string response;
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
-    const std::string request = "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
-    if (write(fd, request.data(), request.size()) == static_cast<ssize_t>(request.size())) {
-      char buf[65536];
-      ssize_t n;
-      while ((n = read(fd, buf, sizeof(buf))) > 0) response.append(buf, n);
-    }
-  }
-  close(fd);
-  return response;
 }
 
 struct Daemon {
@@ -226,18 +153,17 @@ TEST_P(DaemonE2eTest, ReadyOnlyWhenServingWatchdogAndStoppingOnSigterm) {
   ChildProcess p =
       SpawnChild(BaseArgs(daemon, dir), dir.path(), daemon.binary,
                  WithEnv({{"NOTIFY_SOCKET", notify.path()}, {"WATCHDOG_USEC", "200000"}}));
-  ChildReaper reaper(&p);
 
   // READY=1 comes first, and by then the daemon serves.
   const std::string ready = notify.Receive(absl::Seconds(20));
   ASSERT_TRUE(absl::StartsWith(ready, "READY=1")) << "got '" << ready << "'\n"
-                                                  << ReadWholeFile(p.err_path);
+                                                  << ReadWholeFile(p.stderr_path());
   if (daemon.grpc) {
     int port = 0;
     ASSERT_TRUE(
         absl::SimpleAtoi(absl::StripAsciiWhitespace(ReadWholeFile(dir.File("grpc.port"))), &port))
         << "no port file when READY=1 arrived";
-    EXPECT_TRUE(client::IsServing(absl::StrCat("127.0.0.1:", port), absl::Seconds(5)))
+    EXPECT_TRUE(IsServing(absl::StrCat("127.0.0.1:", port), absl::Seconds(5)))
         << "READY=1 before health answered SERVING";
   }
 
@@ -251,23 +177,24 @@ TEST_P(DaemonE2eTest, ReadyOnlyWhenServingWatchdogAndStoppingOnSigterm) {
   EXPECT_LT(absl::Now() - start, absl::Seconds(3));
 
   // The metrics endpoint serves this daemon's families.
-  const int metrics_port = WaitForPortFile(dir.File("metrics.port"), nullptr, absl::Seconds(1));
+  const int metrics_port = p.WaitForPortFile(dir.File("metrics.port"), absl::Seconds(1));
   ASSERT_GT(metrics_port, 0);
-  const std::string metrics = ScrapeMetrics(metrics_port);
+  const std::string metrics = HttpGet(metrics_port, "/metrics");
   EXPECT_TRUE(absl::StrContains(metrics, "200 OK")) << metrics;
   EXPECT_TRUE(absl::StrContains(metrics, "tessera_build_info")) << metrics;
   EXPECT_TRUE(absl::StrContains(metrics, absl::StrCat("daemon=\"", daemon.daemon_label, "\"")));
   EXPECT_TRUE(absl::StrContains(metrics, "process_resident_memory_bytes"));
   if (daemon.grpc) {
     // The health checks above went through the metrics interceptor.
-    EXPECT_TRUE(absl::StrContains(ScrapeMetrics(metrics_port), "tessera_rpc_calls_total{"));
+    EXPECT_TRUE(absl::StrContains(HttpGet(metrics_port, "/metrics"), "tessera_rpc_calls_total{"));
   }
 
   // SIGTERM: STOPPING=1, then exit 0 within the grace (1 s).
-  ASSERT_EQ(kill(p.pid, SIGTERM), 0);
+  ASSERT_EQ(kill(p.pid(), SIGTERM), 0);
   bool stopping = false;
   const absl::Time term = absl::Now();
-  EXPECT_EQ(WaitReading(&p, &notify, absl::Seconds(10), &stopping), 0) << ReadWholeFile(p.err_path);
+  EXPECT_EQ(WaitReading(&p, &notify, absl::Seconds(10), &stopping), 0)
+      << ReadWholeFile(p.stderr_path());
   EXPECT_LT(absl::Now() - term, absl::Seconds(5));
   EXPECT_TRUE(stopping);
 }
@@ -276,18 +203,17 @@ TEST_P(DaemonE2eTest, NoNotifySocketStartsAndStopsAsBefore) {
   const Daemon& daemon = GetParam();
   ScratchDirectory dir("tessera-daemon-e2e");
   ChildProcess p = SpawnChild(BaseArgs(daemon, dir), dir.path(), daemon.binary);
-  ChildReaper reaper(&p);
   if (daemon.grpc) {
-    const int port = WaitForPortFile(dir.File("grpc.port"), &p, absl::Seconds(20));
-    ASSERT_GT(port, 0) << ReadWholeFile(p.err_path);
-    EXPECT_TRUE(client::IsServing(absl::StrCat("127.0.0.1:", port), absl::Seconds(5)));
+    const int port = p.WaitForPortFile(dir.File("grpc.port"), absl::Seconds(20));
+    ASSERT_GT(port, 0) << ReadWholeFile(p.stderr_path());
+    EXPECT_TRUE(IsServing(absl::StrCat("127.0.0.1:", port), absl::Seconds(5)));
   }
-  const int metrics_port = WaitForPortFile(dir.File("metrics.port"), &p, absl::Seconds(20));
-  ASSERT_GT(metrics_port, 0) << ReadWholeFile(p.err_path);
-  EXPECT_TRUE(absl::StrContains(ScrapeMetrics(metrics_port), "tessera_build_info"));
-  ASSERT_EQ(kill(p.pid, SIGINT), 0);
-  EXPECT_EQ(WaitChild(&p, absl::Seconds(10)), 0) << ReadWholeFile(p.err_path);
-  EXPECT_FALSE(absl::StrContains(ReadWholeFile(p.err_path), "systemd watchdog"));
+  const int metrics_port = p.WaitForPortFile(dir.File("metrics.port"), absl::Seconds(20));
+  ASSERT_GT(metrics_port, 0) << ReadWholeFile(p.stderr_path());
+  EXPECT_TRUE(absl::StrContains(HttpGet(metrics_port, "/metrics"), "tessera_build_info"));
+  ASSERT_EQ(kill(p.pid(), SIGINT), 0);
+  EXPECT_EQ(WaitChild(&p, absl::Seconds(10)), 0) << ReadWholeFile(p.stderr_path());
+  EXPECT_FALSE(absl::StrContains(ReadWholeFile(p.stderr_path()), "systemd watchdog"));
 }
 
 TEST_P(DaemonE2eTest, RefusesPlaintextOnNonLoopbackWithoutInsecure) {
@@ -312,11 +238,10 @@ TEST_P(DaemonE2eTest, RefusesPlaintextOnNonLoopbackWithoutInsecure) {
     // With --insecure it starts.
     args.push_back("--insecure");
     ChildProcess p = SpawnChild(args, dir.path(), "insecure");
-    ChildReaper reaper(&p);
-    const int port = WaitForPortFile(dir.File("grpc.port"), &p, absl::Seconds(20));
-    ASSERT_GT(port, 0) << ReadWholeFile(p.err_path);
-    EXPECT_TRUE(client::IsServing(absl::StrCat("127.0.0.1:", port), absl::Seconds(5)));
-    kill(p.pid, SIGTERM);
+    const int port = p.WaitForPortFile(dir.File("grpc.port"), absl::Seconds(20));
+    ASSERT_GT(port, 0) << ReadWholeFile(p.stderr_path());
+    EXPECT_TRUE(IsServing(absl::StrCat("127.0.0.1:", port), absl::Seconds(5)));
+    kill(p.pid(), SIGTERM);
     EXPECT_EQ(WaitChild(&p, absl::Seconds(10)), 0);
   }
   // The metrics endpoint is plain HTTP: non-loopback needs --metrics_insecure, which allows only
@@ -407,31 +332,30 @@ TEST_P(DaemonE2eTest, SighupReloadsLogLevelFromTheConfigFile) {
   ASSERT_TRUE(notify.bound());
   ChildProcess p =
       SpawnChild(args, dir.path(), daemon.binary, WithEnv({{"NOTIFY_SOCKET", notify.path()}}));
-  ChildReaper reaper(&p);
-  ASSERT_TRUE(notify.ReceiveUntil("READY=1", absl::Seconds(20))) << ReadWholeFile(p.err_path);
-  EXPECT_FALSE(absl::StrContains(ReadWholeFile(p.err_path), "debug logging is on"));
+  ASSERT_TRUE(notify.ReceiveUntil("READY=1", absl::Seconds(20))) << ReadWholeFile(p.stderr_path());
+  EXPECT_FALSE(absl::StrContains(ReadWholeFile(p.stderr_path()), "debug logging is on"));
 
   // An unchanged file: the level stays and the daemon serves on.
-  ASSERT_EQ(kill(p.pid, SIGHUP), 0);
-  EXPECT_TRUE(WaitForText(p.err_path, "log level unchanged (info)", absl::Seconds(5)))
-      << ReadWholeFile(p.err_path);
+  ASSERT_EQ(kill(p.pid(), SIGHUP), 0);
+  EXPECT_TRUE(WaitForText(p.stderr_path(), "log level unchanged (info)", absl::Seconds(5)))
+      << ReadWholeFile(p.stderr_path());
 
   std::ofstream(config, std::ios::trunc) << "# louder\nlog_level = debug\n";
-  ASSERT_EQ(kill(p.pid, SIGHUP), 0);
+  ASSERT_EQ(kill(p.pid(), SIGHUP), 0);
   // The debug line shows only when the new level is in force.
-  EXPECT_TRUE(WaitForText(p.err_path, "debug logging is on", absl::Seconds(5)))
-      << ReadWholeFile(p.err_path);
-  EXPECT_TRUE(absl::StrContains(ReadWholeFile(p.err_path), "log level now debug"));
-  EXPECT_TRUE(absl::StrContains(ReadWholeFile(p.err_path), absl::StrCat(config, ":2")));
+  EXPECT_TRUE(WaitForText(p.stderr_path(), "debug logging is on", absl::Seconds(5)))
+      << ReadWholeFile(p.stderr_path());
+  EXPECT_TRUE(absl::StrContains(ReadWholeFile(p.stderr_path()), "log level now debug"));
+  EXPECT_TRUE(absl::StrContains(ReadWholeFile(p.stderr_path()), absl::StrCat(config, ":2")));
 
   // A bad value keeps the old level.
   std::ofstream(config, std::ios::trunc) << "log_level = loud\n";
-  ASSERT_EQ(kill(p.pid, SIGHUP), 0);
-  EXPECT_TRUE(WaitForText(p.err_path, "keeping the log level", absl::Seconds(5)))
-      << ReadWholeFile(p.err_path);
+  ASSERT_EQ(kill(p.pid(), SIGHUP), 0);
+  EXPECT_TRUE(WaitForText(p.stderr_path(), "keeping the log level", absl::Seconds(5)))
+      << ReadWholeFile(p.stderr_path());
 
-  ASSERT_EQ(kill(p.pid, SIGTERM), 0);
-  EXPECT_EQ(WaitChild(&p, absl::Seconds(10)), 0) << ReadWholeFile(p.err_path);
+  ASSERT_EQ(kill(p.pid(), SIGTERM), 0);
+  EXPECT_EQ(WaitChild(&p, absl::Seconds(10)), 0) << ReadWholeFile(p.stderr_path());
 }
 
 // Makes a CA and a certificate for 127.0.0.1 signed by it (ca.pem, srv.pem, srv.key) and a token
@@ -474,9 +398,8 @@ TEST(DaemonTlsTest, TlsOnAnyAddressSighupReloadsSecurityFilesAndSigtermDrains) {
       args.insert(args.end(), {"--data_dir", dir.File("coord")});
     }
     ChildProcess p = SpawnChild(args, dir.path(), binary);
-    ChildReaper reaper(&p);
-    const int port = WaitForPortFile(dir.File("grpc.port"), &p, absl::Seconds(20));
-    ASSERT_GT(port, 0) << ReadWholeFile(p.err_path);
+    const int port = p.WaitForPortFile(dir.File("grpc.port"), absl::Seconds(20));
+    ASSERT_GT(port, 0) << ReadWholeFile(p.stderr_path());
     const std::string address = absl::StrCat("127.0.0.1:", port);
 
     SecurityOptions client_options;
@@ -485,21 +408,22 @@ TEST(DaemonTlsTest, TlsOnAnyAddressSighupReloadsSecurityFilesAndSigtermDrains) {
     client_options.auth_token_file = dir.File("token");
     absl::StatusOr<std::unique_ptr<Security>> client = Security::Create(client_options);
     ASSERT_TRUE(client.ok()) << client.status();
-    EXPECT_TRUE(client::IsServing(address, absl::Seconds(5), (*client)->Client()));
-    EXPECT_FALSE(client::IsServing(address, absl::Seconds(2)));  // plaintext
+    EXPECT_TRUE(IsServing(address, absl::Seconds(5), (*client)->Client()));
+    EXPECT_FALSE(IsServing(address, absl::Seconds(2)));  // plaintext
 
-    ASSERT_EQ(kill(p.pid, SIGHUP), 0);
-    EXPECT_TRUE(WaitForText(p.err_path, "token and certificate files re-read", absl::Seconds(5)))
-        << ReadWholeFile(p.err_path);
+    ASSERT_EQ(kill(p.pid(), SIGHUP), 0);
+    EXPECT_TRUE(
+        WaitForText(p.stderr_path(), "token and certificate files re-read", absl::Seconds(5)))
+        << ReadWholeFile(p.stderr_path());
     // The token file gone: the reload fails and the old token stays in force.
     std::filesystem::remove(dir.File("token"));
-    ASSERT_EQ(kill(p.pid, SIGHUP), 0);
-    EXPECT_TRUE(WaitForText(p.err_path, "keeping the old token", absl::Seconds(5)))
-        << ReadWholeFile(p.err_path);
-    EXPECT_TRUE(client::IsServing(address, absl::Seconds(5), (*client)->Client()));
+    ASSERT_EQ(kill(p.pid(), SIGHUP), 0);
+    EXPECT_TRUE(WaitForText(p.stderr_path(), "keeping the old token", absl::Seconds(5)))
+        << ReadWholeFile(p.stderr_path());
+    EXPECT_TRUE(IsServing(address, absl::Seconds(5), (*client)->Client()));
 
-    ASSERT_EQ(kill(p.pid, SIGTERM), 0);
-    EXPECT_EQ(WaitChild(&p, absl::Seconds(10)), 0) << ReadWholeFile(p.err_path);
+    ASSERT_EQ(kill(p.pid(), SIGTERM), 0);
+    EXPECT_EQ(WaitChild(&p, absl::Seconds(10)), 0) << ReadWholeFile(p.stderr_path());
   }
 }
 

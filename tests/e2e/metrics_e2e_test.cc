@@ -6,29 +6,17 @@
 //
 // Every wait is bounded in time. The promtool part skips (with a message) when /usr/bin/promtool
 // is missing; nothing else skips.
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <signal.h>
-#include <sys/socket.h>
-#include <sys/time.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <chrono>
-#include <cstdio>
-#include <fstream>
 #include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
-#include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
-#include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/child_process.h"
+#include "common/testing/prometheus_text.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "gtest/gtest.h"
@@ -42,61 +30,16 @@
 namespace tessera {
 namespace {
 
-using testlib::ChildProcess;
+using prometheus_text::HasFamily;
+using prometheus_text::Promtool;
+using prometheus_text::Sample;
+using prometheus_text::Scrape;
 using testlib::ReadWholeFile;
 using testlib::ScratchDirectory;
 using testlib::SpawnChild;
 using testlib::StopChild;
-using testlib::WaitForPortFile;
 
 std::string Bin(const std::string& name) { return absl::StrCat(TESSERA_BIN_DIR, "/", name); }
-
-// GET /metrics from 127.0.0.1:port with a plain socket (5 s timeouts): the body, or "" when the
-// answer is not 200.
-std::string Scrape(int port) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return "";
-  timeval timeout{5, 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof timeout);
-  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &timeout, sizeof timeout);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  std::string response;
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) {
-    const std::string request =
-        "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
-    if (send(fd, request.data(), request.size(), 0) == static_cast<ssize_t>(request.size())) {
-      char buffer[8192];
-      for (int i = 0; i < 10000; ++i) {
-        const ssize_t n = recv(fd, buffer, sizeof buffer, 0);
-        if (n <= 0) break;
-        response.append(buffer, static_cast<size_t>(n));
-      }
-    }
-  }
-  close(fd);
-  const size_t body = response.find("\r\n\r\n");
-  if (!absl::StartsWith(response, "HTTP/1.1 200") || body == std::string::npos) return "";
-  return response.substr(body + 4);
-}
-
-// The value of the sample `series` (name and labels as exposed), or -1.
-double Sample(const std::string& text, const std::string& series) {
-  for (absl::string_view line : absl::StrSplit(text, '\n')) {
-    if (!absl::StartsWith(line, series)) continue;
-    absl::string_view rest = line.substr(series.size());
-    if (rest.empty() || rest[0] != ' ') continue;
-    double value = 0;
-    if (absl::SimpleAtod(rest.substr(1), &value)) return value;
-  }
-  return -1;
-}
-
-bool HasFamily(const std::string& text, const std::string& family) {
-  return absl::StrContains(text, absl::StrCat("# TYPE ", family, " "));
-}
 
 // Scrapes `port` until `ready(text)` holds, for at most `timeout`; the last scrape.
 std::string ScrapeUntil(int port, const std::function<bool(const std::string&)>& ready,
@@ -109,25 +52,6 @@ std::string ScrapeUntil(int port, const std::function<bool(const std::string&)>&
     absl::SleepFor(absl::Milliseconds(100));
   }
   return text;
-}
-
-// `promtool check metrics` over `text`: its exit status, or -1 when it is not installed.
-int Promtool(const std::string& text, const std::string& dir, const std::string& tag,
-             std::string* output) {
-  if (access("/usr/bin/promtool", X_OK) != 0) return -1;
-  const std::string path = absl::StrCat(dir, "/", tag, ".prom");
-  {
-    std::ofstream out(path);
-    out << text;
-  }
-  FILE* pipe =
-      popen(absl::StrCat("/usr/bin/promtool check metrics < ", path, " 2>&1").c_str(), "r");
-  if (pipe == nullptr) return -2;
-  char buffer[4096];
-  size_t n;
-  while ((n = fread(buffer, 1, sizeof buffer, pipe)) > 0) output->append(buffer, n);
-  const int status = pclose(pipe);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -2;
 }
 
 std::chrono::system_clock::time_point Deadline() {
@@ -148,19 +72,20 @@ class MetricsE2eTest : public ::testing::Test {
  protected:
   void TearDown() override {
     for (ChildProcess* p : {&worker_, &server_, &coordinator_}) {
-      if (p->pid > 0) {
+      if (p->running()) {
         const int code = StopChild(p, absl::Seconds(15));
         if (code != 0) {
-          ADD_FAILURE() << p->tag << " exited with " << code << ":\n" << ReadWholeFile(p->err_path);
+          ADD_FAILURE() << p->name() << " exited with " << code << ":\n"
+                        << ReadWholeFile(p->stderr_path());
         }
       }
     }
   }
 
-  // `p`'s stderr, and how it ended when HasExited() reaped it.
+  // `p`'s stderr, and how it ended when it has.
   std::string Dump(const ChildProcess& p) {
-    const std::string ended = p.reaped ? absl::StrCat(" (", testlib::DescribeEnd(p), ")") : "";
-    return absl::StrCat(p.tag, ended, " stderr:\n", ReadWholeFile(p.err_path));
+    const std::string ended = p.ended() ? absl::StrCat(" (", p.DescribeExit(), ")") : "";
+    return absl::StrCat(p.name(), ended, " stderr:\n", ReadWholeFile(p.stderr_path()));
   }
 
   ScratchDirectory dir_{"tessera-metrics-e2e"};
@@ -178,10 +103,10 @@ TEST_F(MetricsE2eTest, EveryDaemonServesValidMetrics) {
                   "127.0.0.1:0", "--metrics_port_file", d + "/coordinator.metrics"},
                  d, "coordinator");
   const int coordinator_port =
-      WaitForPortFile(d + "/coordinator.port", &coordinator_, absl::Seconds(30));
+      coordinator_.WaitForPortFile(d + "/coordinator.port", absl::Seconds(30));
   ASSERT_GT(coordinator_port, 0) << Dump(coordinator_);
   const int coordinator_metrics =
-      WaitForPortFile(d + "/coordinator.metrics", &coordinator_, absl::Seconds(10));
+      coordinator_.WaitForPortFile(d + "/coordinator.metrics", absl::Seconds(10));
   ASSERT_GT(coordinator_metrics, 0) << Dump(coordinator_);
   const std::string coordinator_address = absl::StrCat("127.0.0.1:", coordinator_port);
 
@@ -194,11 +119,11 @@ TEST_F(MetricsE2eTest, EveryDaemonServesValidMetrics) {
       SpawnChild({Bin("tessera-worker"), "--coordinator", coordinator_address, "--metrics_listen",
                   "127.0.0.1:0", "--metrics_port_file", d + "/worker.metrics"},
                  d, "worker");
-  const int server_port = WaitForPortFile(d + "/server.port", &server_, absl::Seconds(30));
+  const int server_port = server_.WaitForPortFile(d + "/server.port", absl::Seconds(30));
   ASSERT_GT(server_port, 0) << Dump(server_);
-  const int server_metrics = WaitForPortFile(d + "/server.metrics", &server_, absl::Seconds(10));
+  const int server_metrics = server_.WaitForPortFile(d + "/server.metrics", absl::Seconds(10));
   ASSERT_GT(server_metrics, 0) << Dump(server_);
-  const int worker_metrics = WaitForPortFile(d + "/worker.metrics", &worker_, absl::Seconds(30));
+  const int worker_metrics = worker_.WaitForPortFile(d + "/worker.metrics", absl::Seconds(30));
   ASSERT_GT(worker_metrics, 0) << Dump(worker_);
 
   // A small PushPull straight to the shard: 16 bytes of gradient, weights back.
@@ -321,7 +246,7 @@ TEST_F(MetricsE2eTest, EveryDaemonServesValidMetrics) {
     EXPECT_GE(Sample(text, "process_cpu_seconds_total"), 0);
     EXPECT_GT(Sample(text, "process_start_time_seconds"), 0);
     std::string output;
-    const int status = Promtool(text, d, s.daemon, &output);
+    const int status = Promtool(text, &output);
     if (status == -1) {
       have_promtool = false;
       continue;

@@ -16,6 +16,7 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "common/child_process.h"
 
 namespace tessera {
 namespace faults {
@@ -48,11 +49,11 @@ class ShardProcess {
   std::string address() const;
   std::string data_dir() const;
   std::string log_path() const;
-  pid_t pid() const { return pid_; }
+  pid_t pid() const { return process_.pid(); }
 
  private:
   const Options options_;
-  pid_t pid_ = -1;
+  ChildProcess process_;
   int port_ = 0;
 };
 

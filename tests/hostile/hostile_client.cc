@@ -57,6 +57,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/child_process.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/descriptor.pb.h"
 #include "google/protobuf/dynamic_message.h"
@@ -78,7 +79,6 @@ namespace tessera::hostile {
 namespace {
 
 namespace pb = google::protobuf;
-using testlib::ChildProcess;
 
 // --- Options -------------------------------------------------------------------------------------
 
@@ -1360,10 +1360,10 @@ bool HostileRun::StartDaemons() {
        "--lease_seconds", "10", "--heartbeat_seconds", "1"},
       d, "coordinator");
   const int coordinator_port =
-      testlib::WaitForPortFile(d + "/coordinator.port", &coordinator.process, absl::Seconds(30));
+      coordinator.process.WaitForPortFile(d + "/coordinator.port", absl::Seconds(30));
   if (coordinator_port <= 0) {
     failures_.Add(absl::StrCat("coordinator did not start: ",
-                               testlib::FileTail(coordinator.process.err_path)));
+                               testlib::FileTail(coordinator.process.stderr_path())));
     return false;
   }
   coordinator.address = absl::StrCat("127.0.0.1:", coordinator_port);
@@ -1385,20 +1385,19 @@ bool HostileRun::StartDaemons() {
       d, "worker");
   for (int i = 0; i < 2; ++i) {
     Daemon& shard = daemons_[kShard0 + i];
-    const int port = testlib::WaitForPortFile(absl::StrCat(d, "/shard-", i, ".port"),
-                                              &shard.process, absl::Seconds(30));
+    const int port =
+        shard.process.WaitForPortFile(absl::StrCat(d, "/shard-", i, ".port"), absl::Seconds(30));
     if (port <= 0) {
-      failures_.Add(
-          absl::StrCat("shard ", i, " did not start: ", testlib::FileTail(shard.process.err_path)));
+      failures_.Add(absl::StrCat(
+          "shard ", i, " did not start: ", testlib::FileTail(shard.process.stderr_path())));
       return false;
     }
     shard.address = absl::StrCat("127.0.0.1:", port);
   }
-  const int worker_port =
-      testlib::WaitForPortFile(d + "/worker.port", &worker.process, absl::Seconds(30));
+  const int worker_port = worker.process.WaitForPortFile(d + "/worker.port", absl::Seconds(30));
   if (worker_port <= 0) {
     failures_.Add(
-        absl::StrCat("worker did not start: ", testlib::FileTail(worker.process.err_path)));
+        absl::StrCat("worker did not start: ", testlib::FileTail(worker.process.stderr_path())));
     return false;
   }
   worker.address = absl::StrCat("127.0.0.1:", worker_port);
@@ -1601,9 +1600,9 @@ void HostileRun::StopValidTraffic() {
 void HostileRun::CheckHealthAndLife(const char* when) {
   for (int i = 0; i < kNumDaemons; ++i) {
     Daemon& d = daemons_[i];
-    if (testlib::HasExited(&d.process)) {
-      failures_.Add(absl::StrCat(kDaemonNames[i], " ", testlib::DescribeEnd(d.process), " ", when,
-                                 "; stderr tail:\n", testlib::FileTail(d.process.err_path)));
+    if (d.process.HasExited()) {
+      failures_.Add(absl::StrCat(kDaemonNames[i], " ", d.process.DescribeExit(), " ", when,
+                                 "; stderr tail:\n", testlib::FileTail(d.process.stderr_path())));
       continue;
     }
     if (!HealthServing(Channel(d.address).get())) {
@@ -1619,11 +1618,11 @@ void HostileRun::CountRequest() {
   if (sent % tenth != 0 || sent / tenth > 10) return;
   absl::MutexLock lock(&rss_mu_);
   for (Daemon& d : daemons_) {
-    if (d.process.pid <= 0) continue;
-    const int64_t kib = testlib::ResidentKib(d.process.pid);
+    if (d.process.pid() <= 0) continue;
+    const int64_t kib = testlib::ResidentKib(d.process.pid());
     if (d.rss_base_kib < 0) {
       d.rss_base_kib = kib;
-      d.threads_base = testlib::ProcStatusField(d.process.pid, "Threads");
+      d.threads_base = testlib::ProcStatusField(d.process.pid(), "Threads");
     }
     d.rss_curve.push_back(kib);
   }
@@ -1891,9 +1890,9 @@ int HostileRun::Run() {
     // not the hostile requests still being freed. The valid traffic goes on meanwhile.
     absl::SleepFor(absl::Seconds(2));
     for (Daemon& d : daemons_) {
-      if (d.process.pid <= 0) continue;
-      d.rss_end_kib = testlib::ResidentKib(d.process.pid);
-      d.threads_end = testlib::ProcStatusField(d.process.pid, "Threads");
+      if (d.process.pid() <= 0) continue;
+      d.rss_end_kib = testlib::ResidentKib(d.process.pid());
+      d.threads_end = testlib::ProcStatusField(d.process.pid(), "Threads");
     }
     checker_stop.store(true);
     checker.join();
@@ -1916,7 +1915,7 @@ int HostileRun::Run() {
                               ? static_cast<double>(d.rss_end_kib - d.rss_base_kib) /
                                     static_cast<double>(d.rss_base_kib)
                               : std::nan("");
-    const bool alive = d.process.pid > 0;
+    const bool alive = d.process.pid() > 0;
     const bool serving = alive && HealthServing(Channel(d.address).get());
     std::printf(
         "hostile: %s %s ; %d crashes; health %s; RSS %+.1f%% (%lld -> %lld KiB; by "
@@ -1951,12 +1950,12 @@ int HostileRun::Run() {
   // Every daemon ends cleanly on SIGTERM.
   for (int i = kNumDaemons - 1; i >= 0; --i) {
     Daemon& d = daemons_[i];
-    if (d.process.pid <= 0) continue;
+    if (d.process.pid() <= 0) continue;
     const int code = testlib::StopChild(&d.process, absl::Seconds(20));
     if (code != 0) {
       failures_.Add(absl::StrCat(kDaemonNames[i], " exited with ", code,
                                  " on SIGTERM; stderr tail:\n",
-                                 testlib::FileTail(d.process.err_path)));
+                                 testlib::FileTail(d.process.stderr_path())));
     }
   }
   std::fflush(stdout);

@@ -157,7 +157,7 @@ class RecoveryE2eTest : public ::testing::Test {
     for (const v1::Member& m : *members) {
       if (m.role() != v1::MEMBER_ROLE_WORKER || m.job_id() != job_id || m.rank() != rank) continue;
       for (const LocalCluster::Child& child : cluster_->children()) {
-        if (child.pid == m.pid()) return child.name;
+        if (child.pid() == m.pid()) return child.name;
       }
     }
     return "";

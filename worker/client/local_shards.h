@@ -1,16 +1,19 @@
 // LocalShards: real tessera-server processes on loopback, for end-to-end tests and benchmarks.
 //
-// Each shard is a child process started with --listen 127.0.0.1:0 and --port_file, so ports are
-// picked at run time; Start() returns once every shard's port file exists and its gRPC health
-// service answers SERVING. Logs go to <work_dir>/shard-<i>.log.
+// Each shard is a child process (common/child_process.h) started with --listen 127.0.0.1:0 and
+// --port_file, so ports are picked at run time; Start() returns once every shard's port file
+// exists and its gRPC health service answers SERVING. Logs go to <work_dir>/shard-<i>.log.
 //
 // Life cycle: kRunning after Start(); Stop() sends SIGTERM and reaps (kStopped); the destructor
-// SIGKILLs and reaps whatever still runs, so no child outlives the object.
+// SIGKILLs and reaps whatever still runs, so no child outlives the object, and removes the work
+// directory unless TESSERA_KEEP_SHARD_LOGS is set.
+// Thread-compatible: one thread drives a LocalShards.
 #ifndef TESSERA_WORKER_CLIENT_LOCAL_SHARDS_H_
 #define TESSERA_WORKER_CLIENT_LOCAL_SHARDS_H_
 
 #include <sys/types.h>
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -18,7 +21,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "common/security.h"
+#include "common/child_process.h"
 
 namespace tessera {
 namespace client {
@@ -34,14 +37,16 @@ class LocalShards {
   };
 
   // INVALID_ARGUMENT for a missing binary or num_shards < 1; DEADLINE_EXCEEDED (with the shard's
-  // log tail) when a shard does not serve within start_timeout; INTERNAL when one exits early.
+  // log tail) when a shard does not serve within start_timeout; INTERNAL when one exits early or
+  // cannot be started.
   static absl::StatusOr<std::unique_ptr<LocalShards>> Start(const Options& options);
 
   ~LocalShards();
 
   // "127.0.0.1:<port>" of shard i, in shard-index order.
   const std::vector<std::string>& addresses() const { return addresses_; }
-  pid_t pid(int shard) const { return pids_[shard]; }
+  // -1 once reaped.
+  pid_t pid(int shard) const { return shards_[shard].pid(); }
   const std::string& work_dir() const { return work_dir_; }
 
   // SIGTERM to every shard, then waits up to `timeout` for each. OK only when every shard exited
@@ -53,21 +58,9 @@ class LocalShards {
   LocalShards() = default;
 
   std::string work_dir_;
-  std::vector<pid_t> pids_;  // -1 once reaped
+  std::vector<ChildProcess> shards_;  // in shard-index order
   std::vector<std::string> addresses_;
 };
-
-// Starts `binary` with `args` (args[0] included) and the environment, stdout and stderr both to
-// `log` (appended when `append`, truncated otherwise), no blocked signals and SIGTERM, SIGINT and
-// SIGPIPE at their defaults. Returns the child's pid; INTERNAL naming the binary when posix_spawn
-// fails.
-absl::StatusOr<pid_t> SpawnWithLog(const std::string& binary, std::vector<std::string> args,
-                                   const std::string& log, bool append);
-
-// One grpc.health.v1.Health/Check of the whole server, over a channel made with `credentials`
-// (default: plaintext, no token). True when it answered SERVING.
-bool IsServing(const std::string& address, absl::Duration timeout,
-               const ClientCredentials& credentials = {});
 
 }  // namespace client
 }  // namespace tessera

@@ -1,0 +1,39 @@
+#include "common/health_probe.h"
+
+#include <string>
+#include <vector>
+
+#include "absl/time/clock.h"
+#include "grpcpp/channel.h"
+#include "grpcpp/client_context.h"
+#include "grpcpp/impl/client_unary_call.h"
+#include "grpcpp/impl/rpc_method.h"
+#include "grpcpp/support/byte_buffer.h"
+
+namespace tessera {
+
+bool IsServing(const std::string& address, absl::Duration timeout,
+               const ClientCredentials& credentials) {
+  auto channel = credentials.CreateChannel(address);
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  // HealthCheckRequest{service: ""} serialises to no bytes; HealthCheckResponse{status: SERVING}
+  // to the two bytes 08 01. Raw bytes keep the health proto out of our build.
+  grpc::Slice empty("", 0);
+  grpc::ByteBuffer request(&empty, 1);
+  grpc::ByteBuffer response;
+  const grpc::internal::RpcMethod method("/grpc.health.v1.Health/Check",
+                                         grpc::internal::RpcMethod::NORMAL_RPC);
+  grpc::Status status = grpc::internal::BlockingUnaryCall<grpc::ByteBuffer, grpc::ByteBuffer>(
+      channel.get(), method, &context, request, &response);
+  if (!status.ok()) return false;
+  std::vector<grpc::Slice> slices;
+  if (!response.Dump(&slices).ok()) return false;
+  std::string bytes;
+  for (const grpc::Slice& s : slices) {
+    bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  }
+  return bytes == std::string("\x08\x01", 2);
+}
+
+}  // namespace tessera
