@@ -15,7 +15,7 @@
 #include "common/process.h"
 #include "common/status_macros.h"
 #include "spdlog/spdlog.h"
-#include "worker/trainer/job_spec.h"
+#include "spec/job_spec.h"
 
 namespace tessera::coordinator {
 
@@ -603,10 +603,10 @@ absl::StatusOr<v1::Job> Coordinator::CreateJob(const v1::JobSpec& spec) {
     absl::MutexLock lock(&mu_);
     if (!store_error_.ok()) return store_error_;
   }
-  trainer::ValidateOptions validate;
+  spec::ValidateOptions validate;
   validate.check_files = options_.check_files;
   validate.distributed = true;
-  TESSERA_RETURN_IF_ERROR(trainer::ValidateJobSpec(spec, validate));
+  TESSERA_RETURN_IF_ERROR(spec::ValidateJobSpec(spec, validate));
   v1::Job created;
   {
     absl::MutexLock lock(&mu_);
@@ -625,7 +625,7 @@ absl::StatusOr<v1::Job> Coordinator::CreateJob(const v1::JobSpec& spec) {
   }
   TESSERA_RETURN_IF_ERROR(FlushWrites());
   spdlog::info("coordinator: job {} queued ({} workers)", created.id(),
-               trainer::NumWorkers(created.spec()));
+               spec::NumWorkers(created.spec()));
   return created;
 }
 
@@ -1342,7 +1342,7 @@ bool Coordinator::Schedule() {
         SetPendingReason(other, absl::StrCat("queued behind ", entry->job.id()));
       }
     }
-    const int want_workers = trainer::NumWorkers(entry->job.spec());
+    const int want_workers = spec::NumWorkers(entry->job.spec());
     std::map<int, const MemberEntry*> live_shards;
     int registered_workers = 0;
     std::vector<MemberEntry*> idle;
@@ -1402,7 +1402,7 @@ bool Coordinator::Schedule() {
       picked.push_back(m.id());
     }
     for (int i = 0; i < num_shards; ++i) addresses.push_back(live_shards[i]->member.address());
-    config = trainer::MakeJobConfig(entry->job.spec());
+    config = spec::MakeJobConfig(entry->job.spec());
     entry->starting = true;
   }
 
