@@ -55,7 +55,7 @@ absl::Status StandaloneTrainer::Init() {
         absl::StrCat("target_accuracy: must be in [0, 1], got ", options_.target_accuracy));
   }
   TESSERA_RETURN_IF_ERROR(spec::ValidateJobSpec(spec));
-  TESSERA_ASSIGN_OR_RETURN(optimizer_, kernels::MakeOptimizerParams(spec.optimizer(), false));
+  optimizer_ = kernels::MakeOptimizerParams(spec.optimizer());
 
   // Data first: it is the most likely to fail, and it fails before any device work.
   TESSERA_ASSIGN_OR_RETURN(train_, ReadSplit(spec.dataset(), /*train=*/true, 0, 1));
