@@ -68,7 +68,7 @@ void RunOptimizer(benchmark::State& state, v1::OptimizerConfig config, double by
   const int threads = static_cast<int>(state.range(0));
   omp_set_num_threads(threads);
   config.set_learning_rate(1e-4f);
-  const OptimizerParams params = MakeOptimizerParams(config, /*sparse=*/false).value();
+  const OptimizerParams params = MakeOptimizerParams(config);
   std::vector<float> g(kParameters, 0.01f), w(kParameters, 0.5f);
   std::vector<std::vector<float>> slots;
   std::vector<float*> slot_ptrs;

@@ -20,7 +20,8 @@
 #include "cli/job_format.h"
 #include "cli/local_cluster.h"
 #include "cli/safetensors.h"
-#include "worker/trainer/job_spec.h"
+#include "spec/job_spec.h"
+#include "spec/job_spec_reader.h"
 
 namespace tessera::cli {
 namespace {
@@ -207,16 +208,16 @@ int ExitCodeFor(const absl::Status& status) {
 }
 
 int RunSubmit(const GlobalOptions& global, const SubmitOptions& options) {
-  absl::StatusOr<v1::JobSpec> spec = trainer::ReadJobSpecFile(options.spec_file);
+  absl::StatusOr<v1::JobSpec> spec = spec::ReadJobSpecFile(options.spec_file);
   if (!spec.ok()) {
     return Fail(global, absl::InvalidArgumentError(spec.status().message()), "spec refused");
   }
   // The dataset files live on the workers' hosts, which the coordinator checks; everything
   // else is checked here before anything is sent.
-  trainer::ValidateOptions validate;
+  spec::ValidateOptions validate;
   validate.distributed = true;
   validate.check_files = false;
-  absl::Status valid = trainer::ValidateJobSpec(*spec, validate);
+  absl::Status valid = spec::ValidateJobSpec(*spec, validate);
   if (!valid.ok()) return Fail(global, valid, absl::StrCat("spec refused: ", options.spec_file));
 
   absl::StatusOr<std::unique_ptr<CoordinatorClient>> client = Connect(global);
@@ -363,7 +364,7 @@ int RunExport(const GlobalOptions& global, const ExportOptionsFlags& options) {
 
 int RunLocal(const GlobalOptions& global, const LocalOptions& options) {
   std::FILE* progress = ProgressStream(global);
-  absl::StatusOr<v1::JobSpec> spec = trainer::ReadJobSpecFile(options.spec_file);
+  absl::StatusOr<v1::JobSpec> spec = spec::ReadJobSpecFile(options.spec_file);
   if (!spec.ok()) {
     return Fail(global, absl::InvalidArgumentError(spec.status().message()), "spec refused");
   }
@@ -372,9 +373,9 @@ int RunLocal(const GlobalOptions& global, const LocalOptions& options) {
   } else if (spec->num_workers() == 0) {
     spec->set_num_workers(2);
   }
-  trainer::ValidateOptions validate;
+  spec::ValidateOptions validate;
   validate.distributed = true;
-  absl::Status valid = trainer::ValidateJobSpec(*spec, validate);
+  absl::Status valid = spec::ValidateJobSpec(*spec, validate);
   if (!valid.ok()) return Fail(global, valid, absl::StrCat("spec refused: ", options.spec_file));
   if (options.shards < 1 || options.shards > 64) {
     return Fail(global, absl::InvalidArgumentError(

@@ -11,9 +11,9 @@
 #include "absl/types/span.h"
 #include "common/status_macros.h"
 #include "kernels/backend.h"
+#include "spec/job_spec.h"
 #include "worker/client/parameter_client.h"
 #include "worker/engine/model.h"
-#include "worker/trainer/job_spec.h"
 
 namespace tessera::cli {
 namespace {
@@ -54,7 +54,7 @@ absl::StatusOr<std::vector<NamedTensor>> PullJobWeights(const v1::Job& job,
   client_options.shard_addresses.assign(job.shard_addresses().begin(), job.shard_addresses().end());
   client_options.job_id = job.id();
   client_options.worker_id = 0;
-  client_options.partition_bytes = trainer::PartitionBytes(job.spec());
+  client_options.partition_bytes = spec::PartitionBytes(job.spec());
   // Export reads the exact fp32 weights whatever the job's wire encoding.
   client_options.push_encoding = v1::ENCODING_FP32;
   client_options.pull_encoding = v1::ENCODING_FP32;

@@ -6,7 +6,6 @@
 #include <cstdlib>
 #include <limits>
 
-#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "kernels/device.h"
@@ -83,15 +82,6 @@ Tensor Tensor::LeadingRows(int64_t count) const {
   Shape s = shape_;
   s[0] = count;
   return Tensor(storage_, data_, std::move(s), dtype_);
-}
-
-absl::StatusOr<DeviceChoice> ParseDeviceChoice(const std::string& text) {
-  const std::string t = absl::AsciiStrToLower(text);
-  if (t == "auto" || t.empty()) return DeviceChoice::kAuto;
-  if (t == "cpu") return DeviceChoice::kCpu;
-  if (t == "cuda" || t == "gpu") return DeviceChoice::kCuda;
-  return absl::InvalidArgumentError(
-      absl::StrCat("device: must be one of auto, cpu, cuda; got \"", text, "\""));
 }
 
 absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const BackendOptions& options) {

@@ -269,10 +269,9 @@ class Backend {
                                    absl::Span<const Tensor> slots) = 0;
 };
 
+// Which backend CreateBackend makes. The device strings of specs and flags are parsed by
+// spec::ParseDeviceChoice (spec/device_spec.h).
 enum class DeviceChoice { kAuto, kCpu, kCuda };
-
-// Parses "auto", "cpu" or "cuda"; INVALID_ARGUMENT names the value otherwise.
-absl::StatusOr<DeviceChoice> ParseDeviceChoice(const std::string& text);
 
 struct BackendOptions {
   DeviceChoice device = DeviceChoice::kAuto;

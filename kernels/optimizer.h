@@ -8,12 +8,12 @@
 
 #include <cstdint>
 
-#include "absl/status/statusor.h"
+#include "absl/status/status.h"
 #include "tessera/v1/optimizer.pb.h"
 
 namespace tessera::kernels {
 
-// Validated optimizer hyper-parameters with defaults filled in.
+// The hyper-parameters of one update, defaults filled in.
 struct OptimizerParams {
   v1::OptimizerKind kind = v1::OPTIMIZER_KIND_SGD;
   float learning_rate = 0.01f;
@@ -29,12 +29,11 @@ struct OptimizerParams {
   float ftrl_lr_power = -0.5f;
 };
 
-// Checks `config` and fills defaults. `sparse` selects the set of allowed kinds (FTRL is sparse
-// only; momentum, Nesterov and AdamW are dense only). INVALID_ARGUMENT names the field and value,
-// e.g. "optimizer.learning_rate: must be a finite number > 0, got -1". learning_rate must be set;
-// 0 (unset in proto3) selects the default for beta1, beta2, epsilon, initial_accumulator,
-// ftrl_beta and ftrl_lr_power. Every field is range-checked whatever the kind.
-absl::StatusOr<OptimizerParams> MakeOptimizerParams(const v1::OptimizerConfig& config, bool sparse);
+// The hyper-parameters of `config`: 0 (unset in proto3) selects the default above for beta1,
+// beta2, epsilon, initial_accumulator, ftrl_beta and ftrl_lr_power; the other fields are taken as
+// they are. Pure. REQUIRES: spec::ValidateOptimizer(config, sparse).ok() for the tensors it will
+// update (spec/optimizer_spec.h holds the rules: allowed kinds, every field's range).
+OptimizerParams MakeOptimizerParams(const v1::OptimizerConfig& config);
 
 // Number of per-element slot arrays the kind keeps: SGD 0, momentum/Nesterov 1 (velocity),
 // Adagrad 1 (accumulator), Adam/AdamW 2 (m, v), FTRL 2 (z, n).

@@ -13,7 +13,6 @@
 
 #include "absl/base/internal/raw_logging.h"
 #include "absl/status/status.h"
-#include "absl/strings/str_cat.h"
 #include "kernels/optimizer.h"
 #include "kernels/optimizer_cuda.h"
 
@@ -162,90 +161,23 @@ void FtrlRange(const T* __restrict__ g, float* __restrict__ w, float* __restrict
   }
 }
 
-bool IsFiniteFloat(float x) { return std::isfinite(x); }
-
-absl::Status FieldError(absl::string_view field, absl::string_view requirement, float value) {
-  return absl::InvalidArgumentError(
-      absl::StrCat("optimizer.", field, ": must be ", requirement, ", got ", value));
-}
-
-// Checks value against [0, 1) and NaN.
-absl::Status CheckUnitInterval(absl::string_view field, float value) {
-  if (!(value >= 0.0f && value < 1.0f)) return FieldError(field, "in [0, 1)", value);
-  return absl::OkStatus();
-}
-
-absl::Status CheckNonNegative(absl::string_view field, float value) {
-  if (!(IsFiniteFloat(value) && value >= 0.0f)) {
-    return FieldError(field, "a finite number >= 0", value);
-  }
-  return absl::OkStatus();
-}
-
 }  // namespace
 
-absl::StatusOr<OptimizerParams> MakeOptimizerParams(const v1::OptimizerConfig& config,
-                                                    bool sparse) {
-  const v1::OptimizerKind kind = config.kind();
-  if (kind == v1::OPTIMIZER_KIND_UNSPECIFIED) {
-    return absl::InvalidArgumentError(
-        "optimizer.kind: must be set, got OPTIMIZER_KIND_UNSPECIFIED");
-  }
-  if (!v1::OptimizerKind_IsValid(kind)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("optimizer.kind: unknown optimizer kind ", static_cast<int>(kind)));
-  }
-  const bool dense_only = kind == v1::OPTIMIZER_KIND_MOMENTUM ||
-                          kind == v1::OPTIMIZER_KIND_NESTEROV || kind == v1::OPTIMIZER_KIND_ADAMW;
-  const bool sparse_only = kind == v1::OPTIMIZER_KIND_FTRL;
-  if (sparse && dense_only) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("optimizer.kind: ", v1::OptimizerKind_Name(kind),
-                     " is for dense tensors only; sparse tables take SGD, ADAGRAD, ADAM or FTRL"));
-  }
-  if (!sparse && sparse_only) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "optimizer.kind: ", v1::OptimizerKind_Name(kind),
-        " is for sparse tables only; dense tensors take SGD, MOMENTUM, NESTEROV, ADAGRAD, ADAM or "
-        "ADAMW"));
-  }
-
+OptimizerParams MakeOptimizerParams(const v1::OptimizerConfig& config) {
   OptimizerParams p;
-  p.kind = kind;
-  if (!(IsFiniteFloat(config.learning_rate()) && config.learning_rate() > 0.0f)) {
-    return FieldError("learning_rate", "a finite number > 0", config.learning_rate());
-  }
+  p.kind = config.kind();
   p.learning_rate = config.learning_rate();
-
-  if (auto s = CheckUnitInterval("momentum", config.momentum()); !s.ok()) return s;
   p.momentum = config.momentum();
-
   // Proto3 cannot tell an unset float from 0, so 0 selects the default for the fields below
   // (optimizer.proto documents this).
-  if (auto s = CheckUnitInterval("beta1", config.beta1()); !s.ok()) return s;
   if (config.beta1() != 0.0f) p.beta1 = config.beta1();
-  if (auto s = CheckUnitInterval("beta2", config.beta2()); !s.ok()) return s;
   if (config.beta2() != 0.0f) p.beta2 = config.beta2();
-  if (auto s = CheckNonNegative("epsilon", config.epsilon()); !s.ok()) return s;
   if (config.epsilon() != 0.0f) p.epsilon = config.epsilon();
-
-  if (auto s = CheckNonNegative("weight_decay", config.weight_decay()); !s.ok()) return s;
   p.weight_decay = config.weight_decay();
-
-  if (auto s = CheckNonNegative("initial_accumulator", config.initial_accumulator()); !s.ok()) {
-    return s;
-  }
   if (config.initial_accumulator() != 0.0f) p.initial_accumulator = config.initial_accumulator();
-
-  if (auto s = CheckNonNegative("ftrl_beta", config.ftrl_beta()); !s.ok()) return s;
   if (config.ftrl_beta() != 0.0f) p.ftrl_beta = config.ftrl_beta();
-  if (auto s = CheckNonNegative("ftrl_l1", config.ftrl_l1()); !s.ok()) return s;
   p.ftrl_l1 = config.ftrl_l1();
-  if (auto s = CheckNonNegative("ftrl_l2", config.ftrl_l2()); !s.ok()) return s;
   p.ftrl_l2 = config.ftrl_l2();
-  if (!(IsFiniteFloat(config.ftrl_lr_power()) && config.ftrl_lr_power() <= 0.0f)) {
-    return FieldError("ftrl_lr_power", "a finite number <= 0", config.ftrl_lr_power());
-  }
   if (config.ftrl_lr_power() != 0.0f) p.ftrl_lr_power = config.ftrl_lr_power();
   return p;
 }

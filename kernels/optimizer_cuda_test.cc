@@ -16,6 +16,7 @@
 #include "gtest/gtest.h"
 #include "kernels/device.h"
 #include "kernels/optimizer.h"
+#include "spec/optimizer_spec.h"
 
 namespace tessera::kernels {
 namespace {
@@ -71,7 +72,8 @@ TEST_P(ApplyUpdateCudaTest, MatchesCpu) {
   v1::OptimizerConfig config;
   config.set_learning_rate(0.05f);
   GetParam().configure(config);
-  const OptimizerParams params = MakeOptimizerParams(config, GetParam().sparse).value();
+  ASSERT_TRUE(spec::ValidateOptimizer(config, GetParam().sparse).ok());
+  const OptimizerParams params = MakeOptimizerParams(config);
   const double rel = GetParam().rel;
   const double abs = GetParam().abs;
   const int num_slots = NumSlots(params.kind);
@@ -167,7 +169,8 @@ TEST(ApplyUpdateCudaArgsTest, RejectsBadArguments) {
   v1::OptimizerConfig config;
   config.set_kind(v1::OPTIMIZER_KIND_ADAM);
   config.set_learning_rate(0.1f);
-  const OptimizerParams adam = MakeOptimizerParams(config, false).value();
+  ASSERT_TRUE(spec::ValidateOptimizer(config, false).ok());
+  const OptimizerParams adam = MakeOptimizerParams(config);
   float* no_slots[] = {nullptr, nullptr};
   float fake = 0.0f;  // never dereferenced: every call below fails validation first
   EXPECT_EQ(ApplyUpdateCuda(adam, 0.1f, 1, 1.0f, &fake, &fake, no_slots, -1, nullptr).code(),

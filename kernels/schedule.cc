@@ -5,8 +5,6 @@
 #include <cstdint>
 #include <vector>
 
-#include "absl/strings/str_cat.h"
-
 namespace tessera::kernels {
 namespace {
 
@@ -15,16 +13,6 @@ constexpr double kPi = 3.14159265358979323846;
 // SumOfSquares splits large inputs into fixed chunks whose partial sums are added in chunk order,
 // so the result does not depend on the number of OpenMP threads.
 constexpr int64_t kSumChunk = int64_t{1} << 15;
-
-absl::Status CountError(absl::string_view field, absl::string_view requirement, int64_t value) {
-  return absl::InvalidArgumentError(
-      absl::StrCat("schedule.", field, ": must be ", requirement, ", got ", value));
-}
-
-absl::Status ValueError(absl::string_view field, absl::string_view requirement, float value) {
-  return absl::InvalidArgumentError(
-      absl::StrCat("schedule.", field, ": must be ", requirement, ", got ", value));
-}
 
 double SumOfSquaresRange(const float* __restrict__ x, int64_t n) {
   double sum = 0.0;
@@ -37,42 +25,6 @@ double SumOfSquaresRange(const float* __restrict__ x, int64_t n) {
 }
 
 }  // namespace
-
-absl::Status ValidateSchedule(const v1::LearningRateSchedule& schedule) {
-  if (!v1::LearningRateSchedule::Kind_IsValid(schedule.kind())) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("schedule.kind: unknown schedule kind ", static_cast<int>(schedule.kind())));
-  }
-  if (schedule.warmup_steps() < 0) {
-    return CountError("warmup_steps", ">= 0", schedule.warmup_steps());
-  }
-  if (schedule.step_size() < 0) return CountError("step_size", ">= 0", schedule.step_size());
-  if (schedule.total_steps() < 0) return CountError("total_steps", ">= 0", schedule.total_steps());
-  if (!std::isfinite(schedule.gamma())) {
-    return ValueError("gamma", "a finite number", schedule.gamma());
-  }
-  if (!(std::isfinite(schedule.min_learning_rate()) && schedule.min_learning_rate() >= 0.0f)) {
-    return ValueError("min_learning_rate", "a finite number >= 0", schedule.min_learning_rate());
-  }
-  switch (schedule.kind()) {
-    case v1::LearningRateSchedule::KIND_STEP:
-      if (schedule.step_size() <= 0) {
-        return CountError("step_size", "> 0 for KIND_STEP", schedule.step_size());
-      }
-      if (!(schedule.gamma() > 0.0f && schedule.gamma() <= 1.0f)) {
-        return ValueError("gamma", "in (0, 1] for KIND_STEP", schedule.gamma());
-      }
-      break;
-    case v1::LearningRateSchedule::KIND_COSINE:
-      if (schedule.total_steps() <= 0) {
-        return CountError("total_steps", "> 0 for KIND_COSINE", schedule.total_steps());
-      }
-      break;
-    default:
-      break;
-  }
-  return absl::OkStatus();
-}
 
 // Warm-up, when t < warmup_steps, replaces the schedule; afterwards the schedule's formula runs on
 // the same t (its step boundaries and total_steps count the warm-up updates too). Past

@@ -1,23 +1,20 @@
-// Learning-rate schedules and gradient clipping (DESIGN.md §2).
+// Learning-rate schedules and gradient clipping (DESIGN.md §2): what they compute; the rules of a
+// schedule are spec/schedule_spec.h's.
 #ifndef TESSERA_KERNELS_SCHEDULE_H_
 #define TESSERA_KERNELS_SCHEDULE_H_
 
 #include <cstdint>
 
-#include "absl/status/status.h"
 #include "tessera/v1/optimizer.pb.h"
 
 namespace tessera::kernels {
-
-// INVALID_ARGUMENT naming the field for negative counts, a STEP schedule without step_size > 0 or
-// gamma in (0, 1], a COSINE schedule without total_steps > 0, or a non-finite value.
-absl::Status ValidateSchedule(const v1::LearningRateSchedule& schedule);
 
 // The learning rate for the update that follows `t` applied updates (t = 0 for the first).
 // Warm-up scales linearly: base_lr * (t + 1) / warmup_steps while t < warmup_steps.
 // From t = warmup_steps on, the kind's formula (optimizer.proto) runs on the same t, so step
 // boundaries and total_steps count the warm-up updates; cosine stays at min_learning_rate past
-// total_steps. Call ValidateSchedule first; negative t counts as 0.
+// total_steps. Negative t counts as 0. REQUIRES: spec::ValidateSchedule(schedule).ok()
+// (spec/schedule_spec.h holds the rules).
 float ScheduledLearningRate(const v1::LearningRateSchedule& schedule, float base_lr, int64_t t);
 
 // Sum of squares of n floats, accumulated in double.

@@ -23,6 +23,8 @@
 #include "common/status_macros.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "kernels/schedule.h"
+#include "spec/optimizer_spec.h"
+#include "spec/schedule_spec.h"
 
 namespace tessera::server {
 namespace {
@@ -731,6 +733,14 @@ absl::StatusOr<std::shared_ptr<ParameterStore::Job>> ParameterStore::FindJob(
 
 namespace {
 
+// `config`'s update parameters once spec/'s rules for `sparse` tensors accept it; their
+// INVALID_ARGUMENT otherwise.
+absl::StatusOr<kernels::OptimizerParams> ValidOptimizerParams(const v1::OptimizerConfig& config,
+                                                              bool sparse) {
+  TESSERA_RETURN_IF_ERROR(spec::ValidateOptimizer(config, sparse));
+  return kernels::MakeOptimizerParams(config);
+}
+
 // The checks of CreateJobState (and of a restored checkpoint) before any state is touched; fills
 // the job's dense optimizer (or why it has none) and each table's optimizer.
 absl::Status ValidateJobRequest(const v1::CreateJobStateRequest& request,
@@ -756,16 +766,16 @@ absl::Status ValidateJobRequest(const v1::CreateJobStateRequest& request,
                                                    static_cast<int>(config.non_finite_policy())));
   }
   absl::StatusOr<kernels::OptimizerParams> dense_params =
-      kernels::MakeOptimizerParams(config.optimizer(), /*sparse=*/false);
+      ValidOptimizerParams(config.optimizer(), /*sparse=*/false);
   if (!dense_params.ok()) {
     // A job whose optimizer only updates sparse rows (FTRL) may still hold tables.
     absl::StatusOr<kernels::OptimizerParams> sparse_params =
-        kernels::MakeOptimizerParams(config.optimizer(), /*sparse=*/true);
+        ValidOptimizerParams(config.optimizer(), /*sparse=*/true);
     if (!sparse_params.ok()) {
       return absl::InvalidArgumentError(absl::StrCat("config.", dense_params.status().message()));
     }
   }
-  absl::Status schedule = kernels::ValidateSchedule(config.schedule());
+  absl::Status schedule = spec::ValidateSchedule(config.schedule());
   if (!schedule.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("config.", schedule.message()));
   }
@@ -829,7 +839,7 @@ absl::Status ValidateJobRequest(const v1::CreateJobStateRequest& request,
           " scale ", init.scale()));
     }
     const v1::OptimizerConfig& opt = t.has_optimizer() ? t.optimizer() : config.optimizer();
-    absl::StatusOr<kernels::OptimizerParams> params = kernels::MakeOptimizerParams(opt, true);
+    absl::StatusOr<kernels::OptimizerParams> params = ValidOptimizerParams(opt, true);
     const v1::OptimizerKind kind = opt.kind();
     if (params.ok() && kind != v1::OPTIMIZER_KIND_SGD && kind != v1::OPTIMIZER_KIND_ADAGRAD &&
         kind != v1::OPTIMIZER_KIND_ADAM && kind != v1::OPTIMIZER_KIND_FTRL) {

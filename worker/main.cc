@@ -37,6 +37,7 @@
 #include "common/status_macros.h"
 #include "kernels/backend.h"
 #include "spdlog/spdlog.h"
+#include "spec/job_spec_reader.h"
 #include "worker/daemon/worker_daemon.h"
 #include "worker/daemon/worker_metrics.h"
 #include "worker/trainer/job_spec.h"
@@ -114,7 +115,7 @@ int Fail(const absl::Status& status, bool json) {
 
 int RunStandalone(const WorkerFlags& flags) {
   const bool json = flags.output == "json";
-  absl::StatusOr<tessera::v1::JobSpec> spec = tessera::trainer::ReadJobSpecFile(flags.job);
+  absl::StatusOr<tessera::v1::JobSpec> spec = tessera::spec::ReadJobSpecFile(flags.job);
   if (!spec.ok()) return Fail(spec.status(), json);
 
   tessera::trainer::TrainerOptions options;
@@ -232,7 +233,7 @@ int RunWorkerDaemon(const WorkerFlags& flags, const tessera::LayeredConfig& conf
                     tessera::Security* security) {
   tessera::kernels::BackendOptions backend_options;
   absl::StatusOr<tessera::kernels::DeviceChoice> choice =
-      tessera::kernels::ParseDeviceChoice(flags.device.empty() ? "auto" : flags.device);
+      tessera::trainer::ParseDeviceChoice(flags.device.empty() ? "auto" : flags.device);
   if (!choice.ok()) return Fail(choice.status(), false);
   backend_options.device = *choice;
   backend_options.num_threads = flags.threads;

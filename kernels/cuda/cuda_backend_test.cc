@@ -21,6 +21,7 @@
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/device.h"
 #include "kernels/optimizer.h"
+#include "spec/optimizer_spec.h"
 
 namespace tessera::kernels {
 namespace {
@@ -624,9 +625,9 @@ TEST_F(CudaVsCpuTest, OptimizerUpdatesMatch) {
     config.set_kind(kind);
     config.set_learning_rate(0.01f);
     if (kind == v1::OPTIMIZER_KIND_MOMENTUM) config.set_momentum(0.9f);
-    const auto made = MakeOptimizerParams(config, /*sparse=*/false);
-    ASSERT_TRUE(made.ok()) << made.status();
-    const OptimizerParams& params = *made;
+    const absl::Status valid = spec::ValidateOptimizer(config, /*sparse=*/false);
+    ASSERT_TRUE(valid.ok()) << valid;
+    const OptimizerParams params = MakeOptimizerParams(config);
     const std::string what = absl::StrCat("optimizer ", static_cast<int>(kind));
     Pair w = RandomF({n});
     std::vector<Pair> slots;

@@ -26,9 +26,9 @@
 #include "gtest/gtest.h"
 #include "server/coordinator/coordinator_server.h"
 #include "server/coordinator/test_specs.h"
+#include "spec/job_spec_reader.h"
 #include "tessera/v1/job.grpc.pb.h"
 #include "tessera/v1/parameter.grpc.pb.h"
-#include "worker/trainer/job_spec.h"
 
 namespace tessera::coordinator {
 namespace {
@@ -203,8 +203,8 @@ TEST_F(CoordinatorGrpcTest, BadSpecsAreRefusedNamingTheFieldAndNothingIsQueued) 
         << c.what << ": " << status.error_message();
   }
   // An unknown layer in a JSON spec is refused when the file is parsed, naming the field.
-  auto parsed = trainer::ParseJobSpec(
-      R"({"name": "mlp", "model": {"layers": [{"transformer": {}}]}})", "job.json");
+  auto parsed = spec::ParseJobSpec(R"({"name": "mlp", "model": {"layers": [{"transformer": {}}]}})",
+                                   "job.json");
   EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(absl::StrContains(parsed.status().message(), "transformer")) << parsed.status();
 

@@ -39,9 +39,9 @@
 #include "google/protobuf/text_format.h"
 #include "google/protobuf/util/json_util.h"
 #include "gtest/gtest.h"
+#include "spec/job_spec_reader.h"
 #include "tests/testlib/child_process.h"
 #include "tests/testlib/fashion_mnist.h"
-#include "worker/trainer/job_spec.h"
 
 #ifndef TESSERA_BIN_DIR
 #error "TESSERA_BIN_DIR must name the folder of tessera and the daemons"
@@ -91,7 +91,7 @@ bool ParseJob(const std::string& json, v1::Job* job) {
 }
 
 v1::JobSpec ExampleSpec() {
-  absl::StatusOr<v1::JobSpec> spec = trainer::ReadJobSpecFile(
+  absl::StatusOr<v1::JobSpec> spec = spec::ReadJobSpecFile(
       absl::StrCat(TESSERA_SOURCE_DIR, "/examples/fashion_mlp_2epochs.textproto"));
   EXPECT_TRUE(spec.ok()) << spec.status();
   return spec.ok() ? *spec : v1::JobSpec();

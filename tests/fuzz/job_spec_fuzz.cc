@@ -1,5 +1,5 @@
 // tessera_fuzz_job_spec: job specs from bytes through the coordinator's validation
-// (ValidateJobSpec, worker/trainer/job_spec.h), then, for a spec that validates, through what the
+// (ValidateJobSpec, spec/job_spec.h), then, for a spec that validates, through what the
 // coordinator does with it next: MakeJobConfig and the shard's CreateJobState of that config
 // (scripts/fuzz.sh; docs/reliability.md).
 //
@@ -17,8 +17,9 @@
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "server/parameter_store.h"
+#include "spec/job_spec.h"
+#include "spec/job_spec_reader.h"
 #include "tessera/v1/job_spec.pb.h"
-#include "worker/trainer/job_spec.h"
 
 namespace {
 
@@ -38,7 +39,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   tessera::v1::JobSpec spec;
   if (text) {
     absl::StatusOr<tessera::v1::JobSpec> parsed =
-        tessera::trainer::ParseJobSpec(absl::string_view(body, n), "fuzz.textproto");
+        tessera::spec::ParseJobSpec(absl::string_view(body, n), "fuzz.textproto");
     if (!parsed.ok()) {
       if (parsed.status().code() != absl::StatusCode::kInvalidArgument) {
         Fail("ParseJobSpec answered other than INVALID_ARGUMENT", parsed.status());
@@ -50,10 +51,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     return 0;
   }
   for (const bool distributed : {false, true}) {
-    tessera::trainer::ValidateOptions options;
+    tessera::spec::ValidateOptions options;
     options.check_files = false;  // file checks are access(2); paths are not what is fuzzed
     options.distributed = distributed;
-    const absl::Status valid = tessera::trainer::ValidateJobSpec(spec, options);
+    const absl::Status valid = tessera::spec::ValidateJobSpec(spec, options);
     if (!valid.ok() && valid.code() != absl::StatusCode::kInvalidArgument) {
       Fail("ValidateJobSpec answered other than INVALID_ARGUMENT", valid);
     }
@@ -61,11 +62,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     tessera::server::ParameterStore store;
     tessera::v1::CreateJobStateRequest request;
     request.set_job_id("fuzz");
-    *request.mutable_config() = tessera::trainer::MakeJobConfig(spec);
+    *request.mutable_config() = tessera::spec::MakeJobConfig(spec);
     const absl::Status created = store.CreateJobState(request).status();
     if (!created.ok()) Fail("a spec that validates gives a JobConfig the shard refuses", created);
-    (void)tessera::trainer::WireEncoding(spec);
-    (void)tessera::trainer::PartitionBytes(spec);
+    (void)tessera::spec::WireEncoding(spec);
+    (void)tessera::spec::PartitionBytes(spec);
   }
   return 0;
 }

@@ -31,8 +31,8 @@
 #include "cli/coordinator_client.h"
 #include "cli/local_cluster.h"
 #include "gtest/gtest.h"
+#include "spec/job_spec_reader.h"
 #include "tests/testlib/fashion_mnist.h"
-#include "worker/trainer/job_spec.h"
 
 #ifndef TESSERA_BIN_DIR
 #error "TESSERA_BIN_DIR must name the folder of the daemons"
@@ -55,7 +55,7 @@ int64_t NowMs() { return absl::ToUnixMillis(absl::Now()); }
 
 // The MLP of the demo, BSP, seed 1, 2 workers, `epochs` epochs (the cosine schedule spans them).
 v1::JobSpec Spec(const std::string& name, int64_t checkpoint_every, int epochs = 2) {
-  absl::StatusOr<v1::JobSpec> spec = trainer::ReadJobSpecFile(
+  absl::StatusOr<v1::JobSpec> spec = spec::ReadJobSpecFile(
       absl::StrCat(TESSERA_SOURCE_DIR, "/examples/fashion_mlp_2epochs.textproto"));
   EXPECT_TRUE(spec.ok()) << spec.status();
   v1::JobSpec s = spec.ok() ? *spec : v1::JobSpec();

@@ -2,14 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
-#include <set>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
-#include "google/protobuf/descriptor.h"
-#include "google/protobuf/reflection.h"
-#include "google/protobuf/unknown_field_set.h"
 #include "worker/engine/initializers.h"
 #include "worker/engine/internal/layers.h"
 
@@ -22,135 +18,15 @@ using kernels::Tensor;
 
 namespace {
 
-// INVALID_ARGUMENT when `msg` or any message inside it carries fields this build does not know
-// (a spec written for a newer schema, or a typo that reached the binary encoding).
-absl::Status CheckNoUnknownFields(const google::protobuf::Message& msg, const std::string& path) {
-  const google::protobuf::Reflection* r = msg.GetReflection();
-  const google::protobuf::UnknownFieldSet& unknown = r->GetUnknownFields(msg);
-  if (!unknown.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        path.empty() ? "model" : path, ": unknown field number ", unknown.field(0).number()));
-  }
-  std::vector<const google::protobuf::FieldDescriptor*> fields;
-  r->ListFields(msg, &fields);
-  for (const google::protobuf::FieldDescriptor* f : fields) {
-    if (f->cpp_type() != google::protobuf::FieldDescriptor::CPPTYPE_MESSAGE) continue;
-    const std::string base = path.empty() ? f->name() : absl::StrCat(path, ".", f->name());
-    if (f->is_repeated()) {
-      for (int i = 0; i < r->FieldSize(msg, f); ++i) {
-        TESSERA_RETURN_IF_ERROR(CheckNoUnknownFields(r->GetRepeatedMessage(msg, f, i),
-                                                     absl::StrCat(base, "[", i, "]")));
-      }
-    } else {
-      TESSERA_RETURN_IF_ERROR(CheckNoUnknownFields(r->GetMessage(msg, f), base));
-    }
-  }
-  return absl::OkStatus();
-}
-
-bool ValidLayerName(const std::string& name) {
-  if (name.empty() || name.size() > 128) return false;
-  for (char c : name) {
-    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-                    c == '_' || c == '-' || c == '.';
-    if (!ok) return false;
-  }
-  return true;
-}
-
-struct BuiltLayers {
-  Shape input_shape;
-  bool sparse_input = false;
-  std::vector<std::unique_ptr<Model::Layer>> layers;
-  std::vector<LayerInfo> infos;
-  kernels::LossKind loss = kernels::LossKind::kSoftmaxCrossEntropy;
-  int64_t output_dim = 0;
-};
-
-absl::StatusOr<BuiltLayers> BuildLayers(const v1::ModelSpec& spec) {
-  TESSERA_RETURN_IF_ERROR(CheckNoUnknownFields(spec, ""));
-  BuiltLayers out;
-  switch (spec.loss()) {
-    case v1::LOSS_SOFTMAX_CROSS_ENTROPY:
-      out.loss = kernels::LossKind::kSoftmaxCrossEntropy;
-      break;
+kernels::LossKind LossKindOf(v1::Loss loss) {
+  switch (loss) {
     case v1::LOSS_SIGMOID_CROSS_ENTROPY:
-      out.loss = kernels::LossKind::kSigmoidCrossEntropy;
-      break;
+      return kernels::LossKind::kSigmoidCrossEntropy;
     case v1::LOSS_MEAN_SQUARED_ERROR:
-      out.loss = kernels::LossKind::kMeanSquaredError;
-      break;
+      return kernels::LossKind::kMeanSquaredError;
     default:
-      return absl::InvalidArgumentError(absl::StrCat(
-          "loss: must be LOSS_SOFTMAX_CROSS_ENTROPY, LOSS_SIGMOID_CROSS_ENTROPY or "
-          "LOSS_MEAN_SQUARED_ERROR, got ",
-          v1::Loss_IsValid(spec.loss()) ? v1::Loss_Name(spec.loss()) : absl::StrCat(spec.loss())));
+      return kernels::LossKind::kSoftmaxCrossEntropy;
   }
-  if (spec.layers_size() == 0) {
-    return absl::InvalidArgumentError("layers: a model needs at least one layer");
-  }
-  out.sparse_input = spec.layers(0).kind_case() == v1::Layer::kEmbeddingBag;
-  if (!out.sparse_input) {
-    if (spec.input_shape_size() < 1 || spec.input_shape_size() > 3) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("input_shape: must have 1 to 3 dimensions ([features] or [channels, "
-                       "height, width]), got ",
-                       spec.input_shape_size()));
-    }
-    for (int i = 0; i < spec.input_shape_size(); ++i) {
-      if (spec.input_shape(i) <= 0 || spec.input_shape(i) > (int64_t{1} << 31)) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("input_shape[", i, "]: must be in [1, 2^31], got ", spec.input_shape(i)));
-      }
-    }
-    out.input_shape.assign(spec.input_shape().begin(), spec.input_shape().end());
-    const int64_t input_elements = kernels::CheckedNumElements(out.input_shape);
-    if (input_elements < 0 || input_elements > (int64_t{1} << 31)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("input_shape: ", kernels::ShapeString(out.input_shape), " is too large"));
-    }
-  }
-
-  std::map<std::string, int> type_counts;
-  std::set<std::string> names;
-  // Explicit names are reserved first so that a default name never takes one.
-  for (int i = 0; i < spec.layers_size(); ++i) {
-    const std::string& n = spec.layers(i).name();
-    if (n.empty()) continue;
-    if (!ValidLayerName(n)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "layers[", i, "].name: \"", n, "\" must be 1 to 128 letters, digits, '_', '-' or '.'"));
-    }
-    if (!names.insert(n).second) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("layers[", i, "].name: \"", n, "\" is used by an earlier layer"));
-    }
-  }
-  Shape shape = out.input_shape;
-  for (int i = 0; i < spec.layers_size(); ++i) {
-    const v1::Layer& l = spec.layers(i);
-    const std::string type = LayerTypeName(l);
-    std::string name = l.name();
-    if (name.empty()) {
-      const std::string prefix = type.empty() ? "layer" : type;
-      do {
-        name = absl::StrCat(prefix, "_", ++type_counts[prefix]);
-      } while (names.count(name) > 0);
-      names.insert(name);
-    }
-    TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<Model::Layer> layer, MakeLayer(l, i, name, shape));
-    shape = layer->out_shape();
-    out.infos.push_back({name, layer->type(), shape});
-    if (i == 0 && out.sparse_input) out.input_shape = layer->in_shape();
-    out.layers.push_back(std::move(layer));
-  }
-  out.output_dim = kernels::NumElements(shape);
-  if (out.loss == kernels::LossKind::kSoftmaxCrossEntropy && out.output_dim < 2) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "loss: LOSS_SOFTMAX_CROSS_ENTROPY needs at least 2 outputs, but the last layer (",
-        out.infos.back().name, ") gives ", out.output_dim));
-  }
-  return out;
 }
 
 constexpr size_t kMaxCachedBatchSizes = 4;
@@ -199,11 +75,6 @@ struct Model::Activations {
   Tensor labels;
 };
 
-absl::StatusOr<std::vector<LayerInfo>> ValidateModelSpec(const v1::ModelSpec& spec) {
-  TESSERA_ASSIGN_OR_RETURN(BuiltLayers built, BuildLayers(spec));
-  return std::move(built.infos);
-}
-
 Model::Model(Backend* backend, uint64_t seed)
     : backend_(backend), seed_(seed), dropout_seed_(Mix(seed, 0x5eed)) {}
 
@@ -218,28 +89,30 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const v1::ModelSpec& spec, 
 }
 
 absl::Status Model::Build(const v1::ModelSpec& spec) {
-  TESSERA_ASSIGN_OR_RETURN(BuiltLayers built, BuildLayers(spec));
-  input_shape_ = built.input_shape;
-  sparse_input_ = built.sparse_input;
+  TESSERA_ASSIGN_OR_RETURN(spec::ModelShapes shapes, spec::InferModelShapes(spec));
+  input_shape_ = shapes.input_shape;
+  sparse_input_ = shapes.sparse_input;
   input_dim_ = kernels::NumElements(input_shape_);
-  output_dim_ = built.output_dim;
-  loss_ = built.loss;
-  layer_infos_ = std::move(built.infos);
-  layers_ = std::move(built.layers);
+  output_dim_ = shapes.output_dim;
+  loss_ = LossKindOf(spec.loss());
+  for (int i = 0; i < spec.layers_size(); ++i) {
+    TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<Layer> layer,
+                             MakeLayer(spec.layers(i), shapes.layers[i]));
+    layers_.push_back(std::move(layer));
+  }
+  layer_infos_ = std::move(shapes.layers);
 
   // Trainable parameters first, then state, each in layer order.
-  std::vector<std::vector<ParameterDecl>> decls(layers_.size());
   std::vector<std::vector<int>> index(layers_.size());
   for (size_t i = 0; i < layers_.size(); ++i) {
-    decls[i] = layers_[i]->Parameters();
-    index[i].assign(decls[i].size(), -1);
+    index[i].assign(layer_infos_[i].parameters.size(), -1);
   }
   // Refuse a model whose parameters cannot fit before allocating any of them (the host staging
   // buffer holds one parameter at a time).
   int64_t largest = 0;
   parameter_bytes_ = 0;
-  for (const std::vector<ParameterDecl>& layer_decls : decls) {
-    for (const ParameterDecl& d : layer_decls) {
+  for (const spec::LayerInfo& info : layer_infos_) {
+    for (const spec::ParameterShape& d : info.parameters) {
       const int64_t bytes = SaturatingProduct(kernels::CheckedNumElements(d.shape), 4);
       largest = std::max(largest, bytes);
       parameter_bytes_ =
@@ -256,8 +129,9 @@ absl::Status Model::Build(const v1::ModelSpec& spec) {
   std::vector<float> host;
   for (int pass = 0; pass < 2; ++pass) {
     for (size_t i = 0; i < layers_.size(); ++i) {
-      for (size_t j = 0; j < decls[i].size(); ++j) {
-        const ParameterDecl& d = decls[i][j];
+      const std::vector<spec::ParameterShape>& decls = layer_infos_[i].parameters;
+      for (size_t j = 0; j < decls.size(); ++j) {
+        const spec::ParameterShape& d = decls[j];
         if (d.trainable != (pass == 0)) continue;
         Parameter p;
         p.name = absl::StrCat(layers_[i]->name(), "/", d.suffix);
@@ -281,7 +155,7 @@ absl::Status Model::Build(const v1::ModelSpec& spec) {
   }
   for (size_t i = 0; i < layers_.size(); ++i) {
     std::vector<Tensor> values, grads;
-    for (size_t j = 0; j < decls[i].size(); ++j) {
+    for (size_t j = 0; j < index[i].size(); ++j) {
       values.push_back(parameters_[index[i][j]].value);
       grads.push_back(parameters_[index[i][j]].grad);
     }
@@ -523,7 +397,7 @@ absl::StatusOr<StepResult> Model::TrainStep(const BatchView& batch,
       dx = &a->dy[k - 1];
     } else if (layer.WritesInputGrad()) {
       dx = &a->input_grad;
-    } else if (!layer.HasParameters()) {
+    } else if (layer_infos_[k].parameters.empty()) {
       continue;  // nothing to compute for a first layer without parameters
     }
     BackwardArgs args;

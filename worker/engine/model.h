@@ -1,10 +1,11 @@
 // A trainable model built from a ModelSpec (proto/tessera/v1/model.proto) on one Backend.
 //
-// Model::Create() validates the whole spec and infers every shape before it allocates anything;
-// a spec that does not fit is INVALID_ARGUMENT with a message that names the layer, e.g.
-// "layers[3] (dense_2): dense.units must be > 0, got 0". Then it allocates the parameters, their
-// gradients and the activations on the backend, and initialises the parameters from the seed
-// (the same seed gives the same weights on every backend).
+// Model::Create() checks the whole spec and infers every shape with spec::InferModelShapes
+// (spec/model_spec.h) before it allocates anything; a spec that does not fit is INVALID_ARGUMENT
+// with a message that names the layer, e.g. "layers[3] (dense_2): dense.units must be > 0, got 0".
+// Then it allocates the parameters, their gradients and the activations on the backend, and
+// initialises the parameters from the seed (the same seed gives the same weights on every
+// backend).
 //
 // A training step is TrainStep(): forward in training mode, the loss, and backward, which leaves
 // the gradient of the mean loss in every parameter's `grad`. The caller applies the optimizer
@@ -25,6 +26,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "kernels/backend.h"
+#include "spec/model_spec.h"
 #include "tessera/v1/model.pb.h"
 
 namespace tessera::engine {
@@ -61,22 +63,12 @@ struct StepResult {
   int64_t examples = 0;
 };
 
-// Per-layer shapes, for logs and tests.
-struct LayerInfo {
-  std::string name;             // "dense_1"
-  std::string type;             // "dense"
-  kernels::Shape output_shape;  // without the batch dimension
-};
-
-// Checks `spec` and infers the shape of every layer's output without touching a device.
-// INVALID_ARGUMENT names the layer ("layers[2] (conv2d_1): ...") or the field (input_shape, loss).
-absl::StatusOr<std::vector<LayerInfo>> ValidateModelSpec(const v1::ModelSpec& spec);
-
 // Not thread-safe: one thread drives a Model (and its Backend) at a time.
 class Model {
  public:
-  // Validates `spec` (see ValidateModelSpec), allocates on `backend` (not owned; must outlive the
-  // Model) and initialises the parameters from `seed`.
+  // Checks `spec` (spec::InferModelShapes: its INVALID_ARGUMENT as it is), allocates on `backend`
+  // (not owned; must outlive the Model) and initialises the parameters from `seed`.
+  // RESOURCE_EXHAUSTED when the parameters do not fit in the backend's memory.
   static absl::StatusOr<std::unique_ptr<Model>> Create(const v1::ModelSpec& spec,
                                                        kernels::Backend* backend, uint64_t seed);
   ~Model();
@@ -89,7 +81,8 @@ class Model {
   const std::vector<Parameter>& parameters() const { return parameters_; }
   // The parameter called `name`, or nullptr.
   const Parameter* FindParameter(const std::string& name) const;
-  const std::vector<LayerInfo>& layers() const { return layer_infos_; }
+  // Per-layer shapes, as spec::InferModelShapes gave them.
+  const std::vector<spec::LayerInfo>& layers() const { return layer_infos_; }
   const kernels::Shape& input_shape() const { return input_shape_; }
   // True when the first layer is an EmbeddingBag (the model reads sparse batches).
   bool sparse_input() const { return sparse_input_; }
@@ -158,7 +151,7 @@ class Model {
   int64_t input_dim_ = 0;
   int64_t output_dim_ = 0;
   int64_t parameter_bytes_ = 0;  // values and gradients
-  std::vector<LayerInfo> layer_infos_;
+  std::vector<spec::LayerInfo> layer_infos_;
   std::vector<std::unique_ptr<Layer>> layers_;
   // Indices into parameters_ of each layer's trainable parameters.
   std::vector<std::vector<int>> layer_parameters_;

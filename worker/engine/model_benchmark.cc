@@ -8,14 +8,14 @@
 #include "benchmark/benchmark.h"
 #include "google/protobuf/text_format.h"
 #include "kernels/backend.h"
+#include "spec/testing/example_models.h"
 #include "worker/engine/model.h"
-#include "worker/engine/testing/example_models.h"
 
 namespace tessera::engine {
 namespace {
 
-using examples::kFashionCnn;
-using examples::kFashionMlp;
+using spec::examples::kFashionCnn;
+using spec::examples::kFashionMlp;
 
 void TrainSteps(benchmark::State& state, const char* text) {
   v1::ModelSpec spec;

@@ -12,8 +12,8 @@
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
 #include "kernels/device.h"
+#include "spec/testing/example_models.h"
 #include "worker/engine/model.h"
-#include "worker/engine/testing/example_models.h"
 
 namespace tessera::engine {
 namespace {
@@ -29,8 +29,8 @@ struct StepCase {
 void PrintTo(const StepCase& c, std::ostream* os) { *os << c.name; }
 
 const StepCase kCases[] = {
-    {"FashionMlp", examples::kFashionMlp, 64, 1e-3},
-    {"FashionCnn", examples::kFashionCnn, 16, 2e-3},
+    {"FashionMlp", spec::examples::kFashionMlp, 64, 1e-3},
+    {"FashionCnn", spec::examples::kFashionCnn, 16, 2e-3},
     {"StridedCnnWithBatchNorm", R"pb(
        input_shape: [ 3, 15, 13 ]
        layers {

@@ -1,4 +1,4 @@
-// Model construction, validation, parameters and forward values (against naive double-precision
+// Model construction, refused specs, parameters and forward values (against naive double-precision
 // references) on the CPU backend.
 #include "worker/engine/model.h"
 
@@ -13,13 +13,14 @@
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
 #include "kernels/device.h"
-#include "worker/engine/testing/example_models.h"
+#include "spec/model_spec.h"
+#include "spec/testing/example_models.h"
 
 namespace tessera::engine {
 namespace {
 
-using examples::kFashionCnn;
-using examples::kFashionMlp;
+using spec::examples::kFashionCnn;
+using spec::examples::kFashionMlp;
 
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
@@ -51,7 +52,7 @@ class BadSpecTest : public ::testing::TestWithParam<BadSpec> {};
 TEST_P(BadSpecTest, IsInvalidArgumentNamingTheProblem) {
   const BadSpec& c = GetParam();
   v1::ModelSpec spec = Parse(c.text);
-  auto infos = ValidateModelSpec(spec);
+  auto infos = spec::InferModelShapes(spec);
   ASSERT_FALSE(infos.ok());
   EXPECT_EQ(infos.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(infos.status().message()), HasSubstr(c.message));
@@ -252,43 +253,6 @@ TEST(ModelMemoryTest, BatchesThatCannotFitAreRefusedBeforeAllocating) {
     ASSERT_FALSE(step.ok());
     EXPECT_EQ(step.status(), status);
   }
-}
-
-TEST(ModelSpecTest, UnknownFieldIsRefused) {
-  v1::ModelSpec spec = Parse(kFashionMlp);
-  std::string wire;
-  ASSERT_TRUE(spec.SerializeToString(&wire));
-  // Field 99 of the first layer (varint 7): tag = (99 << 3) | 0.
-  v1::Layer layer = spec.layers(0);
-  std::string layer_wire;
-  ASSERT_TRUE(layer.SerializeToString(&layer_wire));
-  layer_wire += std::string("\x98\x06\x07", 3);
-  v1::Layer with_unknown;
-  ASSERT_TRUE(with_unknown.ParseFromString(layer_wire));
-  *spec.mutable_layers(0) = with_unknown;
-  auto infos = ValidateModelSpec(spec);
-  ASSERT_FALSE(infos.ok());
-  EXPECT_EQ(infos.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(infos.status().message()),
-              HasSubstr("layers[0]: unknown field number 99"));
-}
-
-TEST(ModelSpecTest, ShapesOfTheBenchmarkModels) {
-  auto mlp = ValidateModelSpec(Parse(kFashionMlp));
-  ASSERT_TRUE(mlp.ok()) << mlp.status();
-  ASSERT_EQ(mlp->size(), 7u);
-  EXPECT_EQ((*mlp)[0].name, "dense_1");
-  EXPECT_EQ((*mlp)[1].name, "relu_1");
-  EXPECT_EQ((*mlp)[6].name, "dense_4");
-  EXPECT_THAT((*mlp)[6].output_shape, ElementsAre(10));
-
-  auto cnn = ValidateModelSpec(Parse(kFashionCnn));
-  ASSERT_TRUE(cnn.ok()) << cnn.status();
-  EXPECT_THAT((*cnn)[0].output_shape, ElementsAre(32, 28, 28));
-  EXPECT_THAT((*cnn)[2].output_shape, ElementsAre(32, 14, 14));
-  EXPECT_THAT((*cnn)[5].output_shape, ElementsAre(64, 7, 7));
-  EXPECT_THAT((*cnn)[6].output_shape, ElementsAre(3136));
-  EXPECT_EQ((*cnn)[9].type, "dropout");
 }
 
 // --- Parameters
@@ -887,10 +851,8 @@ TEST(BackendTest, ConvBackwardMatchesReference) {
   }
 }
 
+// The device strings are spec/'s (spec/device_spec_test.cc).
 TEST(BackendTest, DeviceChoice) {
-  EXPECT_EQ(*kernels::ParseDeviceChoice("cpu"), kernels::DeviceChoice::kCpu);
-  EXPECT_EQ(*kernels::ParseDeviceChoice("CUDA"), kernels::DeviceChoice::kCuda);
-  EXPECT_EQ(kernels::ParseDeviceChoice("tpu").status().code(), absl::StatusCode::kInvalidArgument);
   kernels::BackendOptions o;
   o.device = kernels::DeviceChoice::kAuto;
   auto b = kernels::CreateBackend(o);

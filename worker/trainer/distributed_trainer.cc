@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "kernels/schedule.h"
+#include "spec/job_spec.h"
 #include "worker/data/batch_prefetcher.h"
 #include "worker/trainer/internal/splits.h"
 #include "worker/trainer/job_spec.h"
@@ -137,14 +138,14 @@ absl::Status DistributedTrainer::Init() {
           "wired to the engine); train it with tessera-worker --standalone"));
     }
   }
-  ValidateOptions validate;
+  spec::ValidateOptions validate;
   validate.distributed = true;
-  TESSERA_RETURN_IF_ERROR(ValidateJobSpec(spec, validate));
+  TESSERA_RETURN_IF_ERROR(spec::ValidateJobSpec(spec, validate));
   world_ = task.world_size();
   rank_ = task.rank();
-  if (world_ != NumWorkers(spec)) {
+  if (world_ != spec::NumWorkers(spec)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "task.world_size: ", world_, " does not match spec.num_workers ", NumWorkers(spec)));
+        "task.world_size: ", world_, " does not match spec.num_workers ", spec::NumWorkers(spec)));
   }
   if (rank_ < 0 || rank_ >= world_) {
     return absl::InvalidArgumentError(
@@ -173,9 +174,8 @@ absl::Status DistributedTrainer::Init() {
   }
 
   kernels::BackendOptions backend_options;
-  TESSERA_ASSIGN_OR_RETURN(
-      backend_options.device,
-      kernels::ParseDeviceChoice(spec.device().empty() ? "auto" : spec.device()));
+  TESSERA_ASSIGN_OR_RETURN(backend_options.device,
+                           ParseDeviceChoice(spec.device().empty() ? "auto" : spec.device()));
   backend_options.num_threads = options_.num_threads;
   backend_options.memory_limit_bytes = options_.memory_limit_bytes;
   TESSERA_ASSIGN_OR_RETURN(backend_, kernels::CreateBackend(backend_options));
@@ -290,9 +290,9 @@ absl::Status DistributedTrainer::Connect() {
   o.job_id = options_.task.job_id();
   o.worker_id = static_cast<uint32_t>(rank_);
   o.incarnation = options_.task.incarnation();
-  o.partition_bytes = PartitionBytes(spec);
-  o.push_encoding = WireEncoding(spec);
-  o.pull_encoding = WireEncoding(spec);
+  o.partition_bytes = spec::PartitionBytes(spec);
+  o.push_encoding = spec::WireEncoding(spec);
+  o.pull_encoding = spec::WireEncoding(spec);
   o.call_timeout = options_.call_timeout;
   o.retry.max_attempts = options_.max_attempts;
   o.credentials = options_.credentials;
@@ -313,7 +313,7 @@ absl::Status DistributedTrainer::Connect() {
   // Additive and idempotent on the shards: whichever rank comes first declares, and the others'
   // initial values (identical anyway) change nothing. A resumed rank declares too: the state the
   // shards hold (restored or trained on) is left as it is.
-  TESSERA_RETURN_IF_ERROR(ShardStatus(client_->DeclareJob(MakeJobConfig(spec), tensors, {})));
+  TESSERA_RETURN_IF_ERROR(ShardStatus(client_->DeclareJob(spec::MakeJobConfig(spec), tensors, {})));
   TESSERA_RETURN_IF_ERROR(CheckCancelled());
   if (start_step_ > 0) return PullGated(start_step_);
   return PullAll();
@@ -340,7 +340,7 @@ absl::Status DistributedTrainer::PullGated(int64_t step) {
   //   No one can apply step `step` without this rank (it is live from `step` on), so the
   //   weights it ends with are exactly the state at `step`.
   constexpr absl::Duration kSlice = absl::Seconds(1);
-  const bool bsp = MakeJobConfig(options_.task.spec()).consistency() == v1::CONSISTENCY_BSP;
+  const bool bsp = spec::MakeJobConfig(options_.task.spec()).consistency() == v1::CONSISTENCY_BSP;
   client::ParameterClient::Options o = client_->options();
   o.call_timeout = std::min(options_.call_timeout, kSlice);
   o.retry.max_attempts = 1;
@@ -440,8 +440,8 @@ absl::StatusOr<engine::StepResult> DistributedTrainer::Step(const data::Batch& b
   // per tensor), so gradients that fit in one partition (and in kBatchBytes) are batched, one
   // request per shard; a batch leaves as soon as it holds kBatchBytes (overlapping the rest of
   // backward) or backward ends. A larger tensor leaves on its own as soon as it is produced.
-  const size_t batch_values = std::min(static_cast<size_t>(PartitionBytes(spec) / sizeof(float)),
-                                       kBatchBytes / sizeof(float));
+  const size_t batch_values = std::min(
+      static_cast<size_t>(spec::PartitionBytes(spec) / sizeof(float)), kBatchBytes / sizeof(float));
   std::vector<client::ParameterClient::TensorUpdate> small;
   size_t small_bytes = 0;
   const auto push_small = [&] {

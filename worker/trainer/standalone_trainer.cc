@@ -10,6 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
 #include "kernels/schedule.h"
+#include "spec/job_spec.h"
 #include "worker/data/batch_prefetcher.h"
 #include "worker/trainer/internal/splits.h"
 #include "worker/trainer/job_spec.h"
@@ -53,8 +54,8 @@ absl::Status StandaloneTrainer::Init() {
     return absl::InvalidArgumentError(
         absl::StrCat("target_accuracy: must be in [0, 1], got ", options_.target_accuracy));
   }
-  TESSERA_RETURN_IF_ERROR(ValidateJobSpec(spec));
-  TESSERA_ASSIGN_OR_RETURN(optimizer_, kernels::MakeOptimizerParams(spec.optimizer(), false));
+  TESSERA_RETURN_IF_ERROR(spec::ValidateJobSpec(spec));
+  optimizer_ = kernels::MakeOptimizerParams(spec.optimizer());
 
   // Data first: it is the most likely to fail, and it fails before any device work.
   TESSERA_ASSIGN_OR_RETURN(train_, ReadSplit(spec.dataset(), /*train=*/true, 0, 1));
@@ -63,9 +64,8 @@ absl::Status StandaloneTrainer::Init() {
   }
 
   kernels::BackendOptions backend_options;
-  TESSERA_ASSIGN_OR_RETURN(
-      backend_options.device,
-      kernels::ParseDeviceChoice(spec.device().empty() ? "auto" : spec.device()));
+  TESSERA_ASSIGN_OR_RETURN(backend_options.device,
+                           ParseDeviceChoice(spec.device().empty() ? "auto" : spec.device()));
   backend_options.num_threads = options_.num_threads;
   backend_options.memory_limit_bytes = options_.memory_limit_bytes;
   TESSERA_ASSIGN_OR_RETURN(backend_, kernels::CreateBackend(backend_options));

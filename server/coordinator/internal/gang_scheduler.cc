@@ -13,7 +13,7 @@
 #include "server/coordinator/internal/shard_drops.h"
 #include "server/coordinator/internal/task_assignments.h"
 #include "spdlog/spdlog.h"
-#include "worker/trainer/job_spec.h"
+#include "spec/job_spec.h"
 
 namespace tessera::coordinator::internal {
 namespace {
@@ -117,7 +117,7 @@ int ShardsReady(ClusterState& state, JobEntry& entry, const GangResources& resou
 std::optional<GangPlan> ReserveGang(ClusterState& state) ABSL_EXCLUSIVE_LOCKS_REQUIRED(state.mu) {
   JobEntry* entry = OldestPending(state);
   if (entry == nullptr) return std::nullopt;
-  const int want_workers = trainer::NumWorkers(entry->job.spec());
+  const int want_workers = spec::NumWorkers(entry->job.spec());
   GangResources resources = SurveyResources(state);
   const int num_shards = ShardsReady(state, *entry, resources);
   if (num_shards < 0) return std::nullopt;
@@ -143,7 +143,7 @@ std::optional<GangPlan> ReserveGang(ClusterState& state) ABSL_EXCLUSIVE_LOCKS_RE
   for (int i = 0; i < num_shards; ++i) {
     plan.addresses.push_back(resources.live_shards[i]->member.address());
   }
-  plan.config = trainer::MakeJobConfig(entry->job.spec());
+  plan.config = spec::MakeJobConfig(entry->job.spec());
   entry->starting = true;
   return plan;
 }

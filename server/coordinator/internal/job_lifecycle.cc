@@ -10,7 +10,7 @@
 #include "server/coordinator/internal/shard_drops.h"
 #include "server/coordinator/internal/task_assignments.h"
 #include "spdlog/spdlog.h"
-#include "worker/trainer/job_spec.h"
+#include "spec/job_spec.h"
 
 namespace tessera::coordinator::internal {
 
@@ -19,10 +19,10 @@ absl::StatusOr<v1::Job> CreateJob(ClusterState& state, const v1::JobSpec& spec) 
     absl::MutexLock lock(&state.mu);
     if (!state.store_error.ok()) return state.store_error;
   }
-  trainer::ValidateOptions validate;
+  spec::ValidateOptions validate;
   validate.check_files = state.options.check_files;
   validate.distributed = true;
-  TESSERA_RETURN_IF_ERROR(trainer::ValidateJobSpec(spec, validate));
+  TESSERA_RETURN_IF_ERROR(spec::ValidateJobSpec(spec, validate));
   v1::Job created;
   {
     absl::MutexLock lock(&state.mu);
@@ -41,7 +41,7 @@ absl::StatusOr<v1::Job> CreateJob(ClusterState& state, const v1::JobSpec& spec) 
   }
   TESSERA_RETURN_IF_ERROR(state.FlushWrites());
   spdlog::info("coordinator: job {} queued ({} workers)", created.id(),
-               trainer::NumWorkers(created.spec()));
+               spec::NumWorkers(created.spec()));
   return created;
 }
 

@@ -1,6 +1,7 @@
 // The layers of a Model (internal to worker/engine). Each layer knows its input and output shapes
-// (without the batch dimension), declares its parameters, and runs its forward and backward ops on
-// the backend. Shapes are checked once, when the layer is made from its spec.
+// (without the batch dimension) and runs its forward and backward ops on the backend. Shapes,
+// parameters and defaults come from spec::InferModelShapes (spec/model_spec.h), which checked
+// them; a layer only computes.
 #ifndef TESSERA_WORKER_ENGINE_INTERNAL_LAYERS_H_
 #define TESSERA_WORKER_ENGINE_INTERNAL_LAYERS_H_
 
@@ -12,20 +13,11 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "kernels/backend.h"
+#include "spec/model_spec.h"
 #include "tessera/v1/model.pb.h"
 #include "worker/engine/model.h"
 
 namespace tessera::engine {
-
-// A parameter a layer asks for; the model allocates it and hands the tensors back in order.
-struct ParameterDecl {
-  std::string suffix;  // "kernel", "bias", "gamma", ...
-  kernels::Shape shape;
-  v1::WeightInitializer init;  // resolved (never KIND_UNSPECIFIED)
-  int64_t fan_in = 0, fan_out = 0;
-  bool trainable = true;
-  bool sparse = false;
-};
 
 // Sparse input of an EmbeddingBag first layer, on the device.
 struct SparseInput {
@@ -51,11 +43,11 @@ struct BackwardArgs {
 
 class Model::Layer {
  public:
-  Layer(std::string name, std::string type, kernels::Shape in_shape, kernels::Shape out_shape)
-      : name_(std::move(name)),
-        type_(std::move(type)),
-        in_shape_(std::move(in_shape)),
-        out_shape_(std::move(out_shape)) {}
+  explicit Layer(const spec::LayerInfo& info)
+      : name_(info.name),
+        type_(info.type),
+        in_shape_(info.input_shape),
+        out_shape_(info.output_shape) {}
   virtual ~Layer() = default;
 
   const std::string& name() const { return name_; }
@@ -63,8 +55,8 @@ class Model::Layer {
   const kernels::Shape& in_shape() const { return in_shape_; }
   const kernels::Shape& out_shape() const { return out_shape_; }
 
-  virtual std::vector<ParameterDecl> Parameters() const { return {}; }
-  // Receives the declared parameters' value and grad tensors, in declaration order.
+  // Receives the value and grad tensors of the layer's parameters (LayerInfo::parameters), in
+  // that order.
   void Bind(std::vector<kernels::Tensor> values, std::vector<kernels::Tensor> grads) {
     values_ = std::move(values);
     grads_ = std::move(grads);
@@ -83,8 +75,6 @@ class Model::Layer {
   virtual bool BackwardIgnoresOutput() const { return false; }
   // True when backward needs a dx buffer even for the first layer (it always writes one).
   virtual bool WritesInputGrad() const { return false; }
-  // True when backward does anything when it is the first layer (it has parameters).
-  bool HasParameters() const { return !Parameters().empty(); }
 
   virtual absl::Status Forward(kernels::Backend* backend, const ForwardArgs& args) = 0;
   virtual absl::Status Backward(kernels::Backend* backend, const BackwardArgs& args) = 0;
@@ -97,14 +87,11 @@ class Model::Layer {
   kernels::Shape in_shape_, out_shape_;
 };
 
-// Makes layer `index` from its spec, given its input shape; INVALID_ARGUMENT names the layer.
-// `name` is the resolved name (the spec's or "<type>_<k>").
-absl::StatusOr<std::unique_ptr<Model::Layer>> MakeLayer(const v1::Layer& spec, int index,
-                                                        const std::string& name,
-                                                        const kernels::Shape& in_shape);
-
-// The default-name prefix of a layer kind ("dense", "conv2d", ...), or "" when no kind is set.
-std::string LayerTypeName(const v1::Layer& spec);
+// Makes the layer that `info` describes; `layer` is its spec (for the values shape inference does
+// not resolve: dropout's rate, embedding_bag's combiner). INTERNAL for a layer without a kind.
+// REQUIRES: `info` came from spec::InferModelShapes of the spec holding `layer`.
+absl::StatusOr<std::unique_ptr<Model::Layer>> MakeLayer(const v1::Layer& layer,
+                                                        const spec::LayerInfo& info);
 
 }  // namespace tessera::engine
 

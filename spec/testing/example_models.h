@@ -1,9 +1,10 @@
 // The models of examples/fashion_mlp.textproto and examples/fashion_cnn.textproto as ModelSpec
-// text, for tests and benchmarks of the engine (which do not read job specs).
-#ifndef TESSERA_WORKER_ENGINE_TESTING_EXAMPLE_MODELS_H_
-#define TESSERA_WORKER_ENGINE_TESTING_EXAMPLE_MODELS_H_
+// text, for the tests of spec/ and the tests and benchmarks of the engine (which do not read job
+// specs). spec/job_spec_test.cc checks that they match the example files.
+#ifndef TESSERA_SPEC_TESTING_EXAMPLE_MODELS_H_
+#define TESSERA_SPEC_TESTING_EXAMPLE_MODELS_H_
 
-namespace tessera::engine::examples {
+namespace tessera::spec::examples {
 
 // Fashion-MNIST MLP 784-256-128-100-10 with ReLU.
 inline constexpr char kFashionMlp[] = R"pb(
@@ -35,6 +36,6 @@ inline constexpr char kFashionCnn[] = R"pb(
   loss: LOSS_SOFTMAX_CROSS_ENTROPY
 )pb";
 
-}  // namespace tessera::engine::examples
+}  // namespace tessera::spec::examples
 
-#endif  // TESSERA_WORKER_ENGINE_TESTING_EXAMPLE_MODELS_H_
+#endif  // TESSERA_SPEC_TESTING_EXAMPLE_MODELS_H_

@@ -1,0 +1,19 @@
+// The compute device a job spec (JobSpec.device) or a worker's --device flag asks for
+// (DESIGN.md §5: chosen at run time, CUDA where a GPU exists, otherwise CPU).
+#ifndef TESSERA_SPEC_DEVICE_SPEC_H_
+#define TESSERA_SPEC_DEVICE_SPEC_H_
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace tessera::spec {
+
+enum class DeviceChoice { kAuto, kCpu, kCuda };
+
+// Parses "auto" (or ""), "cpu", or "cuda" (alias "gpu"), in any case. INVALID_ARGUMENT names the
+// value otherwise: "device: must be one of auto, cpu, cuda; got \"tpu\"". Pure; thread-safe.
+absl::StatusOr<DeviceChoice> ParseDeviceChoice(absl::string_view text);
+
+}  // namespace tessera::spec
+
+#endif  // TESSERA_SPEC_DEVICE_SPEC_H_

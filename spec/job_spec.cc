@@ -1,0 +1,199 @@
+#include "spec/job_spec.h"
+
+#include <cmath>
+#include <string>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "spec/dataset_spec.h"
+#include "spec/device_spec.h"
+#include "spec/model_spec.h"
+#include "spec/optimizer_spec.h"
+#include "spec/schedule_spec.h"
+
+namespace tessera::spec {
+namespace {
+
+constexpr int32_t kMaxBatchSize = 1 << 20;
+constexpr int kMaxWorkers = 1024;
+constexpr int64_t kMinPartitionBytes = 1024;
+constexpr int64_t kMaxPartitionBytes = int64_t{1} << 30;
+
+bool ValidName(const std::string& name) {
+  if (name.empty() || name.size() > 128) return false;
+  for (char c : name) {
+    if (!absl::ascii_isalnum(static_cast<unsigned char>(c)) && c != '_' && c != '-' && c != '.') {
+      return false;
+    }
+  }
+  return true;
+}
+
+// The model, the dataset, and what ties them: one class per output for softmax, one target per
+// example for the other losses, sparse examples exactly for a model that starts with an
+// embedding_bag.
+absl::Status ValidateModelAndData(const v1::JobSpec& spec, const ValidateOptions& options) {
+  if (!spec.has_model()) return absl::InvalidArgumentError("model: must be set");
+  absl::StatusOr<ModelShapes> model = InferModelShapes(spec.model());
+  if (!model.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("model.", model.status().message()));
+  }
+  if (!spec.has_dataset()) return absl::InvalidArgumentError("dataset: must be set");
+  TESSERA_RETURN_IF_ERROR(ValidateDataset(spec.dataset(), options.check_files));
+  const int64_t outputs = model->output_dim;
+  if (spec.model().loss() == v1::LOSS_SOFTMAX_CROSS_ENTROPY &&
+      spec.dataset().num_classes() != outputs) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "dataset.num_classes: softmax cross-entropy needs one class per model output (", outputs,
+        "), got ", spec.dataset().num_classes()));
+  }
+  const bool sparse_model = model->sparse_input;
+  const bool sparse_data = spec.dataset().format() == v1::DatasetSpec::FORMAT_LIBSVM;
+  if (sparse_model != sparse_data) {
+    return absl::InvalidArgumentError(
+        sparse_model ? "dataset.format: a model that starts with an embedding_bag reads sparse "
+                       "examples, so the dataset must be FORMAT_LIBSVM"
+                     : "dataset.format: FORMAT_LIBSVM examples are sparse, so the model must "
+                       "start with an embedding_bag layer");
+  }
+  if (spec.model().loss() != v1::LOSS_SOFTMAX_CROSS_ENTROPY && outputs != 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model.loss: ", v1::Loss_Name(spec.model().loss()),
+        " reads one target per example from the dataset, so the model needs 1 output, got ",
+        outputs));
+  }
+  return absl::OkStatus();
+}
+
+// The optimizer, its schedule and clipping, the batch and the length of the run, the device and
+// evaluation.
+absl::Status ValidateTraining(const v1::JobSpec& spec) {
+  if (!spec.has_optimizer()) return absl::InvalidArgumentError("optimizer: must be set");
+  TESSERA_RETURN_IF_ERROR(ValidateOptimizer(spec.optimizer(), /*sparse=*/false));
+  TESSERA_RETURN_IF_ERROR(ValidateSchedule(spec.schedule()));
+  if (!std::isfinite(spec.clipping().max_global_norm()) || spec.clipping().max_global_norm() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("clipping.max_global_norm: must be a finite number >= 0, got ",
+                     spec.clipping().max_global_norm()));
+  }
+  if (spec.batch_size() < 1 || spec.batch_size() > kMaxBatchSize) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("batch_size: must be in [1, ", kMaxBatchSize, "], got ", spec.batch_size()));
+  }
+  if (spec.epochs() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("epochs: must be >= 0, got ", spec.epochs()));
+  }
+  if (spec.max_steps() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_steps: must be >= 0, got ", spec.max_steps()));
+  }
+  if (spec.epochs() == 0 && spec.max_steps() == 0) {
+    return absl::InvalidArgumentError("epochs: epochs or max_steps must be > 0, both are 0");
+  }
+  if (!spec.device().empty() && !ParseDeviceChoice(spec.device()).ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("device: must be \"auto\", \"cuda\" or \"cpu\", got \"",
+                     absl::CEscape(spec.device()), "\""));
+  }
+  if (spec.eval().every_epochs() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("eval.every_epochs: must be >= 0, got ", spec.eval().every_epochs()));
+  }
+  if (spec.eval().batch_size() < 0 || spec.eval().batch_size() > kMaxBatchSize) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "eval.batch_size: must be in [0, ", kMaxBatchSize, "], got ", spec.eval().batch_size()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateDistributedFields(const v1::JobSpec& spec) {
+  if (spec.num_workers() < 1 || spec.num_workers() > kMaxWorkers) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("num_workers: must be in [1, ", kMaxWorkers, "], got ", spec.num_workers()));
+  }
+  const std::string mode = absl::AsciiStrToLower(spec.consistency());
+  if (!mode.empty() && mode != "bsp" && mode != "ssp" && mode != "asp") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("consistency: must be \"bsp\", \"ssp\" or \"asp\", got \"",
+                     absl::CEscape(spec.consistency()), "\""));
+  }
+  if (mode == "ssp" && (spec.staleness() < 1 || spec.staleness() > 1000000)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("staleness: ssp needs a staleness in [1, 1000000], got ", spec.staleness()));
+  }
+  if (mode != "ssp" && spec.staleness() != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("staleness: only ssp takes a staleness, got ",
+                                                   spec.staleness(), " with ",
+                                                   mode.empty() ? "bsp" : mode));
+  }
+  if (spec.partition_bytes() != 0 && (spec.partition_bytes() < kMinPartitionBytes ||
+                                      spec.partition_bytes() > kMaxPartitionBytes)) {
+    return absl::InvalidArgumentError(absl::StrCat("partition_bytes: must be 0 (4 MiB) or in [",
+                                                   kMinPartitionBytes, ", ", kMaxPartitionBytes,
+                                                   "], got ", spec.partition_bytes()));
+  }
+  const std::string encoding = absl::AsciiStrToLower(spec.wire_encoding());
+  if (!encoding.empty() && encoding != "fp32" && encoding != "bf16" && encoding != "fp16") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("wire_encoding: must be \"fp32\", \"bf16\" or \"fp16\", got \"",
+                     absl::CEscape(spec.wire_encoding()), "\""));
+  }
+  if (spec.checkpoint_every_steps() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("checkpoint_every_steps: must be >= 0, got ", spec.checkpoint_every_steps()));
+  }
+  if (spec.keep_checkpoints() < 0 || spec.keep_checkpoints() > 1000) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "keep_checkpoints: must be in [0, 1000] (0 means 3), got ", spec.keep_checkpoints()));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ValidateJobSpec(const v1::JobSpec& spec, const ValidateOptions& options) {
+  if (!ValidName(spec.name())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("name: must be 1 to 128 letters, digits, '_', '-' or '.', got \"",
+                     absl::CEscape(spec.name()), "\""));
+  }
+  TESSERA_RETURN_IF_ERROR(ValidateModelAndData(spec, options));
+  TESSERA_RETURN_IF_ERROR(ValidateTraining(spec));
+  if (options.distributed) TESSERA_RETURN_IF_ERROR(ValidateDistributedFields(spec));
+  return absl::OkStatus();
+}
+
+v1::JobConfig MakeJobConfig(const v1::JobSpec& spec) {
+  v1::JobConfig config;
+  const std::string mode = absl::AsciiStrToLower(spec.consistency());
+  if (mode == "ssp") {
+    config.set_consistency(v1::CONSISTENCY_SSP);
+    config.set_staleness(static_cast<uint32_t>(spec.staleness()));
+  } else if (mode == "asp") {
+    config.set_consistency(v1::CONSISTENCY_ASP);
+  } else {
+    config.set_consistency(v1::CONSISTENCY_BSP);
+  }
+  config.set_num_workers(static_cast<uint32_t>(NumWorkers(spec)));
+  *config.mutable_optimizer() = spec.optimizer();
+  *config.mutable_schedule() = spec.schedule();
+  config.set_checkpoint_every_steps(spec.checkpoint_every_steps());
+  return config;
+}
+
+v1::Encoding WireEncoding(const v1::JobSpec& spec) {
+  const std::string e = absl::AsciiStrToLower(spec.wire_encoding());
+  if (e == "bf16") return v1::ENCODING_BF16;
+  if (e == "fp16") return v1::ENCODING_FP16;
+  return v1::ENCODING_FP32;
+}
+
+int64_t PartitionBytes(const v1::JobSpec& spec) {
+  return spec.partition_bytes() == 0 ? int64_t{4} << 20 : spec.partition_bytes();
+}
+
+int NumWorkers(const v1::JobSpec& spec) { return spec.num_workers() == 0 ? 1 : spec.num_workers(); }
+
+}  // namespace tessera::spec

@@ -1,0 +1,45 @@
+// Validating job specs (proto/tessera/v1/job_spec.proto) and the values derived from them.
+//
+// ValidateJobSpec checks every field before any work starts: the coordinator at CreateJob
+// (server/coordinator/), `tessera submit` and `tessera-worker --standalone` before they train.
+// The model's shapes are inferred by spec/model_spec.h, the optimizer and schedule are checked by
+// spec/optimizer_spec.h and spec/schedule_spec.h, and the device by spec/device_spec.h, so that
+// every rule of a spec lives in spec/ and nothing here needs the engine or a device.
+#ifndef TESSERA_SPEC_JOB_SPEC_H_
+#define TESSERA_SPEC_JOB_SPEC_H_
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "tessera/v1/job_spec.pb.h"
+#include "tessera/v1/parameter.pb.h"
+
+namespace tessera::spec {
+
+struct ValidateOptions {
+  // Check that the dataset files exist and are readable.
+  bool check_files = true;
+  // Also check the fields of distributed runs (num_workers, consistency, staleness,
+  // partition_bytes, wire_encoding, checkpoint_every_steps). A standalone run ignores them.
+  bool distributed = false;
+};
+
+// Checks every field of `spec`. INVALID_ARGUMENT names the field and the value:
+// "batch_size: must be in [1, 1048576], got 0", "dataset.train_images: file not found: /x",
+// "model.layers[2] (dense_2): ...", "optimizer.learning_rate: ...". With check_files it stats
+// the dataset files (blocking file-system calls). Thread-safe.
+absl::Status ValidateJobSpec(const v1::JobSpec& spec, const ValidateOptions& options = {});
+
+// The shards' view of a distributed job: consistency (with its staleness), num_workers (0 -> 1),
+// optimizer, schedule. REQUIRES: ValidateJobSpec(spec, {.distributed = true}).ok().
+v1::JobConfig MakeJobConfig(const v1::JobSpec& spec);
+// spec.wire_encoding as the data plane's enum (empty -> FP32). REQUIRES: a validated spec.
+v1::Encoding WireEncoding(const v1::JobSpec& spec);
+// spec.partition_bytes, 0 -> 4 MiB.
+int64_t PartitionBytes(const v1::JobSpec& spec);
+// spec.num_workers, 0 -> 1 (standalone specs leave it unset).
+int NumWorkers(const v1::JobSpec& spec);
+
+}  // namespace tessera::spec
+
+#endif  // TESSERA_SPEC_JOB_SPEC_H_

@@ -1,0 +1,285 @@
+#include "spec/job_spec.h"
+
+#include <functional>
+#include <string>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "google/protobuf/text_format.h"
+#include "google/protobuf/util/json_util.h"
+#include "google/protobuf/util/message_differencer.h"
+#include "gtest/gtest.h"
+#include "spec/job_spec_reader.h"
+#include "spec/testing/example_models.h"
+
+namespace tessera::spec {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::string Example(const char* name) {
+  return absl::StrCat(TESSERA_SOURCE_DIR, "/examples/", name);
+}
+
+v1::JobSpec Mlp() {
+  absl::StatusOr<v1::JobSpec> spec = ReadJobSpecFile(Example("fashion_mlp.textproto"));
+  EXPECT_TRUE(spec.ok()) << spec.status();
+  return *spec;
+}
+
+TEST(JobSpecTest, ExamplesParseAndValidate) {
+  for (const char* name : {"fashion_mlp.textproto", "fashion_cnn.textproto"}) {
+    absl::StatusOr<v1::JobSpec> spec = ReadJobSpecFile(Example(name));
+    ASSERT_TRUE(spec.ok()) << name << ": " << spec.status();
+    EXPECT_TRUE(ValidateJobSpec(*spec).ok()) << name << ": " << ValidateJobSpec(*spec);
+    EXPECT_EQ(spec->batch_size(), 64);
+    EXPECT_EQ(spec->optimizer().kind(), v1::OPTIMIZER_KIND_ADAM);
+    EXPECT_EQ(spec->dataset().num_classes(), 10);
+  }
+  v1::JobSpec mlp = Mlp();
+  ASSERT_EQ(mlp.model().layers_size(), 7);
+  EXPECT_EQ(mlp.model().layers(0).dense().units(), 256);
+  EXPECT_EQ(mlp.model().layers(2).dense().units(), 128);
+  EXPECT_EQ(mlp.model().layers(4).dense().units(), 100);
+  EXPECT_EQ(mlp.model().layers(6).dense().units(), 10);
+}
+
+// The engine's tests and benchmarks use copies of the examples' models: keep them the same.
+TEST(JobSpecTest, ExampleModelsMatchTheEngineTestCopies) {
+  const std::pair<const char*, const char*> cases[] = {
+      {"fashion_mlp.textproto", examples::kFashionMlp},
+      {"fashion_cnn.textproto", examples::kFashionCnn}};
+  for (const auto& [file, text] : cases) {
+    absl::StatusOr<v1::JobSpec> spec = ReadJobSpecFile(Example(file));
+    ASSERT_TRUE(spec.ok()) << file << ": " << spec.status();
+    v1::ModelSpec copy;
+    ASSERT_TRUE(google::protobuf::TextFormat::ParseFromString(text, &copy)) << file;
+    std::string diff;
+    google::protobuf::util::MessageDifferencer differencer;
+    differencer.ReportDifferencesToString(&diff);
+    EXPECT_TRUE(differencer.Compare(copy, spec->model())) << file << ": " << diff;
+  }
+}
+
+TEST(JobSpecTest, JsonAndTextprotoGiveTheSameSpec) {
+  const v1::JobSpec mlp = Mlp();
+  std::string json;
+  ASSERT_TRUE(google::protobuf::util::MessageToJsonString(mlp, &json).ok());
+  absl::StatusOr<v1::JobSpec> parsed = ParseJobSpec(absl::StrCat("\n  ", json), "spec.json");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(mlp, *parsed));
+}
+
+TEST(JobSpecTest, TextprotoErrorsGiveLineAndColumn) {
+  absl::StatusOr<v1::JobSpec> bad = ParseJobSpec("name: \"x\"\nbatch_size: abc\n", "job.txt");
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(bad.status().message()), HasSubstr("job.txt:2:13: "));
+  absl::StatusOr<v1::JobSpec> unknown = ParseJobSpec("name: \"x\"\n\n  bogus: 1\n", "job.txt");
+  EXPECT_EQ(unknown.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(unknown.status().message()), HasSubstr("job.txt:3:"));
+  EXPECT_THAT(std::string(unknown.status().message()), HasSubstr("bogus"));
+}
+
+TEST(JobSpecTest, JsonErrorsNameTheSourceAndPlace) {
+  absl::StatusOr<v1::JobSpec> bad =
+      ParseJobSpec("{\n  \"name\": \"x\",\n  \"batchSize\": [1]\n}\n", "job.json");
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(bad.status().message()), HasSubstr("job.json"));
+  absl::StatusOr<v1::JobSpec> syntax =
+      ParseJobSpec("{\n  \"name\": \"x\",\n  \"batchSize\": x1\n}\n", "j.json");
+  EXPECT_EQ(syntax.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(syntax.status().message()),
+              HasSubstr("j.json:3:16: invalid JSON job spec: Unexpected token."));
+  absl::StatusOr<v1::JobSpec> unknown = ParseJobSpec("{\"bogus\": 1}", "u.json");
+  EXPECT_EQ(unknown.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(unknown.status().message()), HasSubstr("bogus"));
+}
+
+TEST(JobSpecTest, MissingFileIsNotFound) {
+  absl::StatusOr<v1::JobSpec> spec = ReadJobSpecFile("/nonexistent/job.textproto");
+  EXPECT_EQ(spec.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(spec.status().message()), HasSubstr("/nonexistent/job.textproto"));
+}
+
+TEST(JobSpecTest, DirectoryIsNotASpec) {
+  // A directory opens as an empty stream; it must not parse as an empty spec.
+  absl::StatusOr<v1::JobSpec> spec = ReadJobSpecFile("/tmp");
+  EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(spec.status().message()),
+              HasSubstr("job spec file is not a regular file: /tmp"));
+}
+
+struct BadSpec {
+  const char* what;
+  std::function<void(v1::JobSpec*)> mutate;
+  const char* message;
+};
+
+class ValidateJobSpecTest : public ::testing::TestWithParam<BadSpec> {};
+
+TEST_P(ValidateJobSpecTest, NamesTheField) {
+  v1::JobSpec spec = Mlp();
+  GetParam().mutate(&spec);
+  const absl::Status status = ValidateJobSpec(spec);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+  EXPECT_THAT(std::string(status.message()), HasSubstr(GetParam().message));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Fields, ValidateJobSpecTest,
+    ::testing::Values(
+        BadSpec{"batch", [](v1::JobSpec* s) { s->set_batch_size(0); },
+                "batch_size: must be in [1, 1048576], got 0"},
+        BadSpec{"file", [](v1::JobSpec* s) { s->mutable_dataset()->set_train_images("/x"); },
+                "dataset.train_images: file not found: /x"},
+        BadSpec{"test_file", [](v1::JobSpec* s) { s->mutable_dataset()->set_test_labels("/y/z"); },
+                "dataset.test_labels: file not found: /y/z"},
+        BadSpec{"test_pair", [](v1::JobSpec* s) { s->mutable_dataset()->clear_test_labels(); },
+                "dataset.test_labels: must be set with test_images"},
+        BadSpec{"lr", [](v1::JobSpec* s) { s->mutable_optimizer()->set_learning_rate(-1); },
+                "optimizer.learning_rate"},
+        BadSpec{"layer",
+                [](v1::JobSpec* s) {
+                  s->mutable_model()->mutable_layers(2)->mutable_dense()->set_units(0);
+                },
+                "model.layers[2]"},
+        BadSpec{"classes", [](v1::JobSpec* s) { s->mutable_dataset()->set_num_classes(5); },
+                "dataset.num_classes: softmax cross-entropy needs one class per model output "
+                "(10), got 5"},
+        BadSpec{"format",
+                [](v1::JobSpec* s) {
+                  s->mutable_dataset()->set_format(v1::DatasetSpec::FORMAT_UNSPECIFIED);
+                },
+                "dataset.format: must be FORMAT_IDX, FORMAT_LIBSVM or FORMAT_CSV"},
+        BadSpec{"sparse",
+                [](v1::JobSpec* s) {
+                  v1::DatasetSpec* d = s->mutable_dataset();
+                  d->set_format(v1::DatasetSpec::FORMAT_LIBSVM);
+                  d->set_train_path(d->train_images());
+                  d->clear_train_images();
+                  d->clear_train_labels();
+                  d->clear_test_images();
+                  d->clear_test_labels();
+                },
+                "dataset.format: FORMAT_LIBSVM examples are sparse"},
+        BadSpec{"device", [](v1::JobSpec* s) { s->set_device("tpu"); },
+                "device: must be \"auto\", \"cuda\" or \"cpu\", got \"tpu\""},
+        BadSpec{"length", [](v1::JobSpec* s) { s->set_epochs(0); },
+                "epochs: epochs or max_steps must be > 0"},
+        BadSpec{"negative_epochs", [](v1::JobSpec* s) { s->set_epochs(-2); },
+                "epochs: must be >= 0, got -2"},
+        BadSpec{"name", [](v1::JobSpec* s) { s->set_name("a b"); }, "name: must be"},
+        BadSpec{"schedule",
+                [](v1::JobSpec* s) {
+                  s->mutable_schedule()->set_kind(v1::LearningRateSchedule::KIND_STEP);
+                },
+                "schedule."},
+        BadSpec{"clip", [](v1::JobSpec* s) { s->mutable_clipping()->set_max_global_norm(-1); },
+                "clipping.max_global_norm: must be a finite number >= 0, got -1"},
+        BadSpec{
+            "stddev",
+            [](v1::JobSpec* s) { s->mutable_dataset()->mutable_normalization()->set_stddev(-1); },
+            "dataset.normalization.stddev"},
+        BadSpec{"eval", [](v1::JobSpec* s) { s->mutable_eval()->set_batch_size(-1); },
+                "eval.batch_size"},
+        BadSpec{"no_model", [](v1::JobSpec* s) { s->clear_model(); }, "model: must be set"},
+        BadSpec{"no_optimizer", [](v1::JobSpec* s) { s->clear_optimizer(); },
+                "optimizer: must be set"}),
+    [](const ::testing::TestParamInfo<BadSpec>& info) { return std::string(info.param.what); });
+
+v1::JobSpec DistributedMlp() {
+  v1::JobSpec spec = Mlp();
+  spec.set_num_workers(2);
+  return spec;
+}
+
+ValidateOptions Distributed() {
+  ValidateOptions options;
+  options.distributed = true;
+  return options;
+}
+
+class ValidateDistributedTest : public ::testing::TestWithParam<BadSpec> {};
+
+TEST_P(ValidateDistributedTest, NamesTheField) {
+  v1::JobSpec spec = DistributedMlp();
+  GetParam().mutate(&spec);
+  const absl::Status status = ValidateJobSpec(spec, Distributed());
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+  EXPECT_THAT(std::string(status.message()), HasSubstr(GetParam().message));
+  // A standalone run ignores the distributed fields.
+  EXPECT_TRUE(ValidateJobSpec(spec).ok()) << ValidateJobSpec(spec);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Fields, ValidateDistributedTest,
+    ::testing::Values(
+        BadSpec{"no_workers", [](v1::JobSpec* s) { s->set_num_workers(0); },
+                "num_workers: must be in [1, 1024], got 0"},
+        BadSpec{"negative_workers", [](v1::JobSpec* s) { s->set_num_workers(-3); },
+                "num_workers: must be in [1, 1024], got -3"},
+        BadSpec{"consistency", [](v1::JobSpec* s) { s->set_consistency("eventual"); },
+                "consistency: must be \"bsp\", \"ssp\" or \"asp\", got \"eventual\""},
+        BadSpec{"ssp_without_k", [](v1::JobSpec* s) { s->set_consistency("ssp"); },
+                "staleness: ssp needs a staleness in [1, 1000000], got 0"},
+        BadSpec{"k_without_ssp", [](v1::JobSpec* s) { s->set_staleness(2); },
+                "staleness: only ssp takes a staleness, got 2 with bsp"},
+        BadSpec{"partition", [](v1::JobSpec* s) { s->set_partition_bytes(100); },
+                "partition_bytes: must be 0 (4 MiB) or in [1024, 1073741824], got 100"},
+        BadSpec{"encoding", [](v1::JobSpec* s) { s->set_wire_encoding("int8"); },
+                "wire_encoding: must be \"fp32\", \"bf16\" or \"fp16\", got \"int8\""},
+        BadSpec{"checkpoint", [](v1::JobSpec* s) { s->set_checkpoint_every_steps(-1); },
+                "checkpoint_every_steps: must be >= 0, got -1"}),
+    [](const ::testing::TestParamInfo<BadSpec>& info) { return std::string(info.param.what); });
+
+TEST(JobSpecTest, JobConfigFollowsTheSpec) {
+  v1::JobSpec spec = DistributedMlp();
+  ASSERT_TRUE(ValidateJobSpec(spec, Distributed()).ok());
+  v1::JobConfig config = MakeJobConfig(spec);
+  EXPECT_EQ(config.consistency(), v1::CONSISTENCY_BSP);
+  EXPECT_EQ(config.staleness(), 0u);
+  EXPECT_EQ(config.num_workers(), 2u);
+  EXPECT_EQ(config.optimizer().kind(), spec.optimizer().kind());
+  EXPECT_FLOAT_EQ(config.optimizer().learning_rate(), spec.optimizer().learning_rate());
+  EXPECT_EQ(WireEncoding(spec), v1::ENCODING_FP32);
+  EXPECT_EQ(PartitionBytes(spec), 4 << 20);
+
+  spec.set_consistency("SSP");
+  spec.set_staleness(3);
+  spec.set_wire_encoding("bf16");
+  spec.set_partition_bytes(65536);
+  ASSERT_TRUE(ValidateJobSpec(spec, Distributed()).ok());
+  config = MakeJobConfig(spec);
+  EXPECT_EQ(config.consistency(), v1::CONSISTENCY_SSP);
+  EXPECT_EQ(config.staleness(), 3u);
+  EXPECT_EQ(WireEncoding(spec), v1::ENCODING_BF16);
+  EXPECT_EQ(PartitionBytes(spec), 65536);
+
+  spec.set_consistency("asp");
+  spec.set_staleness(0);
+  spec.set_wire_encoding("fp16");
+  ASSERT_TRUE(ValidateJobSpec(spec, Distributed()).ok());
+  EXPECT_EQ(MakeJobConfig(spec).consistency(), v1::CONSISTENCY_ASP);
+  EXPECT_EQ(WireEncoding(spec), v1::ENCODING_FP16);
+  spec.set_num_workers(0);
+  EXPECT_EQ(NumWorkers(spec), 1);
+}
+
+TEST(JobSpecTest, FileChecksCanBeSkipped) {
+  v1::JobSpec spec = Mlp();
+  spec.mutable_dataset()->set_train_images("/elsewhere/images.gz");
+  ValidateOptions options;
+  options.check_files = false;
+  EXPECT_TRUE(ValidateJobSpec(spec, options).ok());
+  // A path no file system can hold is refused even unchecked (the coordinator stores the spec).
+  spec.mutable_dataset()->set_train_images(std::string(70000, 'p'));
+  const absl::Status long_path = ValidateJobSpec(spec, options);
+  EXPECT_EQ(long_path.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StartsWith(long_path.message(), "dataset.train_images: a path of 70000 bytes"))
+      << long_path;
+}
+
+}  // namespace
+}  // namespace tessera::spec

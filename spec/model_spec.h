@@ -1,0 +1,84 @@
+// Shape inference of a ModelSpec (proto/tessera/v1/model.proto), without a device.
+//
+// InferModelShapes() checks the whole spec (unknown fields, the loss, the input shape, layer
+// names, every layer's fields against its input) and works out, layer by layer, the output shape,
+// the parameters with their shapes and resolved initializers, and the windows of convolutions and
+// pooling, with every default of model.proto filled in. The coordinator calls it through
+// ValidateJobSpec (spec/job_spec.h) to refuse a spec at CreateJob; the worker's engine builds its
+// layers from the result (worker/engine/model.h), so both read one set of rules.
+#ifndef TESSERA_SPEC_MODEL_SPEC_H_
+#define TESSERA_SPEC_MODEL_SPEC_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "tessera/v1/model.pb.h"
+
+namespace tessera::spec {
+
+// The dimensions of one example, without the batch dimension: [features], or
+// [channels, height, width]. The same type as kernels::Shape.
+using Shape = std::vector<int64_t>;
+
+// A tensor that a layer owns. The engine allocates it, initialises it from the model seed and
+// binds the layer to it in this order; the shards hold the trainable ones.
+struct ParameterShape {
+  std::string suffix;  // "kernel", "bias", "gamma", "beta", "moving_mean", "embeddings", ...
+  Shape shape;
+  v1::WeightInitializer init;  // resolved: never KIND_UNSPECIFIED
+  int64_t fan_in = 0, fan_out = 0;
+  bool trainable = true;  // false for the batch-norm moving statistics
+  bool sparse = false;    // embedding tables: sparse rows on the shards (DESIGN.md §2)
+};
+
+// The window of a conv2d or pooling layer over its input seen as [channels, height, width] (a
+// rank-2 input is one channel), defaults filled in. The output is [filters or channels, out_h,
+// out_w] with out_h = (height + 2 * pad_h - kernel_h) / stride_h + 1 (and so for w).
+struct Window2D {
+  int64_t channels = 0, height = 0, width = 0;
+  int64_t kernel_h = 0, kernel_w = 0;
+  int64_t stride_h = 1, stride_w = 1;
+  int64_t pad_h = 0, pad_w = 0;
+  int64_t out_h = 0, out_w = 0;
+};
+
+// The statistics of a batch_norm layer: `channels` of `spatial` values per example each (1 for a
+// [features] input), momentum and epsilon with their defaults filled in.
+struct BatchNormShape {
+  int64_t channels = 0, spatial = 1;
+  float momentum = 0.1f;
+  float epsilon = 1e-5f;
+};
+
+// One layer after shape inference.
+struct LayerInfo {
+  std::string name;  // the spec's, or "<type>_<k>" ("dense_1")
+  std::string type;  // "dense", "conv2d", "max_pool2d", ...
+  Shape input_shape;
+  Shape output_shape;                      // without the batch dimension
+  std::vector<ParameterShape> parameters;  // empty for layers without parameters
+  Window2D window;                         // conv2d, max_pool2d and avg_pool2d only
+  BatchNormShape batch_norm;               // batch_norm only
+};
+
+// A whole model after shape inference.
+struct ModelShapes {
+  // The spec's input_shape, or [num_rows] when the first layer is an embedding_bag.
+  Shape input_shape;
+  // True when the first layer is an embedding_bag (the model reads sparse batches).
+  bool sparse_input = false;
+  std::vector<LayerInfo> layers;  // one per spec layer, in order
+  int64_t output_dim = 0;         // outputs per example (the last layer's elements)
+};
+
+// Checks `spec` and infers every layer's shapes. Pure; thread-safe. INVALID_ARGUMENT names the
+// layer or the field: "layers[3] (dense_2): dense.units must be > 0, got 0",
+// "input_shape: must have 1 to 3 dimensions ...", "loss: ...", "layers[0]: unknown field
+// number 99".
+absl::StatusOr<ModelShapes> InferModelShapes(const v1::ModelSpec& spec);
+
+}  // namespace tessera::spec
+
+#endif  // TESSERA_SPEC_MODEL_SPEC_H_

@@ -1,0 +1,172 @@
+// Shape inference of model specs: the shapes of the example models, the parameters and windows
+// that the engine builds from, and refused specs. The engine's tests (worker/engine/model_test.cc)
+// check that Model::Create refuses the same specs with the same status.
+#include "spec/model_spec.h"
+
+#include <string>
+
+#include "gmock/gmock.h"
+#include "google/protobuf/text_format.h"
+#include "gtest/gtest.h"
+#include "spec/testing/example_models.h"
+
+namespace tessera::spec {
+namespace {
+
+using examples::kFashionCnn;
+using examples::kFashionMlp;
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+v1::ModelSpec Parse(const std::string& text) {
+  v1::ModelSpec spec;
+  EXPECT_TRUE(google::protobuf::TextFormat::ParseFromString(text, &spec)) << text;
+  return spec;
+}
+
+TEST(ModelSpecTest, UnknownFieldIsRefused) {
+  v1::ModelSpec spec = Parse(kFashionMlp);
+  std::string wire;
+  ASSERT_TRUE(spec.SerializeToString(&wire));
+  // Field 99 of the first layer (varint 7): tag = (99 << 3) | 0.
+  v1::Layer layer = spec.layers(0);
+  std::string layer_wire;
+  ASSERT_TRUE(layer.SerializeToString(&layer_wire));
+  layer_wire += std::string("\x98\x06\x07", 3);
+  v1::Layer with_unknown;
+  ASSERT_TRUE(with_unknown.ParseFromString(layer_wire));
+  *spec.mutable_layers(0) = with_unknown;
+  auto infos = InferModelShapes(spec);
+  ASSERT_FALSE(infos.ok());
+  EXPECT_EQ(infos.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(infos.status().message()),
+              HasSubstr("layers[0]: unknown field number 99"));
+}
+
+TEST(ModelSpecTest, ShapesOfTheBenchmarkModels) {
+  auto mlp = InferModelShapes(Parse(kFashionMlp));
+  ASSERT_TRUE(mlp.ok()) << mlp.status();
+  ASSERT_EQ(mlp->layers.size(), 7u);
+  EXPECT_EQ(mlp->layers[0].name, "dense_1");
+  EXPECT_EQ(mlp->layers[1].name, "relu_1");
+  EXPECT_EQ(mlp->layers[6].name, "dense_4");
+  EXPECT_THAT(mlp->layers[6].output_shape, ElementsAre(10));
+
+  auto cnn = InferModelShapes(Parse(kFashionCnn));
+  ASSERT_TRUE(cnn.ok()) << cnn.status();
+  EXPECT_THAT(cnn->layers[0].output_shape, ElementsAre(32, 28, 28));
+  EXPECT_THAT(cnn->layers[2].output_shape, ElementsAre(32, 14, 14));
+  EXPECT_THAT(cnn->layers[5].output_shape, ElementsAre(64, 7, 7));
+  EXPECT_THAT(cnn->layers[6].output_shape, ElementsAre(3136));
+  EXPECT_EQ(cnn->layers[9].type, "dropout");
+}
+
+TEST(ModelSpecTest, ModelInputAndOutput) {
+  auto cnn = InferModelShapes(Parse(kFashionCnn));
+  ASSERT_TRUE(cnn.ok()) << cnn.status();
+  EXPECT_THAT(cnn->input_shape, ElementsAre(1, 28, 28));
+  EXPECT_FALSE(cnn->sparse_input);
+  EXPECT_EQ(cnn->output_dim, 10);
+  EXPECT_THAT(cnn->layers[0].input_shape, ElementsAre(1, 28, 28));
+  EXPECT_THAT(cnn->layers[7].input_shape, ElementsAre(3136));
+
+  auto sparse = InferModelShapes(Parse(R"pb(layers { embedding_bag { num_rows: 1000 dim: 8 } }
+                                            layers { dense { units: 1 } }
+                                            loss: LOSS_SIGMOID_CROSS_ENTROPY)pb"));
+  ASSERT_TRUE(sparse.ok()) << sparse.status();
+  EXPECT_TRUE(sparse->sparse_input);
+  EXPECT_THAT(sparse->input_shape, ElementsAre(1000));
+  EXPECT_THAT(sparse->layers[0].output_shape, ElementsAre(8));
+  EXPECT_EQ(sparse->output_dim, 1);
+}
+
+// The parameters the engine allocates, in binding order, with their initializers resolved.
+TEST(ModelSpecTest, ParametersOfEachKind) {
+  auto cnn = InferModelShapes(Parse(kFashionCnn));
+  ASSERT_TRUE(cnn.ok()) << cnn.status();
+  const LayerInfo& conv = cnn->layers[0];
+  ASSERT_EQ(conv.parameters.size(), 2u);
+  EXPECT_EQ(conv.parameters[0].suffix, "kernel");
+  EXPECT_THAT(conv.parameters[0].shape, ElementsAre(32, 1, 5, 5));
+  EXPECT_EQ(conv.parameters[0].init.kind(), v1::WeightInitializer::KIND_GLOROT_UNIFORM);
+  EXPECT_EQ(conv.parameters[0].fan_in, 25);
+  EXPECT_EQ(conv.parameters[0].fan_out, 800);
+  EXPECT_EQ(conv.parameters[1].suffix, "bias");
+  EXPECT_THAT(conv.parameters[1].shape, ElementsAre(32));
+  EXPECT_EQ(conv.parameters[1].init.kind(), v1::WeightInitializer::KIND_ZEROS);
+  EXPECT_TRUE(cnn->layers[1].parameters.empty());  // relu
+
+  const LayerInfo& dense = cnn->layers[7];
+  ASSERT_EQ(dense.parameters.size(), 2u);
+  EXPECT_THAT(dense.parameters[0].shape, ElementsAre(1024, 3136));
+  EXPECT_EQ(dense.parameters[0].fan_in, 3136);
+  EXPECT_EQ(dense.parameters[0].fan_out, 1024);
+
+  auto norm = InferModelShapes(Parse(R"pb(input_shape: [ 3, 4, 5 ]
+                                          layers { batch_norm {} }
+                                          layers { dense { units: 2 } }
+                                          loss: LOSS_SOFTMAX_CROSS_ENTROPY)pb"));
+  ASSERT_TRUE(norm.ok()) << norm.status();
+  const LayerInfo& bn = norm->layers[0];
+  EXPECT_EQ(bn.batch_norm.channels, 3);
+  EXPECT_EQ(bn.batch_norm.spatial, 20);
+  EXPECT_EQ(bn.batch_norm.momentum, 0.1f);
+  EXPECT_EQ(bn.batch_norm.epsilon, 1e-5f);
+  ASSERT_EQ(bn.parameters.size(), 4u);
+  EXPECT_EQ(bn.parameters[0].suffix, "gamma");
+  EXPECT_EQ(bn.parameters[0].init.kind(), v1::WeightInitializer::KIND_CONSTANT);
+  EXPECT_EQ(bn.parameters[0].init.value(), 1.0f);
+  EXPECT_EQ(bn.parameters[1].suffix, "beta");
+  EXPECT_EQ(bn.parameters[2].suffix, "moving_mean");
+  EXPECT_FALSE(bn.parameters[2].trainable);
+  EXPECT_EQ(bn.parameters[3].suffix, "moving_variance");
+  EXPECT_FALSE(bn.parameters[3].trainable);
+  EXPECT_TRUE(bn.parameters[0].trainable);
+
+  auto sparse = InferModelShapes(Parse(R"pb(layers { embedding_bag { num_rows: 1000 dim: 8 } }
+                                            layers { dense { units: 1 } }
+                                            loss: LOSS_MEAN_SQUARED_ERROR)pb"));
+  ASSERT_TRUE(sparse.ok()) << sparse.status();
+  const ParameterShape& table = sparse->layers[0].parameters.at(0);
+  EXPECT_EQ(table.suffix, "embeddings");
+  EXPECT_THAT(table.shape, ElementsAre(1000, 8));
+  EXPECT_TRUE(table.sparse);
+  EXPECT_EQ(table.init.kind(), v1::WeightInitializer::KIND_NORMAL);
+  EXPECT_EQ(table.init.stddev(), 0.01f);
+}
+
+// Defaults of model.proto: conv2d strides 1; pool windows 2, strides the window; a rank-2
+// input is one channel.
+TEST(ModelSpecTest, WindowsFillDefaults) {
+  auto model = InferModelShapes(Parse(R"pb(input_shape: [ 9, 7 ]
+                                           layers { conv2d { filters: 4 kernel_h: 3 kernel_w: 2 } }
+                                           layers { avg_pool2d { padding_w: 1 } }
+                                           layers { flatten {} }
+                                           layers { dense { units: 2 } }
+                                           loss: LOSS_SOFTMAX_CROSS_ENTROPY)pb"));
+  ASSERT_TRUE(model.ok()) << model.status();
+  const Window2D& conv = model->layers[0].window;
+  EXPECT_EQ(conv.channels, 1);
+  EXPECT_EQ(conv.height, 9);
+  EXPECT_EQ(conv.width, 7);
+  EXPECT_EQ(conv.stride_h, 1);
+  EXPECT_EQ(conv.stride_w, 1);
+  EXPECT_EQ(conv.out_h, 7);
+  EXPECT_EQ(conv.out_w, 6);
+  EXPECT_THAT(model->layers[0].output_shape, ElementsAre(4, 7, 6));
+  const Window2D& pool = model->layers[1].window;
+  EXPECT_EQ(model->layers[1].type, "avg_pool2d");
+  EXPECT_EQ(pool.channels, 4);
+  EXPECT_EQ(pool.kernel_h, 2);
+  EXPECT_EQ(pool.kernel_w, 2);
+  EXPECT_EQ(pool.stride_h, 2);
+  EXPECT_EQ(pool.stride_w, 2);
+  EXPECT_EQ(pool.pad_w, 1);
+  // (7 - 2) / 2 + 1 = 3 rows; (6 + 2 - 2) / 2 + 1 = 4 columns.
+  EXPECT_THAT(model->layers[1].output_shape, ElementsAre(4, 3, 4));
+  EXPECT_THAT(model->layers[2].output_shape, ElementsAre(48));
+}
+
+}  // namespace
+}  // namespace tessera::spec
