@@ -848,7 +848,8 @@ TEST(PushPullCodecTest, LargeFp32WeightsDecodeIntoAMatchingTarget) {
       {"bf16", v1::ENCODING_BF16, n, "w", 2, n / 2, false},
       {"other tensor", v1::ENCODING_FP32, n, "v", 2, n, false},
       {"other index", v1::ENCODING_FP32, n, "w", 3, n, false},
-      {"other size", v1::ENCODING_FP32, n, "w", 2, n + 1, false},
+      {"target larger", v1::ENCODING_FP32, n, "w", 2, n + 1, false},
+      {"target smaller", v1::ENCODING_FP32, n, "w", 2, n - 1, false},
       {"small", v1::ENCODING_FP32, 10, "w", 2, 10, false},
   };
   for (const Case& c : cases) {
