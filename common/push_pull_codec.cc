@@ -114,11 +114,12 @@ class MessageWriter {
     size_ += s.size();
     slices_.push_back(std::move(s));
   }
-  // The message; *bytes is its size.
-  grpc::ByteBuffer Finish(size_t* bytes) {
+  // Puts the message in *out (by swapping, which copies nothing); *bytes is its size.
+  void Finish(grpc::ByteBuffer* out, size_t* bytes) {
     Flush();
     *bytes = size_;
-    return grpc::ByteBuffer(slices_.data(), slices_.size());
+    grpc::ByteBuffer message(slices_.data(), slices_.size());
+    out->Swap(&message);
   }
 
  private:
@@ -164,12 +165,12 @@ grpc::Slice SliceHoldingRequest(const std::shared_ptr<const Request>& request,
       [](void* p) { delete static_cast<std::shared_ptr<const Request>*>(p); }, keep);
 }
 
-grpc::ByteBuffer SerializeCopy(const Request& request) {
-  grpc::ByteBuffer out;
+void SerializeCopy(const Request& request, grpc::ByteBuffer* out) {
+  grpc::ByteBuffer message;  // the writer wants an empty buffer
   bool own_buffer = false;
-  grpc::GenericSerialize<grpc::ProtoBufferWriter, Request>(request, &out, &own_buffer)
+  grpc::GenericSerialize<grpc::ProtoBufferWriter, Request>(request, &message, &own_buffer)
       .IgnoreError();  // serialising a valid message cannot fail
-  return out;
+  out->Swap(&message);
 }
 
 // ---- Reading -----------------------------------------------------------------------------------
@@ -311,32 +312,35 @@ void AppendData(const DecodedSlice& s, size_t n, std::string* out) {
 
 // ---- Requests ----------------------------------------------------------------------------------
 
-absl::StatusOr<grpc::ByteBuffer> EncodePushPullRequest(
-    const std::shared_ptr<const v1::PushPullRequest>& request, const ExternalSliceData* lent,
-    bool zero_copy) {
+absl::Status EncodePushPullRequest(const std::shared_ptr<const v1::PushPullRequest>& request,
+                                   const ExternalSliceData* lent, bool zero_copy,
+                                   grpc::ByteBuffer* out) {
   const Request& r = *request;
   EntryOfSlice entry_of;
   TESSERA_RETURN_IF_ERROR(MapExternal(lent, r.push(), "push", &entry_of));
   const bool lends =
       std::any_of(entry_of.begin(), entry_of.end(), [](int entry) { return entry >= 0; });
-  if (!zero_copy && !lends) return SerializeCopy(r);
+  if (!zero_copy && !lends) {
+    SerializeCopy(r, out);
+    return absl::OkStatus();
+  }
   MessageWriter message;
-  std::string* out = message.pending();
-  AppendStringField(Request::kJobIdFieldNumber, r.job_id(), out);
-  AppendVarintField(Request::kWorkerIdFieldNumber, r.worker_id(), out);
-  AppendVarintField(Request::kIncarnationFieldNumber, r.incarnation(), out);
-  AppendVarintField(Request::kStepFieldNumber, static_cast<uint64_t>(r.step()), out);
-  AppendVarintField(Request::kSeqFieldNumber, r.seq(), out);
-  for (const SliceMessage& s : r.pull()) AppendMessageField(Request::kPullFieldNumber, s, out);
-  AppendVarintField(Request::kPullEncodingFieldNumber, Int32Wire(r.pull_encoding()), out);
+  std::string* head = message.pending();
+  AppendStringField(Request::kJobIdFieldNumber, r.job_id(), head);
+  AppendVarintField(Request::kWorkerIdFieldNumber, r.worker_id(), head);
+  AppendVarintField(Request::kIncarnationFieldNumber, r.incarnation(), head);
+  AppendVarintField(Request::kStepFieldNumber, static_cast<uint64_t>(r.step()), head);
+  AppendVarintField(Request::kSeqFieldNumber, r.seq(), head);
+  for (const SliceMessage& s : r.pull()) AppendMessageField(Request::kPullFieldNumber, s, head);
+  AppendVarintField(Request::kPullEncodingFieldNumber, Int32Wire(r.pull_encoding()), head);
   for (int i = 0; i < r.push_size(); ++i) {
     const SliceMessage& s = r.push(i);
     const int entry = entry_of[static_cast<size_t>(i)];
     const absl::string_view data =
         entry >= 0 ? lent->bytes(static_cast<size_t>(entry)) : absl::string_view(s.data());
-    AppendSliceHead(Request::kPushFieldNumber, s, data.size(), out);
+    AppendSliceHead(Request::kPushFieldNumber, s, data.size(), head);
     if (data.size() < kOwnSliceMinBytes || !zero_copy) {
-      out->append(data.data(), data.size());
+      head->append(data.data(), data.size());
     } else if (entry >= 0) {
       message.Append(lent->SliceOver(static_cast<size_t>(entry)));
     } else {
@@ -344,7 +348,8 @@ absl::StatusOr<grpc::ByteBuffer> EncodePushPullRequest(
     }
   }
   size_t bytes;
-  return message.Finish(&bytes);
+  message.Finish(out, &bytes);
+  return absl::OkStatus();
 }
 
 PushPullView DecodedPushPullRequest::View() const {
@@ -464,28 +469,28 @@ absl::StatusOr<size_t> PushPullResponseSize(const v1::PushPullResponse& response
   return total;
 }
 
-absl::StatusOr<grpc::ByteBuffer> EncodePushPullResponse(v1::PushPullResponse* response,
-                                                        const ExternalSliceData* external,
-                                                        const std::shared_ptr<BufferPool>& pool,
-                                                        size_t* bytes) {
+absl::Status EncodePushPullResponse(v1::PushPullResponse* response,
+                                    const ExternalSliceData* external,
+                                    const std::shared_ptr<BufferPool>& pool, grpc::ByteBuffer* out,
+                                    size_t* bytes) {
   EntryOfSlice entry_of;
   TESSERA_RETURN_IF_ERROR(MapExternal(external, response->weights(), "weights", &entry_of));
   MessageWriter message;
-  std::string* out = message.pending();
-  AppendVarintField(Response::kSeqFieldNumber, response->seq(), out);
+  std::string* head = message.pending();
+  AppendVarintField(Response::kSeqFieldNumber, response->seq(), head);
   if (response->has_status()) {
-    AppendMessageField(Response::kStatusFieldNumber, response->status(), out);
+    AppendMessageField(Response::kStatusFieldNumber, response->status(), head);
   }
-  AppendVarintField(Response::kDuplicatesFieldNumber, response->duplicates(), out);
-  AppendVarintField(Response::kSkippedNonFiniteFieldNumber, response->skipped_non_finite(), out);
+  AppendVarintField(Response::kDuplicatesFieldNumber, response->duplicates(), head);
+  AppendVarintField(Response::kSkippedNonFiniteFieldNumber, response->skipped_non_finite(), head);
   for (int i = 0; i < response->weights_size(); ++i) {
     SliceMessage& w = *response->mutable_weights(i);
     const int entry = entry_of[static_cast<size_t>(i)];
     if (entry >= 0) {
       const absl::string_view data = external->bytes(static_cast<size_t>(entry));
-      AppendSliceHead(Response::kWeightsFieldNumber, w, data.size(), out);
+      AppendSliceHead(Response::kWeightsFieldNumber, w, data.size(), head);
       if (data.size() < kOwnSliceMinBytes) {
-        out->append(data.data(), data.size());
+        head->append(data.data(), data.size());
       } else {
         message.Append(external->SliceOver(static_cast<size_t>(entry)));
       }
@@ -493,21 +498,22 @@ absl::StatusOr<grpc::ByteBuffer> EncodePushPullResponse(v1::PushPullResponse* re
     }
     std::string data;
     data.swap(*w.mutable_data());
-    AppendSliceHead(Response::kWeightsFieldNumber, w, data.size(), out);
+    AppendSliceHead(Response::kWeightsFieldNumber, w, data.size(), head);
     if (data.size() < kOwnSliceMinBytes) {
-      out->append(data);
+      head->append(data);
       pool->Give(std::move(data));
     } else {
       message.Append(BufferPool::MakeSlice(pool, std::move(data)));
     }
   }
-  return message.Finish(bytes);
+  message.Finish(out, bytes);
+  return absl::OkStatus();
 }
 
-grpc::ByteBuffer EncodePushPullResponse(v1::PushPullResponse* response,
-                                        const std::shared_ptr<BufferPool>& pool, size_t* bytes) {
+void EncodePushPullResponse(v1::PushPullResponse* response, const std::shared_ptr<BufferPool>& pool,
+                            grpc::ByteBuffer* out, size_t* bytes) {
   // Cannot fail: nothing is external.
-  return *EncodePushPullResponse(response, nullptr, pool, bytes);
+  EncodePushPullResponse(response, nullptr, pool, out, bytes).IgnoreError();
 }
 
 absl::Status DecodePushPullResponse(DecodedPushPullResponse* out) {

@@ -72,15 +72,15 @@ class ExternalSliceData {
 
 // ---- Requests (client to shard) ----------------------------------------------------------------
 
-// Serialises *request. The data of push(i) is the bytes of the entry of `lent` for i when there is
-// one (null: none), else its own data field. With `zero_copy`, large data (kOwnSliceMinBytes or
-// more) travels as its own slice: lent bytes through lent->SliceOver, the request's own data as a
-// slice that holds `request` until gRPC releases it. Without, every byte is copied into the
-// message. INTERNAL when `lent` does not fit the request (an index out of range or repeated, or
-// naming a slice whose data is not empty).
-absl::StatusOr<grpc::ByteBuffer> EncodePushPullRequest(
-    const std::shared_ptr<const v1::PushPullRequest>& request, const ExternalSliceData* lent,
-    bool zero_copy);
+// Serialises *request into *out. The data of push(i) is the bytes of the entry of `lent` for i
+// when there is one (null: none), else its own data field. With `zero_copy`, large data
+// (kOwnSliceMinBytes or more) travels as its own slice: lent bytes through lent->SliceOver, the
+// request's own data as a slice that holds `request` until gRPC releases it. Without, every byte
+// is copied into the message. INTERNAL (*out unchanged) when `lent` does not fit the request (an
+// index out of range or repeated, or naming a slice whose data is not empty).
+absl::Status EncodePushPullRequest(const std::shared_ptr<const v1::PushPullRequest>& request,
+                                   const ExternalSliceData* lent, bool zero_copy,
+                                   grpc::ByteBuffer* out);
 
 // One slice of a decoded request. Its data points into the request's received slices: `data` when
 // it lies in one of them, else `pieces` (then `data` is empty). Pull slices keep no data.
@@ -137,18 +137,19 @@ bool FindPushPullSeq(const std::vector<grpc::Slice>& received, uint64_t* seq);
 absl::StatusOr<size_t> PushPullResponseSize(const v1::PushPullResponse& response,
                                             const ExternalSliceData* external);
 
-// Serialises *response without copying large weight data: each large data string is taken out of
-// `response` (which is left without it) and sent as its own slice that gives the string to `pool`
-// once gRPC is done with it; the data of weights(i) for an entry of `external` is sent as
-// external->SliceOver (small external data is copied). *bytes is the message's size. INTERNAL
-// (nothing serialised, `response` unchanged) when `external` does not fit the response.
-absl::StatusOr<grpc::ByteBuffer> EncodePushPullResponse(v1::PushPullResponse* response,
-                                                        const ExternalSliceData* external,
-                                                        const std::shared_ptr<BufferPool>& pool,
-                                                        size_t* bytes);
+// Serialises *response into *out without copying large weight data: each large data string is
+// taken out of `response` (which is left without it) and sent as its own slice that gives the
+// string to `pool` once gRPC is done with it; the data of weights(i) for an entry of `external` is
+// sent as external->SliceOver (small external data is copied). *bytes is the message's size.
+// INTERNAL (nothing serialised, `response` and *out unchanged) when `external` does not fit the
+// response.
+absl::Status EncodePushPullResponse(v1::PushPullResponse* response,
+                                    const ExternalSliceData* external,
+                                    const std::shared_ptr<BufferPool>& pool, grpc::ByteBuffer* out,
+                                    size_t* bytes);
 // The same for a response that holds all of its data (cannot fail).
-grpc::ByteBuffer EncodePushPullResponse(v1::PushPullResponse* response,
-                                        const std::shared_ptr<BufferPool>& pool, size_t* bytes);
+void EncodePushPullResponse(v1::PushPullResponse* response, const std::shared_ptr<BufferPool>& pool,
+                            grpc::ByteBuffer* out, size_t* bytes);
 
 // A v1::PushPullResponse read from the wire, its weight data still in the received slices (which
 // it holds). `header` has every field but the weights; weights[i] is weights(i), its data viewed

@@ -138,6 +138,25 @@ std::string Flat(const grpc::ByteBuffer& buffer) {
   return flat;
 }
 
+// The codec's encoders, into a buffer of their own.
+absl::StatusOr<grpc::ByteBuffer> EncodeRequest(
+    const std::shared_ptr<const v1::PushPullRequest>& request, const ExternalSliceData* lent,
+    bool zero_copy) {
+  grpc::ByteBuffer out;
+  const absl::Status status = EncodePushPullRequest(request, lent, zero_copy, &out);
+  if (!status.ok()) return status;
+  return out;
+}
+absl::StatusOr<grpc::ByteBuffer> EncodeResponse(v1::PushPullResponse* response,
+                                                const ExternalSliceData* external,
+                                                const std::shared_ptr<BufferPool>& pool,
+                                                size_t* bytes) {
+  grpc::ByteBuffer out;
+  const absl::Status status = EncodePushPullResponse(response, external, pool, &out, bytes);
+  if (!status.ok()) return status;
+  return out;
+}
+
 absl::Status Parse(std::vector<grpc::Slice> slices, DecodedPushPullRequest* out) {
   out->received = std::move(slices);
   return DecodePushPullRequest(out);
@@ -462,7 +481,8 @@ TEST(PushPullWireTest, ResponseSerialisesAsProtobufWithWeightsInPooledSlices) {
   const v1::PushPullResponse want = response;
   size_t bytes = 0;
   {
-    grpc::ByteBuffer buffer = EncodePushPullResponse(&response, pool, &bytes);
+    grpc::ByteBuffer buffer;
+    EncodePushPullResponse(&response, pool, &buffer, &bytes);
     EXPECT_EQ(bytes, want.ByteSizeLong());
     EXPECT_EQ(buffer.Length(), want.ByteSizeLong());
     std::vector<grpc::Slice> slices;
@@ -575,7 +595,7 @@ TEST(PushPullCodecTest, EncodedRequestsParseAsProtobufWhateverTheDataAndItsOwner
       SCOPED_TRACE(absl::StrCat(c.name, zero_copy ? ", zero-copy" : ", copied"));
       ExternalStrings lent;
       std::shared_ptr<const v1::PushPullRequest> sent = WithoutLentData(c, &lent);
-      absl::StatusOr<grpc::ByteBuffer> buffer = EncodePushPullRequest(sent, &lent, zero_copy);
+      absl::StatusOr<grpc::ByteBuffer> buffer = EncodeRequest(sent, &lent, zero_copy);
       ASSERT_TRUE(buffer.ok()) << buffer.status();
       EXPECT_EQ(buffer->Length(), c.request.ByteSizeLong());
       v1::PushPullRequest got;
@@ -603,7 +623,7 @@ TEST(PushPullCodecTest, SlicesOverTheRequestKeepItAlive) {
       Request("j", 0, 0, 0, 1, {GradSlice("w", 0, std::vector<float>(10000, 2.0f))}));
   const std::string want = request->SerializeAsString();
   std::weak_ptr<v1::PushPullRequest> alive = request;
-  absl::StatusOr<grpc::ByteBuffer> buffer = EncodePushPullRequest(request, nullptr, true);
+  absl::StatusOr<grpc::ByteBuffer> buffer = EncodeRequest(request, nullptr, true);
   ASSERT_TRUE(buffer.ok());
   request.reset();
   EXPECT_FALSE(alive.expired());
@@ -649,8 +669,7 @@ TEST(PushPullCodecTest, EncodedRequestsDecodeToTheSameView) {
   for (const RequestCase& c : RequestCases()) {
     SCOPED_TRACE(c.name);
     ExternalStrings lent;
-    absl::StatusOr<grpc::ByteBuffer> buffer =
-        EncodePushPullRequest(WithoutLentData(c, &lent), &lent, true);
+    absl::StatusOr<grpc::ByteBuffer> buffer = EncodeRequest(WithoutLentData(c, &lent), &lent, true);
     ASSERT_TRUE(buffer.ok());
     DecodedPushPullRequest got;
     ASSERT_TRUE(buffer->Dump(&got.received).ok());
@@ -705,7 +724,7 @@ TEST(PushPullCodecTest, LentDataThatDoesNotFitTheRequestIsInternal) {
   for (const Case& c : cases) {
     ExternalStrings lent;
     for (const auto& [index, bytes] : c.entries) lent.Add(index, bytes);
-    EXPECT_EQ(EncodePushPullRequest(request, &lent, true).status().code(), c.code)
+    EXPECT_EQ(EncodeRequest(request, &lent, true).status().code(), c.code)
         << c.entries.size() << " entries, first " << c.entries[0].first;
   }
 }
@@ -777,8 +796,7 @@ TEST(PushPullCodecTest, EncodedResponsesParseAsProtobufWithPooledAndExternalData
     const char* own = response.weights_size() > 0 ? response.weights(0).data().data() : nullptr;
     const size_t n = response.weights_size() > 0 ? c.response.weights(0).data().size() : 0;
     size_t bytes = 0;
-    absl::StatusOr<grpc::ByteBuffer> buffer =
-        EncodePushPullResponse(&response, &external, pool, &bytes);
+    absl::StatusOr<grpc::ByteBuffer> buffer = EncodeResponse(&response, &external, pool, &bytes);
     ASSERT_TRUE(buffer.ok()) << buffer.status();
     EXPECT_EQ(bytes, c.response.ByteSizeLong());
     EXPECT_EQ(buffer->Length(), c.response.ByteSizeLong());

@@ -259,17 +259,15 @@ class PushPullReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, g
     response.set_seq(seq);
     auto write = std::make_unique<Write>();
     // Cannot fail: PushPullResponseSize checked `shared` against `response` above.
-    absl::StatusOr<grpc::ByteBuffer> serialized =
-        EncodePushPullResponse(&response, &external, response_buffers_, &write->bytes);
+    const absl::Status encoded = EncodePushPullResponse(&response, &external, response_buffers_,
+                                                        &write->buffer, &write->bytes);
     shared.clear();  // the slices hold their own references
-    if (serialized.ok()) {
-      write->buffer = *std::move(serialized);
-    } else {
+    if (!encoded.ok()) {
       v1::PushPullResponse failed;
       failed.set_seq(seq);
-      failed.mutable_status()->set_code(static_cast<int>(serialized.status().code()));
-      failed.mutable_status()->set_message(std::string(serialized.status().message()));
-      write->buffer = EncodePushPullResponse(&failed, response_buffers_, &write->bytes);
+      failed.mutable_status()->set_code(static_cast<int>(encoded.code()));
+      failed.mutable_status()->set_message(std::string(encoded.message()));
+      EncodePushPullResponse(&failed, response_buffers_, &write->buffer, &write->bytes);
     }
 
     const grpc::ByteBuffer* start = nullptr;

@@ -841,15 +841,16 @@ TEST(PushPullWireTest, SharedWeightsSerialiseAsTheWholeResponse) {
   EXPECT_EQ(*size, want.ByteSizeLong());
   {
     size_t bytes = 0;
-    absl::StatusOr<grpc::ByteBuffer> buffer =
-        EncodePushPullResponse(&response, &external, pool, &bytes);
-    ASSERT_TRUE(buffer.ok()) << buffer.status();
+    grpc::ByteBuffer buffer;
+    const absl::Status encoded =
+        EncodePushPullResponse(&response, &external, pool, &buffer, &bytes);
+    ASSERT_TRUE(encoded.ok()) << encoded;
     shared.clear();
     EXPECT_EQ(bytes, want.ByteSizeLong());
-    EXPECT_EQ(buffer->Length(), want.ByteSizeLong());
+    EXPECT_EQ(buffer.Length(), want.ByteSizeLong());
     // The data follows the other fields of its slice: compare what a parser reads.
     v1::PushPullResponse got;
-    ASSERT_TRUE(got.ParseFromString(Flat(*buffer)));
+    ASSERT_TRUE(got.ParseFromString(Flat(buffer)));
     EXPECT_TRUE(got.SerializeAsString() == want.SerializeAsString());
     // The large data is referenced by the buffer, the small data was copied.
     EXPECT_FALSE(big.unique());
@@ -879,7 +880,8 @@ TEST(PushPullWireTest, SharedWeightsThatDoNotFitTheResponseAreInternal) {
               absl::StatusCode::kInternal);
     v1::PushPullResponse copy = response;
     size_t bytes = 0;
-    EXPECT_EQ(EncodePushPullResponse(&copy, &external, pool, &bytes).status().code(),
+    grpc::ByteBuffer buffer;
+    EXPECT_EQ(EncodePushPullResponse(&copy, &external, pool, &buffer, &bytes).code(),
               absl::StatusCode::kInternal);
     EXPECT_EQ(copy.SerializeAsString(), response.SerializeAsString());
   }
@@ -915,10 +917,11 @@ TEST(PushPullWireTest, HeldSerialisedAnswerKeepsItsWeightsWhileTheStoreCopiesOnW
     if (!answer.has_value() || !answer->ok()) return grpc::ByteBuffer();
     size_t bytes = 0;
     const SharedAnswerWeights external(sink->shared);
-    absl::StatusOr<grpc::ByteBuffer> buffer =
-        EncodePushPullResponse(&**answer, &external, pool, &bytes);
-    EXPECT_TRUE(buffer.ok()) << buffer.status();
-    return buffer.ok() ? *std::move(buffer) : grpc::ByteBuffer();
+    grpc::ByteBuffer buffer;
+    const absl::Status encoded =
+        EncodePushPullResponse(&**answer, &external, pool, &buffer, &bytes);
+    EXPECT_TRUE(encoded.ok()) << encoded;
+    return encoded.ok() ? buffer : grpc::ByteBuffer();
   };
   auto weights_of = [](const grpc::ByteBuffer& buffer) {
     v1::PushPullResponse response;

@@ -363,20 +363,20 @@ void GrpcShardClient::PushPull(PushPullCall call, absl::Time deadline, PushPullC
     // memory) while Send still reads it.
     loan->Take();
   }
-  absl::StatusOr<grpc::ByteBuffer> encoded;
+  auto message = std::make_unique<grpc::ByteBuffer>();
+  absl::Status encoded;
   {
     const LentPushData lent(call.lent, loan);
-    encoded = EncodePushPullRequest(call.request, lends ? &lent : nullptr, options_.zero_copy_push);
+    encoded = EncodePushPullRequest(call.request, lends ? &lent : nullptr, options_.zero_copy_push,
+                                    message.get());
   }
   if (!encoded.ok()) {
     // Nothing points into the lent memory: the codec refused before it made any slice.
     if (loan != nullptr) loan->Return();
-    done(absl::Status(
-        encoded.status().code(),
-        absl::StrCat(options_.address, ": PushPull seq ", seq, ": ", encoded.status().message())));
+    done(absl::Status(encoded.code(), absl::StrCat(options_.address, ": PushPull seq ", seq, ": ",
+                                                   encoded.message())));
     return;
   }
-  auto message = std::make_unique<grpc::ByteBuffer>(*std::move(encoded));
   std::shared_ptr<Stream> stream;
   bool start = false;
   {

@@ -74,9 +74,10 @@ class ShardClient {
   };
 
   // Sends `call` on the shard's long-lived PushPull stream and returns without blocking on the
-  // network; `done` runs once with the answer (see PushPullCallback). Transports resend nothing:
-  // a broken stream fails the requests on it with UNAVAILABLE, and the caller decides whether to
-  // send them again (ParameterClient's RetryPolicy).
+  // network; `done` runs once with the answer (see PushPullCallback), or with INTERNAL when
+  // `lent` does not fit the request (an entry for a slice past the last, or for one that has data
+  // of its own). Transports resend nothing: a broken stream fails the requests on it with
+  // UNAVAILABLE, and the caller decides whether to send them again (ParameterClient's RetryPolicy).
   virtual void PushPull(PushPullCall call, absl::Time deadline, PushPullCallback done) = 0;
 
   // Fails every PushPull in flight with CANCELLED now, without waiting for its answer or its
