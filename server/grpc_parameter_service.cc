@@ -10,7 +10,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/grpc_status.h"
-#include "server/internal/push_pull_wire.h"
 
 namespace tessera::server {
 namespace {
@@ -31,8 +30,8 @@ void RaiseTo(std::atomic<int64_t>* peak, int64_t value) {
   }
 }
 
-// One PushPull stream, raw: requests are parsed by hand on the pool and answered with weights
-// shared with the store or in reused buffers (server/internal/push_pull_wire.h). It deletes itself
+// One PushPull stream, raw: requests are decoded by the codec on the pool and answered with weights
+// shared with the store or in reused buffers (common/push_pull_codec.h). It deletes itself
 // once gRPC is done with it (OnDone) and no request of it is still queued, running or parked in the
 // store.
 class PushPullReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
@@ -167,16 +166,16 @@ class PushPullReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, g
     const size_t bytes = pending->bytes;
     {
       // Views into `request` are valid until the store returns (it applies the push before).
-      internal::ParsedPushPullRequest request;
+      DecodedPushPullRequest request;
       request.received = std::move(pending->slices);
       pending.reset();
-      const absl::Status parsed = internal::ParsePushPullRequest(&request);
+      const absl::Status parsed = DecodePushPullRequest(&request);
       stats_->pieced_request_bytes.fetch_add(static_cast<int64_t>(request.pieced_bytes),
                                              std::memory_order_relaxed);
       uint64_t seq = request.seq;
       if (!parsed.ok()) {
         stats_->malformed_requests.fetch_add(1, std::memory_order_relaxed);
-        if (internal::FindSeq(request.received, &seq) || request.has_seq) {
+        if (FindPushPullSeq(request.received, &seq) || request.has_seq) {
           Complete(seq, parsed);
         } else {
           FailStream(parsed);
@@ -227,12 +226,14 @@ class PushPullReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, g
   // the weight data of `result` held by reference (PushPullAnswerSink::shared), sent from where
   // it lies and released when gRPC has sent it.
   void Complete(uint64_t seq, absl::StatusOr<v1::PushPullResponse> result,
-                std::vector<internal::SharedSliceData> shared = {}) {
+                std::vector<std::pair<int, SharedWeights>> shared = {}) {
     v1::PushPullResponse response;
+    // Refers to `shared`: whatever is left in it when the answer is encoded is sent from there.
+    const SharedAnswerWeights external(shared);
     if (result.ok()) {
       response.Swap(&*result);
       // The shared data is not in `response` yet: count it too.
-      const absl::StatusOr<size_t> bytes = internal::PushPullResponseSize(response, shared);
+      const absl::StatusOr<size_t> bytes = PushPullResponseSize(response, &external);
       absl::Status refused;
       if (!bytes.ok()) {
         refused = bytes.status();
@@ -258,18 +259,15 @@ class PushPullReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, g
     response.set_seq(seq);
     auto write = std::make_unique<Write>();
     // Cannot fail: PushPullResponseSize checked `shared` against `response` above.
-    absl::StatusOr<grpc::ByteBuffer> serialized =
-        internal::SerializePushPullResponse(&response, shared, response_buffers_, &write->bytes);
+    const absl::Status encoded = EncodePushPullResponse(&response, &external, response_buffers_,
+                                                        &write->buffer, &write->bytes);
     shared.clear();  // the slices hold their own references
-    if (serialized.ok()) {
-      write->buffer = *std::move(serialized);
-    } else {
+    if (!encoded.ok()) {
       v1::PushPullResponse failed;
       failed.set_seq(seq);
-      failed.mutable_status()->set_code(static_cast<int>(serialized.status().code()));
-      failed.mutable_status()->set_message(std::string(serialized.status().message()));
-      write->buffer =
-          internal::SerializePushPullResponse(&failed, response_buffers_, &write->bytes);
+      failed.mutable_status()->set_code(static_cast<int>(encoded.code()));
+      failed.mutable_status()->set_message(std::string(encoded.message()));
+      EncodePushPullResponse(&failed, response_buffers_, &write->buffer, &write->bytes);
     }
 
     const grpc::ByteBuffer* start = nullptr;
@@ -407,8 +405,8 @@ class PushPullReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, g
   const std::shared_ptr<std::atomic<bool>> cancelled_flag_ = std::make_shared<std::atomic<bool>>();
   // Reused strings for the answered weights. Shared with the slices gRPC still holds, which give
   // them back.
-  const std::shared_ptr<internal::BufferPool> response_buffers_ =
-      std::make_shared<internal::BufferPool>(kPooledBuffersPerStream, kPooledBytesPerStream);
+  const std::shared_ptr<BufferPool> response_buffers_ =
+      std::make_shared<BufferPool>(kPooledBuffersPerStream, kPooledBytesPerStream);
 
   absl::Mutex mu_;
   std::deque<std::unique_ptr<Pending>> pending_ ABSL_GUARDED_BY(mu_);
@@ -614,6 +612,15 @@ class PullReactor final : public grpc::ServerWriteReactor<v1::PullResponse> {
 };
 
 }  // namespace
+
+grpc::Slice SharedAnswerWeights::SliceOver(size_t k) const {
+  // gRPC only reads a slice it sends; the holder keeps the values alive and unchanged until gRPC
+  // drops the slice (on any thread).
+  auto* holder = new SharedWeights(shared_[k].second);
+  return grpc::Slice(
+      const_cast<char*>(holder->bytes().data()), holder->bytes().size(),
+      [](void* h) { delete static_cast<SharedWeights*>(h); }, holder);
+}
 
 GrpcParameterService::GrpcParameterService(ParameterStore* store, ThreadPool* pool,
                                            size_t max_message_bytes, size_t max_queued_bytes)

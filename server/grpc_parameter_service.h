@@ -10,11 +10,11 @@
 // stream stays open. Writes are queued so that at most one is outstanding.
 //
 // PushPull is a raw method (grpc::ByteBuffer both ways), so that no gradient or weight is copied
-// into or out of a protobuf string (server/internal/push_pull_wire.h): a request's gradient is
-// read in place from gRPC's receive slices (the store takes their pieces, see SliceView), and the
-// answered weights are not copied either: a dense fp32 answer is sent straight from the
-// partition's weights, which the answer holds by reference until gRPC has sent it (the store
-// copies them before an update only if an answer still holds them: SharedWeights,
+// into or out of a protobuf string (the PushPull codec, common/push_pull_codec.h): a request's
+// gradient is read in place from gRPC's receive slices (the store takes their pieces, see
+// SliceView), and the answered weights are not copied either: a dense fp32 answer is sent straight
+// from the partition's weights, which the answer holds by reference until gRPC has sent it (the
+// store copies them before an update only if an answer still holds them: SharedWeights,
 // PushPullAnswerSink); bf16/fp16 and sparse answers are encoded into reused buffers that gRPC
 // sends as they are. A malformed
 // request gets INVALID_ARGUMENT in its response when its seq can be read, and otherwise ends the
@@ -31,7 +31,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <utility>
+#include <vector>
 
+#include "common/push_pull_codec.h"
 #include "common/thread_pool.h"
 #include "server/parameter_store.h"
 #include "tessera/v1/parameter.grpc.pb.h"
@@ -59,6 +62,24 @@ struct PushPullStreamStats {
   int64_t pieced_request_bytes = 0;
   // Requests refused as malformed (answered with INVALID_ARGUMENT or ending their stream).
   int64_t malformed_requests = 0;
+};
+
+// The weights of a PushPull answer that the store shares by reference (PushPullAnswerSink::shared)
+// as external data for the codec: each slice the codec makes over them holds its own reference
+// until gRPC releases it, so the store copies the weights before it next updates them if that has
+// not happened yet. Refers to `shared`, which must outlive it; thread-compatible.
+class SharedAnswerWeights final : public ExternalSliceData {
+ public:
+  explicit SharedAnswerWeights(const std::vector<std::pair<int, SharedWeights>>& shared)
+      : shared_(shared) {}
+
+  size_t size() const override { return shared_.size(); }
+  int index(size_t k) const override { return shared_[k].first; }
+  absl::string_view bytes(size_t k) const override { return shared_[k].second.bytes(); }
+  grpc::Slice SliceOver(size_t k) const override;
+
+ private:
+  const std::vector<std::pair<int, SharedWeights>>& shared_;
 };
 
 class GrpcParameterService final : public ParameterCallbackServiceBase {

@@ -9,7 +9,6 @@
 #include <cstring>
 #include <memory>
 #include <optional>
-#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -24,7 +23,6 @@
 #include "grpcpp/server_builder.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "gtest/gtest.h"
-#include "server/internal/push_pull_wire.h"
 #include "server/internal/test_requests.h"
 #include "server/shard_server.h"
 #include "tessera/v1/parameter.grpc.pb.h"
@@ -794,280 +792,8 @@ TEST_F(GrpcParameterServiceTest, ServesTheStandardHealthService) {
   EXPECT_EQ(response, std::string("\x08\x01", 2));
 }
 
-// ---- The hand-written wire format of the raw PushPull method (server/internal/push_pull_wire.h).
-
-// `bytes` cut into slices at the given offsets.
-std::vector<grpc::Slice> Cut(const std::string& bytes, std::vector<size_t> cuts) {
-  std::sort(cuts.begin(), cuts.end());
-  std::vector<grpc::Slice> out;
-  size_t at = 0;
-  for (size_t c : cuts) {
-    c = std::min(c, bytes.size());
-    if (c <= at) continue;
-    out.emplace_back(bytes.data() + at, c - at);
-    at = c;
-  }
-  if (at < bytes.size()) out.emplace_back(bytes.data() + at, bytes.size() - at);
-  return out;
-}
-
-std::vector<grpc::Slice> RandomCut(const std::string& bytes, std::mt19937* rng, int pieces) {
-  std::uniform_int_distribution<size_t> at(0, bytes.size());
-  std::vector<size_t> cuts;
-  for (int i = 0; i < pieces; ++i) cuts.push_back(at(*rng));
-  return Cut(bytes, cuts);
-}
-
-absl::Status Parse(std::vector<grpc::Slice> slices, internal::ParsedPushPullRequest* out) {
-  out->received = std::move(slices);
-  return internal::ParsePushPullRequest(out);
-}
-
-// The data of a parsed slice, joined from its pieces when it spans received slices.
-std::string Joined(const internal::ParsedSlice& s) {
-  if (s.pieces.empty()) return std::string(s.data);
-  EXPECT_TRUE(s.data.empty());
-  std::string out;
-  for (absl::string_view piece : s.pieces) out.append(piece.data(), piece.size());
-  return out;
-}
-
-// Field-by-field equality of a parsed request with what protobuf parsed.
-void ExpectSameSlice(const internal::ParsedSlice& got, const v1::Slice& want) {
-  EXPECT_EQ(got.tensor, want.key().tensor());
-  EXPECT_EQ(got.index, want.key().index());
-  EXPECT_EQ(got.encoding, static_cast<int32_t>(want.encoding()));
-  EXPECT_EQ(Joined(got), want.data());
-  EXPECT_EQ(got.row_ids, std::vector<int64_t>(want.row_ids().begin(), want.row_ids().end()));
-  EXPECT_EQ(got.want_weights, want.want_weights());
-  EXPECT_EQ(got.version, want.version());
-}
-
-void ExpectSame(const internal::ParsedPushPullRequest& got, const v1::PushPullRequest& want) {
-  EXPECT_EQ(got.job_id, want.job_id());
-  EXPECT_EQ(got.worker_id, want.worker_id());
-  EXPECT_EQ(got.incarnation, want.incarnation());
-  EXPECT_EQ(got.step, want.step());
-  EXPECT_EQ(got.seq, want.seq());
-  EXPECT_EQ(got.pull_encoding, static_cast<int32_t>(want.pull_encoding()));
-  ASSERT_EQ(got.push.size(), static_cast<size_t>(want.push_size()));
-  for (int i = 0; i < want.push_size(); ++i) ExpectSameSlice(got.push[i], want.push(i));
-  ASSERT_EQ(got.pull.size(), static_cast<size_t>(want.pull_size()));
-  for (int i = 0; i < want.pull_size(); ++i) {
-    // Pull slices carry no data the store reads; the rest must match.
-    v1::Slice without_data = want.pull(i);
-    without_data.clear_data();
-    internal::ParsedSlice got_slice = got.pull[i];
-    got_slice.data = absl::string_view();
-    got_slice.pieces.clear();
-    ExpectSameSlice(got_slice, without_data);
-  }
-}
-
-// A request with every field set: a large gradient (its own slice on the wire), a small one, a
-// sparse push with row ids, pulls and unicode names.
-v1::PushPullRequest FullRequest() {
-  std::vector<float> big(20000);
-  for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<float>(i) * 0.25f - 7.0f;
-  v1::PushPullRequest r = Request("j\u00f6b", 3, 1ull << 40, 12345, 987654321ull,
-                                  {GradSlice("layer/w\u4e2d", 7, big, true),
-                                   GradSlice("b", 0, {1.5f, -2.5f}, false, v1::ENCODING_BF16),
-                                   RowsSlice("emb", {5, -1, 1ll << 50}, {1, 2, 3, 4, 5, 6}, true)},
-                                  {PullKey("b", 0), PullKey("emb", 0, {9, 8})});
-  r.set_pull_encoding(v1::ENCODING_FP16);
-  r.mutable_push(0)->set_version(-3);
-  return r;
-}
-
-TEST(PushPullWireTest, ParsesEveryFieldWhateverTheSliceBoundaries) {
-  const v1::PushPullRequest want = FullRequest();
-  const std::string bytes = want.SerializeAsString();
-  {
-    // One slice: every gradient is one view into it.
-    internal::ParsedPushPullRequest got;
-    ASSERT_TRUE(Parse(Cut(bytes, {}), &got).ok());
-    ExpectSame(got, want);
-    EXPECT_EQ(got.pieced_bytes, 0u);
-    EXPECT_GE(got.push[0].data.data(), reinterpret_cast<const char*>(got.received[0].begin()));
-  }
-  std::mt19937 rng(7);
-  for (int trial = 0; trial < 300; ++trial) {
-    internal::ParsedPushPullRequest got;
-    absl::Status status = Parse(RandomCut(bytes, &rng, 1 + trial % 40), &got);
-    ASSERT_TRUE(status.ok()) << status;
-    ExpectSame(got, want);
-    if (::testing::Test::HasFailure()) return;
-  }
-  // Every byte its own slice: all data in pieces of one byte, nothing copied.
-  {
-    std::vector<size_t> cuts(bytes.size());
-    for (size_t i = 0; i < cuts.size(); ++i) cuts[i] = i;
-    internal::ParsedPushPullRequest got;
-    ASSERT_TRUE(Parse(Cut(bytes, cuts), &got).ok());
-    ExpectSame(got, want);
-    EXPECT_EQ(got.pieced_bytes,
-              want.push(0).data().size() + want.push(1).data().size() + want.push(2).data().size());
-    EXPECT_EQ(got.push[0].pieces.size(), want.push(0).data().size());
-  }
-}
-
-TEST(PushPullWireTest, UnpackedRowIdsUnknownFieldsAndRepeatedScalarsParseAsProtobufDoes) {
-  v1::PushPullRequest want = Request("job", 1, 2, 3, 4, {RowsSlice("emb", {7, 8}, {1, 2, 3, 4})});
-  std::string bytes = want.SerializeAsString();
-  // A second seq (the last one wins), unknown varint, fixed32, fixed64 and length fields.
-  bytes += std::string("\x28\x09", 2);                           // seq = 9
-  bytes += std::string("\xf8\x01\x05", 3);                       // field 31 varint
-  bytes += std::string("\x85\x02\x01\x02\x03\x04", 6);           // field 32 fixed32
-  bytes += std::string("\x89\x02", 2) + std::string(8, '\x07');  // field 33 fixed64
-  bytes += std::string("\x8a\x02\x02\x61\x62", 5);               // field 33 length-delimited
-  // A push slice with unpacked row ids (tag 0x20) and an empty key message.
-  v1::Slice unpacked;
-  unpacked.mutable_key()->set_tensor("t");
-  std::string slice = unpacked.SerializeAsString();
-  slice += std::string("\x20\x05\x20\x06", 4);
-  bytes += std::string("\x32", 1) + static_cast<char>(slice.size()) + slice;
-  v1::PushPullRequest reference;
-  ASSERT_TRUE(reference.ParseFromString(bytes));
-  ASSERT_EQ(reference.seq(), 9u);
-  ASSERT_EQ(reference.push(1).row_ids_size(), 2);
-  internal::ParsedPushPullRequest got;
-  absl::Status status = Parse(Cut(bytes, {3, 10, 11}), &got);
-  ASSERT_TRUE(status.ok()) << status;
-  ExpectSame(got, reference);
-}
-
-struct MalformedCase {
-  std::string name;
-  std::string bytes;
-  std::string mentions;
-  bool seq_readable;
-};
-
-TEST(PushPullWireTest, MalformedMessagesAreInvalidArgument) {
-  const std::string seq7("\x28\x07", 2);
-  const std::vector<MalformedCase> cases = {
-      {"varint of 11 bytes", seq7 + std::string("\x10") + std::string(10, '\xff') + "\x01",
-       "varint", true},
-      {"truncated varint", seq7 + std::string("\x10\xff", 2), "varint", true},
-      {"seq with a fixed32 wire type", std::string("\x2d\x01\x02\x03\x04", 5), "seq", false},
-      {"job_id as a varint", seq7 + std::string("\x08\x01", 2), "job_id", true},
-      {"length past the end",
-       seq7 + std::string("\x0a\x05"
-                          "ab",
-                          4),
-       "past the end", true},
-      {"push slice length past the end", std::string("\x32\x7f\x0a", 3) + seq7, "push", false},
-      {"data longer than its slice",
-       seq7 + std::string("\x32\x04\x1a\x09"
-                          "ab",
-                          6),
-       "past the end", true},
-      {"group wire type", seq7 + std::string("\x0b", 1), "wire type 3", true},
-      {"field number 0", seq7 + std::string("\x00\x01", 2), "field number", true},
-      // Found by tessera_fuzz_pushpull: a fixed32 field whose tag takes 6 bytes (protobuf reads
-      // tags of at most 5).
-      {"tag of 6 bytes", seq7 + std::string("\xf5\x9e\xfc\xf8\x8c\x00\x8f\xef\x00\x73", 10),
-       "field tag", true},
-      {"job_id not UTF-8", seq7 + std::string("\x0a\x02\xc3\x28", 4), "UTF-8", true},
-      {"overlong UTF-8", seq7 + std::string("\x0a\x02\xc0\x80", 4), "UTF-8", true},
-      {"bad varint inside a push key", std::string("\x32\x04\x0a\x02\x10\xff", 6) + seq7, "index",
-       true},
-  };
-  for (const MalformedCase& c : cases) {
-    SCOPED_TRACE(c.name);
-    v1::PushPullRequest reference;
-    EXPECT_FALSE(reference.ParseFromString(c.bytes) && c.name != "seq with a fixed32 wire type" &&
-                 c.name != "job_id as a varint" && c.name != "group wire type")
-        << "protobuf parses it, so the case tests nothing";
-    internal::ParsedPushPullRequest got;
-    absl::Status status = Parse(Cut(c.bytes, {1, 2}), &got);
-    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
-    EXPECT_THAT(std::string(status.message()), HasSubstr(c.mentions));
-    uint64_t seq = 0;
-    EXPECT_EQ(internal::FindSeq(got.received, &seq), c.seq_readable);
-    if (c.seq_readable) {
-      EXPECT_EQ(seq, 7u);
-    }
-  }
-}
-
-// Differential fuzzing against protobuf: on truncations and bit flips of a valid request, the
-// parser never reads out of bounds (run under ASan to check that too), and whenever it accepts a
-// message, protobuf accepts it too and reads the same fields.
-TEST(PushPullWireTest, TruncationsAndBitFlipsNeverMisparse) {
-  v1::PushPullRequest full = FullRequest();
-  // Keep the big gradient small enough to try every truncation.
-  full.mutable_push(0)->mutable_data()->resize(64);
-  const std::string bytes = full.SerializeAsString();
-  std::mt19937 rng(11);
-  int accepted = 0;
-  int refused = 0;
-  auto check = [&](const std::string& input) {
-    internal::ParsedPushPullRequest got;
-    absl::Status status = Parse(RandomCut(input, &rng, 3), &got);
-    v1::PushPullRequest reference;
-    if (status.ok()) {
-      ++accepted;
-      ASSERT_TRUE(reference.ParseFromString(input)) << "accepted what protobuf refuses";
-      ExpectSame(got, reference);
-    } else {
-      ++refused;
-      EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
-    }
-  };
-  for (size_t n = 0; n < bytes.size(); ++n) {
-    check(bytes.substr(0, n));
-    if (::testing::Test::HasFatalFailure()) return;
-  }
-  std::uniform_int_distribution<size_t> pos(0, bytes.size() - 1);
-  std::uniform_int_distribution<int> bit(0, 7);
-  for (int trial = 0; trial < 5000; ++trial) {
-    std::string flipped = bytes;
-    const int flips = 1 + trial % 3;
-    for (int f = 0; f < flips; ++f) flipped[pos(rng)] ^= static_cast<char>(1 << bit(rng));
-    check(flipped);
-    if (::testing::Test::HasFatalFailure()) return;
-  }
-  // Both outcomes occur, so both branches were exercised.
-  EXPECT_GT(accepted, 100);
-  EXPECT_GT(refused, 100);
-}
-
-TEST(PushPullWireTest, ResponseSerialisesAsProtobufWithWeightsInPooledSlices) {
-  auto pool = std::make_shared<internal::BufferPool>(4, 64 << 20);
-  v1::PushPullResponse response;
-  response.set_seq(42);
-  response.set_duplicates(2);
-  response.set_skipped_non_finite(1);
-  response.mutable_status()->set_message("ok");
-  std::vector<float> big(100000);
-  for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<float>(i);
-  *response.add_weights() = GradSlice("w", 3, big);
-  response.mutable_weights(0)->set_version(17);
-  *response.add_weights() = RowsSlice("emb", {4, 5}, {1, 2});
-  *response.add_weights() = PullKey("empty", 1);
-  const v1::PushPullResponse want = response;
-  size_t bytes = 0;
-  {
-    grpc::ByteBuffer buffer = internal::SerializePushPullResponse(&response, pool, &bytes);
-    EXPECT_EQ(bytes, want.ByteSizeLong());
-    EXPECT_EQ(buffer.Length(), want.ByteSizeLong());
-    std::vector<grpc::Slice> slices;
-    ASSERT_TRUE(buffer.Dump(&slices).ok());
-    EXPECT_GE(slices.size(), 3u);  // header, the big data, the rest
-    std::string flat;
-    for (const grpc::Slice& s : slices) {
-      flat.append(reinterpret_cast<const char*>(s.begin()), s.size());
-    }
-    v1::PushPullResponse got;
-    ASSERT_TRUE(got.ParseFromString(flat));
-    EXPECT_EQ(got.SerializeAsString(), want.SerializeAsString());
-    EXPECT_EQ(pool->held_bytes(), 0u);  // the big data is still in the buffer
-  }
-  // Released by gRPC (here: the buffer and slices above), the big string is back for reuse.
-  EXPECT_GE(pool->held_bytes(), big.size() * 4);
-  EXPECT_GE(pool->Take().capacity(), big.size() * 4);
-}
+// ---- The PushPull codec (common/push_pull_codec.h) over the store's shared weights. The codec's
+// own cases are in common/push_pull_codec_test.cc.
 
 // The bytes of `buffer`, joined.
 std::string Flat(const grpc::ByteBuffer& buffer) {
@@ -1090,7 +816,7 @@ SharedWeights Shared(size_t n, float first) {
 // slice that holds a reference until gRPC releases it, small data copied into the header. The size
 // computed beforehand is the serialised size.
 TEST(PushPullWireTest, SharedWeightsSerialiseAsTheWholeResponse) {
-  auto pool = std::make_shared<internal::BufferPool>(4, 64 << 20);
+  auto pool = std::make_shared<BufferPool>(4, 64 << 20);
   const SharedWeights big = Shared(100000, 0.5f);  // its own slice
   const SharedWeights small = Shared(10, -3.0f);   // under kOwnSliceMinBytes: copied
   const SharedWeights huge = Shared(40000, 7.0f);  // 160000 bytes: a 3-byte length prefix
@@ -1103,26 +829,28 @@ TEST(PushPullWireTest, SharedWeightsSerialiseAsTheWholeResponse) {
   *response.add_weights() = PullKey("small", 2);
   response.mutable_weights(2)->set_encoding(v1::ENCODING_FP32);
   *response.add_weights() = PullKey("huge", 3);
-  std::vector<internal::SharedSliceData> shared = {{3, huge}, {0, big}, {2, small}};
+  std::vector<std::pair<int, SharedWeights>> shared = {{3, huge}, {0, big}, {2, small}};
   v1::PushPullResponse want = response;
   want.mutable_weights(0)->set_data(std::string(big.bytes()));
   want.mutable_weights(2)->set_data(std::string(small.bytes()));
   want.mutable_weights(3)->set_data(std::string(huge.bytes()));
 
-  absl::StatusOr<size_t> size = internal::PushPullResponseSize(response, shared);
+  const SharedAnswerWeights external(shared);
+  absl::StatusOr<size_t> size = PushPullResponseSize(response, &external);
   ASSERT_TRUE(size.ok()) << size.status();
   EXPECT_EQ(*size, want.ByteSizeLong());
   {
     size_t bytes = 0;
-    absl::StatusOr<grpc::ByteBuffer> buffer =
-        internal::SerializePushPullResponse(&response, shared, pool, &bytes);
-    ASSERT_TRUE(buffer.ok()) << buffer.status();
+    grpc::ByteBuffer buffer;
+    const absl::Status encoded =
+        EncodePushPullResponse(&response, &external, pool, &buffer, &bytes);
+    ASSERT_TRUE(encoded.ok()) << encoded;
     shared.clear();
     EXPECT_EQ(bytes, want.ByteSizeLong());
-    EXPECT_EQ(buffer->Length(), want.ByteSizeLong());
+    EXPECT_EQ(buffer.Length(), want.ByteSizeLong());
     // The data follows the other fields of its slice: compare what a parser reads.
     v1::PushPullResponse got;
-    ASSERT_TRUE(got.ParseFromString(Flat(*buffer)));
+    ASSERT_TRUE(got.ParseFromString(Flat(buffer)));
     EXPECT_TRUE(got.SerializeAsString() == want.SerializeAsString());
     // The large data is referenced by the buffer, the small data was copied.
     EXPECT_FALSE(big.unique());
@@ -1138,20 +866,22 @@ TEST(PushPullWireTest, SharedWeightsSerialiseAsTheWholeResponse) {
 // Shared data that does not match the response (an index out of range or twice, or a slice that
 // has data of its own) is INTERNAL, and nothing is serialised.
 TEST(PushPullWireTest, SharedWeightsThatDoNotFitTheResponseAreInternal) {
-  auto pool = std::make_shared<internal::BufferPool>(4, 64 << 20);
+  auto pool = std::make_shared<BufferPool>(4, 64 << 20);
   const SharedWeights w = Shared(4, 1.0f);
   v1::PushPullResponse response;
   *response.add_weights() = PullKey("a", 0);
   *response.add_weights() = GradSlice("b", 0, {1, 2});
-  const std::vector<std::vector<internal::SharedSliceData>> cases = {
+  const std::vector<std::vector<std::pair<int, SharedWeights>>> cases = {
       {{2, w}}, {{-1, w}}, {{0, w}, {0, w}}, {{1, w}}};
-  for (const std::vector<internal::SharedSliceData>& shared : cases) {
+  for (const std::vector<std::pair<int, SharedWeights>>& shared : cases) {
     SCOPED_TRACE(shared.back().first);
-    EXPECT_EQ(internal::PushPullResponseSize(response, shared).status().code(),
+    const SharedAnswerWeights external(shared);
+    EXPECT_EQ(PushPullResponseSize(response, &external).status().code(),
               absl::StatusCode::kInternal);
     v1::PushPullResponse copy = response;
     size_t bytes = 0;
-    EXPECT_EQ(internal::SerializePushPullResponse(&copy, shared, pool, &bytes).status().code(),
+    grpc::ByteBuffer buffer;
+    EXPECT_EQ(EncodePushPullResponse(&copy, &external, pool, &buffer, &bytes).code(),
               absl::StatusCode::kInternal);
     EXPECT_EQ(copy.SerializeAsString(), response.SerializeAsString());
   }
@@ -1162,7 +892,7 @@ TEST(PushPullWireTest, SharedWeightsThatDoNotFitTheResponseAreInternal) {
 // partition, which copies them once; after the buffer is released, updates copy nothing.
 TEST(PushPullWireTest, HeldSerialisedAnswerKeepsItsWeightsWhileTheStoreCopiesOnWrite) {
   constexpr int kN = 50000;
-  auto pool = std::make_shared<internal::BufferPool>(4, 64 << 20);
+  auto pool = std::make_shared<BufferPool>(4, 64 << 20);
   ParameterStore store;
   v1::CreateJobStateRequest job;
   job.set_job_id("j");
@@ -1186,10 +916,12 @@ TEST(PushPullWireTest, HeldSerialisedAnswerKeepsItsWeightsWhileTheStoreCopiesOnW
     EXPECT_TRUE(answer.has_value() && answer->ok());
     if (!answer.has_value() || !answer->ok()) return grpc::ByteBuffer();
     size_t bytes = 0;
-    absl::StatusOr<grpc::ByteBuffer> buffer =
-        internal::SerializePushPullResponse(&**answer, sink->shared, pool, &bytes);
-    EXPECT_TRUE(buffer.ok()) << buffer.status();
-    return buffer.ok() ? *std::move(buffer) : grpc::ByteBuffer();
+    const SharedAnswerWeights external(sink->shared);
+    grpc::ByteBuffer buffer;
+    const absl::Status encoded =
+        EncodePushPullResponse(&**answer, &external, pool, &buffer, &bytes);
+    EXPECT_TRUE(encoded.ok()) << encoded;
+    return encoded.ok() ? buffer : grpc::ByteBuffer();
   };
   auto weights_of = [](const grpc::ByteBuffer& buffer) {
     v1::PushPullResponse response;

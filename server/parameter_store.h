@@ -55,6 +55,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
+#include "common/push_pull_view.h"
 #include "kernels/optimizer.h"
 #include "server/checkpoint_file.h"
 #include "server/consistency_gate.h"
@@ -123,20 +124,6 @@ struct ShardStats {
   // SSP: per applied push slice, step - the slowest live worker's clock on that partition when
   // the push was admitted (clocks only grow, so at apply it is at most this).
   StoreHistogram::Snapshot ssp_staleness;
-};
-
-// One slice of a request by reference: the fields of v1::Slice that a push or pull uses, with the
-// key's tensor name, the data and the row ids owned by the caller. The data is `data`, or, when
-// `pieces` is not empty, the concatenation of the pieces (then `data` is empty): a transport's
-// receive buffers, read in place. Any alignment; a value may straddle two pieces.
-struct SliceView {
-  absl::string_view tensor;
-  uint32_t index = 0;
-  v1::Encoding encoding = v1::ENCODING_UNSPECIFIED;
-  absl::string_view data;
-  absl::Span<const absl::string_view> pieces;
-  absl::Span<const int64_t> row_ids;
-  bool want_weights = false;
 };
 
 // A dense partition's fp32 weights, shared by reference count between the store and the answers
@@ -211,22 +198,10 @@ struct PushPullAnswerSink {
   std::vector<std::pair<int, SharedWeights>> shared;
 };
 
-// A v1::PushPullRequest by reference (see SliceView), so that a transport can hand the store
-// gradients that still lie in its receive buffers. Valid only for the duration of the call it is
-// passed to.
-struct PushPullView {
-  absl::string_view job_id;
-  uint32_t worker_id = 0;
-  uint64_t incarnation = 0;
-  int64_t step = 0;
-  uint64_t seq = 0;
-  std::vector<SliceView> push;
-  std::vector<SliceView> pull;
-  v1::Encoding pull_encoding = v1::ENCODING_UNSPECIFIED;
-};
-
-// The view of `request`; it points into `request`, which must outlive it.
-PushPullView ViewOf(const v1::PushPullRequest& request);
+// The request view types live in common/ (the PushPull codec's decoded form).
+using ::tessera::PushPullView;
+using ::tessera::SliceView;
+using ::tessera::ViewOf;
 
 struct ParameterStoreOptions {
   // Runs the continuation of a parked pull once its gate opens. Empty: it runs inline on the thread

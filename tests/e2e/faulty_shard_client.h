@@ -30,9 +30,12 @@ class FaultyShardClient final : public testlib::ForwardingShardClient {
         duplicate_pct_(duplicate_pct),
         drop_pct_(drop_pct) {}
 
-  void PushPull(std::shared_ptr<const v1::PushPullRequest> request, absl::Time deadline,
-                PushPullCallback done) override {
-    const uint64_t seq = request->seq();
+  void PushPull(PushPullCall call, absl::Time deadline, PushPullCallback done) override {
+    // The duplicate may still be in flight when the caller's callback has run: it must not point
+    // into the caller's memory, nor write weights there.
+    call = client::WithLentDataCopied(std::move(call));
+    const PushPullCall duplicate_call{call.request};
+    const uint64_t seq = call.request->seq();
     const uint64_t h = StableHash(absl::StrCat(seed_, "/", seq));
     bool first_attempt;
     {
@@ -45,17 +48,17 @@ class FaultyShardClient final : public testlib::ForwardingShardClient {
       dropped_.fetch_add(1);
       std::string address = inner()->address();
       inner()->PushPull(
-          request, deadline,
+          std::move(call), deadline,
           [done = std::move(done), address, seq](absl::StatusOr<v1::PushPullResponse>) {
             done(absl::UnavailableError(
                 absl::StrCat(address, ": injected loss of the response to seq ", seq)));
           });
     } else {
-      inner()->PushPull(request, deadline, std::move(done));
+      inner()->PushPull(std::move(call), deadline, std::move(done));
     }
     if (duplicate) {
       duplicated_.fetch_add(1);
-      inner()->PushPull(std::move(request), deadline, [](absl::StatusOr<v1::PushPullResponse>) {});
+      inner()->PushPull(duplicate_call, deadline, [](absl::StatusOr<v1::PushPullResponse>) {});
     }
   }
 

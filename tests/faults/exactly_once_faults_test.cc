@@ -224,12 +224,13 @@ class LedgerShardClient final : public testlib::ForwardingShardClient {
   LedgerShardClient(std::unique_ptr<client::ShardClient> inner, Ledger* ledger)
       : ForwardingShardClient(std::move(inner)), ledger_(ledger) {}
 
-  void PushPull(std::shared_ptr<const v1::PushPullRequest> request, absl::Time deadline,
-                PushPullCallback done) override {
-    ledger_->Sent(request, this);
-    const uint64_t seq = request->seq();
+  void PushPull(PushPullCall call, absl::Time deadline, PushPullCallback done) override {
+    // The ledger keeps the request (its gradients) past the callback: not the caller's memory.
+    call = client::WithLentDataCopied(std::move(call));
+    ledger_->Sent(call.request, this);
+    const uint64_t seq = call.request->seq();
     inner()->PushPull(
-        std::move(request), deadline,
+        std::move(call), deadline,
         [this, seq, done = std::move(done)](absl::StatusOr<v1::PushPullResponse> response) {
           ledger_->Answered(seq, response);
           done(std::move(response));
@@ -254,7 +255,7 @@ absl::Status ResendUntilAcknowledged(Ledger& ledger) {
       auto promise = std::make_shared<std::promise<absl::Status>>();
       answers.push_back(promise->get_future());
       p.via->PushPull(
-          p.request, absl::Now() + absl::Seconds(2),
+          {p.request}, absl::Now() + absl::Seconds(2),
           [promise](absl::StatusOr<v1::PushPullResponse> r) {
             if (!r.ok()) return promise->set_value(r.status());
             promise->set_value(r->status().code() == 0

@@ -2,11 +2,13 @@
 // against a ParameterStore holding declared jobs (scripts/fuzz.sh; docs/reliability.md).
 //
 // The first input byte picks the request, the rest is its wire form:
-//   0  PushPullRequest read by the shard's own parser (server/internal/push_pull_wire.h) from 1-3
-//      receive slices (byte 1 picks the cuts), checked against protobuf's parser of the same bytes:
-//      the hand parser may refuse more (it is stricter) but never accepts what protobuf refuses,
-//      and what it accepts reads the same fields. The request then goes to store A by reference
+//   0  PushPullRequest read by the PushPull codec (common/push_pull_codec.h) from 1-3 receive
+//      slices (byte 1 picks the cuts), checked against protobuf's parser of the same bytes: the
+//      codec may refuse more (it is stricter) but never accepts what protobuf refuses, and what it
+//      accepts reads the same fields. The request then goes to store A by reference
 //      (PushPullView) and, parsed by protobuf, to an identical store B: both answer the same code.
+//      The same bytes are also read as a PushPullResponse by the codec's response decoder (the
+//      client's), held to the same rule against protobuf.
 //   1  PushPullRequest -> Push, then PushPull with pulls;
 //   2  PullRequest -> Pull;
 //   3  CreateJobStateRequest -> CreateJobState (then DropJob of a job it created);
@@ -24,8 +26,8 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "common/push_pull_codec.h"
 #include "grpcpp/support/slice.h"
-#include "server/internal/push_pull_wire.h"
 #include "server/parameter_store.h"
 #include "tessera/v1/parameter.pb.h"
 
@@ -125,19 +127,58 @@ void CheckRejectPolicy(const v1::PushPullRequest& request, const absl::Status& s
   }
 }
 
+// The codec's response decoder against protobuf's parser on the same slices.
+void FuzzResponseDecoder(const std::vector<grpc::Slice>& slices, const char* bytes, size_t n) {
+  tessera::DecodedPushPullResponse decoded;
+  decoded.received = slices;
+  const absl::Status hand = tessera::DecodePushPullResponse(&decoded);
+  v1::PushPullResponse proto;
+  const bool proto_ok = proto.ParseFromArray(bytes, static_cast<int>(n));
+  if (!hand.ok()) {
+    if (hand.code() != absl::StatusCode::kInvalidArgument) {
+      Fail("the response decoder refused with another code than INVALID_ARGUMENT");
+    }
+    return;
+  }
+  if (!proto_ok) Fail("the response decoder accepted bytes that protobuf refuses");
+  bool written = false;
+  const v1::PushPullResponse got = tessera::TakePushPullResponse(&decoded, {}, &written);
+  if (got.seq() != proto.seq() || got.status().code() != proto.status().code() ||
+      got.status().message() != proto.status().message() ||
+      got.duplicates() != proto.duplicates() ||
+      got.skipped_non_finite() != proto.skipped_non_finite() ||
+      got.weights_size() != proto.weights_size() || written) {
+    Fail("the response decoder read other top-level fields than protobuf");
+  }
+  for (int i = 0; i < proto.weights_size(); ++i) {
+    const v1::Slice& h = got.weights(i);
+    const v1::Slice& p = proto.weights(i);
+    if (h.key().tensor() != p.key().tensor() || h.key().index() != p.key().index() ||
+        h.encoding() != p.encoding() || h.data() != p.data() ||
+        h.row_ids_size() != p.row_ids_size() || h.want_weights() != p.want_weights() ||
+        h.version() != p.version()) {
+      Fail("the response decoder read another weight slice than protobuf");
+    }
+    for (int k = 0; k < p.row_ids_size(); ++k) {
+      if (h.row_ids(k) != p.row_ids(k)) Fail("the response decoder read other row ids");
+    }
+  }
+}
+
 void FuzzHandParser(const uint8_t* data, size_t size) {
   if (size < 1) return;
   const uint8_t cuts = data[0];
   const char* bytes = reinterpret_cast<const char*>(data + 1);
   const size_t n = size - 1;
-  tessera::server::internal::ParsedPushPullRequest parsed;
+  tessera::DecodedPushPullRequest parsed;
   // Up to three slices, cut where byte 0 says.
   const size_t a = n == 0 ? 0 : (cuts & 0x0f) * n / 16;
   const size_t b = n == 0 ? 0 : a + ((cuts >> 4) * (n - a)) / 16;
   for (const auto& [from, to] : {std::pair<size_t, size_t>{0, a}, {a, b}, {b, n}}) {
     if (to > from) parsed.received.emplace_back(bytes + from, to - from);
   }
-  const absl::Status hand = tessera::server::internal::ParsePushPullRequest(&parsed);
+  FuzzResponseDecoder(parsed.received, bytes, n);
+  const absl::Status hand = tessera::DecodePushPullRequest(&parsed);
   v1::PushPullRequest proto;
   const bool proto_ok = proto.ParseFromArray(bytes, static_cast<int>(n));
   if (!hand.ok()) {
@@ -157,7 +198,7 @@ void FuzzHandParser(const uint8_t* data, size_t size) {
     Fail("the hand parser read other top-level fields than protobuf");
   }
   for (int i = 0; i < proto.push_size(); ++i) {
-    const tessera::server::internal::ParsedSlice& h = parsed.push[static_cast<size_t>(i)];
+    const tessera::DecodedSlice& h = parsed.push[static_cast<size_t>(i)];
     const v1::Slice& p = proto.push(i);
     std::string joined(h.data);
     for (absl::string_view piece : h.pieces) joined.append(piece.data(), piece.size());

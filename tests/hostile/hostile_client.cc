@@ -172,9 +172,9 @@ constexpr const char* kKindNames[] = {"garbage", "invalid", "random", "oversize"
 //             message (grpcpp/impl/codegen/server_callback_handlers.h), not INTERNAL as its sync
 //             API does; the health service "could not parse request", INVALID_ARGUMENT from
 //             Check and INTERNAL from Watch; the reflection service (sync, bidi) ends OK
-//             without an answer. PushPull, a raw method
-//             parsed by the shard (server/internal/push_pull_wire.h): INVALID_ARGUMENT, in the
-//             request's answer or ending the stream;
+//             without an answer. PushPull, a raw method decoded by the shard with the PushPull
+//             codec (common/push_pull_codec.h): INVALID_ARGUMENT, in the request's answer or
+//             ending the stream;
 //   invalid   a parseable request with one invalid edit: `invalid` (OK never);
 //   random    random edits that may leave it valid: `random`;
 //   oversize  over the receive limit: RESOURCE_EXHAUSTED from the library.

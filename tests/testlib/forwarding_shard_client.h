@@ -1,6 +1,7 @@
 // ForwardingShardClient: a client::ShardClient that passes every call to the one it wraps. Test
 // decorators (injected faults, a ledger of what was sent) derive from it and override only
-// PushPull. PushPullInto keeps ShardClient's default, which calls this object's PushPull.
+// PushPull; one that keeps or resends a request after its callback ran copies the lent push data
+// into it first (client::WithLentDataCopied).
 //
 // Header-only: a test that includes it links tessera_client. Thread-safe as the wrapped client is.
 #ifndef TESSERA_TESTS_TESTLIB_FORWARDING_SHARD_CLIENT_H_
@@ -23,9 +24,8 @@ class ForwardingShardClient : public client::ShardClient {
       : inner_(std::move(inner)) {}
 
   const std::string& address() const override { return inner_->address(); }
-  void PushPull(std::shared_ptr<const v1::PushPullRequest> request, absl::Time deadline,
-                PushPullCallback done) override {
-    inner_->PushPull(std::move(request), deadline, std::move(done));
+  void PushPull(PushPullCall call, absl::Time deadline, PushPullCallback done) override {
+    inner_->PushPull(std::move(call), deadline, std::move(done));
   }
   absl::StatusOr<std::vector<v1::Slice>> Pull(const v1::PullRequest& request,
                                               absl::Time deadline) override {

@@ -11,7 +11,6 @@
 #include "grpcpp/client_context.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/generic/generic_stub.h"
-#include "grpcpp/impl/codegen/proto_utils.h"
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/channel_arguments.h"
@@ -29,34 +28,6 @@ const char* const kPushPullMethod = "/tessera.v1.ParameterService/PushPull";
 // Keepalive ping interval and timeout on the channels to the shards. The shards accept pings this
 // often (common/grpc_server.cc).
 constexpr int kKeepaliveMs = 5000;
-
-void AppendVarint(uint64_t v, std::string* out) {
-  while (v >= 0x80) {
-    out->push_back(static_cast<char>((v & 0x7f) | 0x80));
-    v >>= 7;
-  }
-  out->push_back(static_cast<char>(v));
-}
-
-size_t VarintSize(uint64_t v) {
-  size_t n = 1;
-  while (v >= 0x80) {
-    v >>= 7;
-    ++n;
-  }
-  return n;
-}
-
-grpc::ByteBuffer SerializeCopy(const v1::PushPullRequest& request) {
-  grpc::ByteBuffer out;
-  bool own_buffer = false;
-  grpc::GenericSerialize<grpc::ProtoBufferWriter, v1::PushPullRequest>(request, &out, &own_buffer)
-      .IgnoreError();  // serialising a valid message cannot fail
-  return out;
-}
-
-// Push values of at least this many bytes travel as their own slice pointing into the request.
-constexpr size_t kZeroCopyMinBytes = 16 << 10;
 
 }  // namespace
 
@@ -127,214 +98,23 @@ grpc::Slice BorrowedSlice(absl::string_view data,
       keep);
 }
 
-// The request in protobuf wire format, built so that the bytes of every large push slice are not
-// copied: each becomes a grpc::Slice that points into the request and keeps it alive until gRPC
-// releases the slice, or, for borrowed data (borrowed[i] non-empty), into the caller's memory,
-// counted by `loan`. With `zero_copy` false every byte is copied into the message instead. The
-// rest (ids, keys, tags, lengths) is serialised normally. Field order on the wire does not matter
-// to a protobuf parser, so the push slices come after the other fields.
-grpc::ByteBuffer SerializeRequest(const std::shared_ptr<const v1::PushPullRequest>& request,
-                                  const std::vector<absl::string_view>& borrowed,
-                                  const std::shared_ptr<GrpcShardClient::Loan>& loan,
-                                  bool zero_copy) {
-  if (!zero_copy && borrowed.empty()) return SerializeCopy(*request);
-  v1::PushPullRequest header;
-  header.set_job_id(request->job_id());
-  header.set_worker_id(request->worker_id());
-  header.set_incarnation(request->incarnation());
-  header.set_step(request->step());
-  header.set_seq(request->seq());
-  *header.mutable_pull() = request->pull();
-  header.set_pull_encoding(request->pull_encoding());
-  std::string pending = header.SerializeAsString();
-  std::vector<grpc::Slice> slices;
-  for (int i = 0; i < request->push_size(); ++i) {
-    const v1::Slice& push = request->push(i);
-    const bool lent = static_cast<size_t>(i) < borrowed.size() && !borrowed[i].empty();
-    const absl::string_view data = lent ? borrowed[i] : absl::string_view(push.data());
-    v1::Slice meta;
-    *meta.mutable_key() = push.key();
-    meta.set_encoding(push.encoding());
-    *meta.mutable_row_ids() = push.row_ids();
-    meta.set_want_weights(push.want_weights());
-    meta.set_version(push.version());
-    const std::string meta_bytes = meta.SerializeAsString();
-    const size_t n = data.size();
-    const size_t body = meta_bytes.size() + (n > 0 ? 1 + VarintSize(n) + n : 0);
-    pending.push_back(static_cast<char>((6 << 3) | 2));  // PushPullRequest.push
-    AppendVarint(body, &pending);
-    pending += meta_bytes;
-    if (n == 0) continue;
-    pending.push_back(static_cast<char>((3 << 3) | 2));  // Slice.data
-    AppendVarint(n, &pending);
-    if (n < kZeroCopyMinBytes || !zero_copy) {
-      pending.append(data.data(), data.size());
-      continue;
-    }
-    slices.emplace_back(pending.data(), pending.size());  // copies the small header bytes
-    pending.clear();
-    if (lent) {
-      slices.push_back(BorrowedSlice(data, loan));
-      continue;
-    }
-    auto* keep = new std::shared_ptr<const v1::PushPullRequest>(request);
-    slices.emplace_back(
-        const_cast<char*>(push.data().data()), n,
-        [](void* p) { delete static_cast<std::shared_ptr<const v1::PushPullRequest>*>(p); }, keep);
-  }
-  if (!pending.empty()) slices.emplace_back(pending.data(), pending.size());
-  return grpc::ByteBuffer(slices.data(), slices.size());
-}
-
-// A read cursor over the slices of a received message.
-class SliceCursor {
+// The lent push data of one call as external data for the codec: entry i is push(i)'s data (empty:
+// not lent), and each slice over it is counted by the loan until gRPC releases it.
+class LentPushData final : public ExternalSliceData {
  public:
-  explicit SliceCursor(const std::vector<grpc::Slice>& slices) : slices_(slices) { Settle(); }
+  LentPushData(const std::vector<absl::string_view>& lent,
+               const std::shared_ptr<GrpcShardClient::Loan>& loan)
+      : lent_(lent), loan_(loan) {}
 
-  size_t consumed() const { return consumed_; }
-  bool AtEnd() const { return slice_ >= slices_.size(); }
-  size_t slice() const { return slice_; }
-  size_t offset() const { return offset_; }
-
-  bool ReadByte(uint8_t* b) {
-    if (AtEnd()) return false;
-    *b = slices_[slice_].begin()[offset_];
-    ++offset_;
-    ++consumed_;
-    Settle();
-    return true;
-  }
-
-  bool ReadVarint(uint64_t* v) {
-    *v = 0;
-    for (int shift = 0; shift < 64; shift += 7) {
-      uint8_t b;
-      if (!ReadByte(&b)) return false;
-      *v |= static_cast<uint64_t>(b & 0x7f) << shift;
-      if ((b & 0x80) == 0) return true;
-    }
-    return false;
-  }
-
-  // Appends the next n bytes to *out (nullptr: skips them).
-  bool Take(size_t n, std::string* out) {
-    while (n > 0) {
-      if (AtEnd()) return false;
-      const size_t k = std::min(n, slices_[slice_].size() - offset_);
-      if (out != nullptr) {
-        out->append(reinterpret_cast<const char*>(slices_[slice_].begin()) + offset_, k);
-      }
-      offset_ += k;
-      consumed_ += k;
-      n -= k;
-      Settle();
-    }
-    return true;
-  }
+  size_t size() const override { return lent_.size(); }
+  int index(size_t k) const override { return static_cast<int>(k); }
+  absl::string_view bytes(size_t k) const override { return lent_[k]; }
+  grpc::Slice SliceOver(size_t k) const override { return BorrowedSlice(lent_[k], loan_); }
 
  private:
-  void Settle() {
-    while (slice_ < slices_.size() && offset_ >= slices_[slice_].size()) {
-      ++slice_;
-      offset_ = 0;
-    }
-  }
-
-  const std::vector<grpc::Slice>& slices_;
-  size_t slice_ = 0;
-  size_t offset_ = 0;
-  size_t consumed_ = 0;
+  const std::vector<absl::string_view>& lent_;
+  const std::shared_ptr<GrpcShardClient::Loan>& loan_;
 };
-
-// Copies one field whose tag has been read to *out, tag included.
-bool CopyField(uint64_t tag, SliceCursor* in, std::string* out) {
-  AppendVarint(tag, out);
-  uint64_t v;
-  switch (tag & 7) {
-    case 0:
-      if (!in->ReadVarint(&v)) return false;
-      AppendVarint(v, out);
-      return true;
-    case 1:
-      return in->Take(8, out);
-    case 5:
-      return in->Take(4, out);
-    case 2:
-      if (!in->ReadVarint(&v)) return false;
-      AppendVarint(v, out);
-      return in->Take(v, out);
-    default:
-      return false;
-  }
-}
-
-// Weight bytes of at least this many bytes are left in the received slices by ParseResponse.
-constexpr size_t kInPlaceMinBytes = 16 << 10;
-
-// Parses a PushPullResponse from `slices` without copying the data of large weight slices: for
-// weights(i) with such data, (*data)[i] says where it lies and the parsed slice's data is empty.
-bool ParseResponse(const std::vector<grpc::Slice>& slices, v1::PushPullResponse* response,
-                   std::vector<GrpcShardClient::DataRef>* data) {
-  SliceCursor in(slices);
-  std::string rest;  // every field but `weights`, in wire format
-  std::vector<v1::Slice> weights;
-  while (!in.AtEnd()) {
-    uint64_t tag;
-    if (!in.ReadVarint(&tag)) return false;
-    if (tag != ((3 << 3) | 2)) {  // not PushPullResponse.weights
-      if (!CopyField(tag, &in, &rest)) return false;
-      continue;
-    }
-    uint64_t length;
-    if (!in.ReadVarint(&length)) return false;
-    const size_t end = in.consumed() + length;
-    std::string meta;  // the Slice without its large data
-    GrpcShardClient::DataRef ref;
-    while (in.consumed() < end) {
-      uint64_t field;
-      if (!in.ReadVarint(&field)) return false;
-      uint64_t n;
-      if (field == ((3 << 3) | 2) && ref.length == 0) {  // Slice.data
-        if (!in.ReadVarint(&n)) return false;
-        if (n >= kInPlaceMinBytes) {
-          ref.slice = in.slice();
-          ref.offset = in.offset();
-          ref.length = n;
-          if (!in.Take(n, nullptr)) return false;
-        } else {
-          AppendVarint(field, &meta);
-          AppendVarint(n, &meta);
-          if (!in.Take(n, &meta)) return false;
-        }
-        continue;
-      }
-      if (!CopyField(field, &in, &meta)) return false;
-    }
-    if (in.consumed() != end) return false;
-    weights.emplace_back();
-    if (!weights.back().ParseFromString(meta)) return false;
-    data->push_back(ref);
-  }
-  if (!response->ParseFromString(rest)) return false;
-  for (v1::Slice& w : weights) *response->add_weights() = std::move(w);
-  return true;
-}
-
-// Copies the bytes `ref` names to `out`.
-void CopyOut(const std::vector<grpc::Slice>& slices, const GrpcShardClient::DataRef& ref,
-             char* out) {
-  size_t slice = ref.slice;
-  size_t offset = ref.offset;
-  size_t n = ref.length;
-  while (n > 0) {
-    const size_t k = std::min(n, slices[slice].size() - offset);
-    std::memcpy(out, slices[slice].begin() + offset, k);
-    out += k;
-    n -= k;
-    ++slice;
-    offset = 0;
-  }
-}
 
 }  // namespace
 
@@ -376,17 +156,14 @@ class GrpcShardClient::Stream final
   // REQUIRES: Bind(). Call without holding the owner's lock: OnDone may run inline.
   void Start() { StartCall(); }
 
-  // Queues `request` for writing. False when the stream has already ended; the owner's
-  // OnStreamDone then takes care of every request pending on it.
-  // `borrowed` and `loan` as in Pending; the caller holds a reference of the loan across the call.
-  bool Send(const std::shared_ptr<const v1::PushPullRequest>& request,
-            const std::vector<absl::string_view>& borrowed, const std::shared_ptr<Loan>& loan) {
-    auto message = std::make_unique<grpc::ByteBuffer>(
-        SerializeRequest(request, borrowed, loan, owner_->options_.zero_copy_push));
+  // Queues `message` for writing. False when the stream has already ended (the message is then
+  // dropped); the owner's OnStreamDone then takes care of every request pending on it. A message
+  // with lent slices: the caller holds a reference of their loan across the call.
+  bool Send(std::unique_ptr<grpc::ByteBuffer> message) {
     const grpc::ByteBuffer* first = nullptr;
     {
       absl::MutexLock lock(&mu_);
-      // `message` outlives the lock, so a borrowed slice is released without it held.
+      // `message` outlives the lock, so a lent slice is released without it held.
       if (finished_) return false;
       queue_.push_back(std::move(message));
       if (!writing_) {
@@ -431,17 +208,20 @@ class GrpcShardClient::Stream final
       finished_ = true;
       return;
     }
-    std::vector<grpc::Slice> received;
-    v1::PushPullResponse response;
-    std::vector<DataRef> data;
-    if (response_.Dump(&received).ok() && ParseResponse(received, &response, &data)) {
-      owner_->Deliver(std::move(response), received, data);
-    } else {
-      // An unparsable answer cannot be matched to its request; the request then runs into its
-      // deadline and is retried.
-      spdlog::warn("{}: unparsable PushPull response", owner_->options_.address);
+    {
+      DecodedPushPullResponse response;
+      const absl::Status decoded = response_.Dump(&response.received).ok()
+                                       ? DecodePushPullResponse(&response)
+                                       : absl::DataLossError("the received message has no bytes");
+      if (decoded.ok()) {
+        owner_->Deliver(&response);
+      } else {
+        // An undecodable answer cannot be matched to its request; the request then runs into its
+        // deadline and is retried.
+        spdlog::warn("{}: undecodable PushPull response: {}", owner_->options_.address,
+                     decoded.ToString());
+      }
     }
-    received.clear();
     response_.Clear();
     StartRead(&response_);
   }
@@ -500,10 +280,6 @@ absl::StatusOr<std::unique_ptr<GrpcShardClient>> GrpcShardClient::Create(const O
   if (options.streams < 1 || options.streams > 64) {
     return absl::InvalidArgumentError(
         absl::StrCat("GrpcShardClient: streams must be in [1, 64], got ", options.streams));
-  }
-  if (options.max_stream_resends < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "GrpcShardClient: max_stream_resends must be >= 0, got ", options.max_stream_resends));
   }
   PinCallbackCompletionQueue();
   grpc::ChannelArguments args;
@@ -576,30 +352,30 @@ std::shared_ptr<GrpcShardClient::Stream> GrpcShardClient::CurrentStreamLocked(in
   return stream;
 }
 
-void GrpcShardClient::PushPull(std::shared_ptr<const v1::PushPullRequest> request,
-                               absl::Time deadline, PushPullCallback done) {
-  PushPullBorrowed(std::move(request), {}, deadline, WeightsTarget(), std::move(done));
-}
-
-void GrpcShardClient::PushPullInto(std::shared_ptr<const v1::PushPullRequest> request,
-                                   absl::Time deadline, const WeightsTarget& target,
-                                   PushPullCallback done) {
-  PushPullBorrowed(std::move(request), {}, deadline, target, std::move(done));
-}
-
-void GrpcShardClient::PushPullBorrowed(std::shared_ptr<const v1::PushPullRequest> request,
-                                       std::vector<absl::string_view> borrowed, absl::Time deadline,
-                                       const WeightsTarget& target, PushPullCallback done) {
+void GrpcShardClient::PushPull(PushPullCall call, absl::Time deadline, PushPullCallback done) {
+  const uint64_t seq = call.request->seq();
   bool lends = false;
-  for (absl::string_view b : borrowed) lends = lends || !b.empty();
+  for (absl::string_view b : call.lent) lends = lends || !b.empty();
   std::shared_ptr<Loan> loan;
   if (lends) {
     loan = std::make_shared<Loan>(this);
-    // Held until the message is built: the request cannot finish (and its caller free the
+    // Held until the message is queued: the request cannot finish (and its caller free the
     // memory) while Send still reads it.
     loan->Take();
-  } else {
-    borrowed.clear();
+  }
+  auto message = std::make_unique<grpc::ByteBuffer>();
+  absl::Status encoded;
+  {
+    const LentPushData lent(call.lent, loan);
+    encoded = EncodePushPullRequest(call.request, lends ? &lent : nullptr, options_.zero_copy_push,
+                                    message.get());
+  }
+  if (!encoded.ok()) {
+    // Nothing points into the lent memory: the codec refused before it made any slice.
+    if (loan != nullptr) loan->Return();
+    done(absl::Status(encoded.code(), absl::StrCat(options_.address, ": PushPull seq ", seq, ": ",
+                                                   encoded.message())));
+    return;
   }
   std::shared_ptr<Stream> stream;
   bool start = false;
@@ -607,27 +383,28 @@ void GrpcShardClient::PushPullBorrowed(std::shared_ptr<const v1::PushPullRequest
     absl::MutexLock lock(&mu_);
     if (!stopping_) {
       // A retry has the same seq, so it takes the same stream as its first attempt.
-      stream = CurrentStreamLocked(SlotOf(request->seq()), &start);
+      stream = CurrentStreamLocked(SlotOf(seq), &start);
       Pending p;
-      p.request = request;
-      p.borrowed = borrowed;
       p.loan = loan;
       p.deadline = deadline;
       p.done = std::move(done);
-      if (target.out != nullptr && target.written != nullptr) p.target = target;
+      if (call.target.out != nullptr && call.target.written != nullptr) {
+        p.target = std::move(call.target);
+      }
       p.stream_generation = stream->generation();
-      pending_.emplace(request->seq(), std::move(p));
+      pending_.emplace(seq, std::move(p));
     }
   }
   if (stream == nullptr) {
+    message.reset();  // gives its lent slices back
     if (loan != nullptr) loan->Return();
-    done(absl::CancelledError(absl::StrCat(options_.address, ": PushPull seq ", request->seq(),
-                                           " refused: client shutting down")));
+    done(absl::CancelledError(
+        absl::StrCat(options_.address, ": PushPull seq ", seq, " refused: client shutting down")));
     return;
   }
   if (start) stream->Start();
-  // A false return means the stream ended under us; OnStreamDone resends what was pending on it.
-  stream->Send(request, borrowed, loan);
+  // A false return means the stream ended under us; OnStreamDone fails what was pending on it.
+  stream->Send(std::move(message));
   if (loan != nullptr) loan->Return();
 }
 
@@ -669,16 +446,15 @@ void GrpcShardClient::CancelStream(int slot, uint64_t generation) {
   if (stream != nullptr) stream->Cancel();
 }
 
-void GrpcShardClient::Deliver(v1::PushPullResponse response,
-                              const std::vector<grpc::Slice>& received,
-                              const std::vector<DataRef>& data) {
+void GrpcShardClient::Deliver(DecodedPushPullResponse* response) {
+  const uint64_t seq = response->header.seq();
   PushPullCallback done;
   WeightsTarget target;
   std::shared_ptr<Loan> loan;
   {
     absl::MutexLock lock(&mu_);
-    auto it = pending_.lower_bound(response.seq());
-    if (it == pending_.end() || it->first != response.seq()) return;  // late answer: dropped
+    auto it = pending_.lower_bound(seq);
+    if (it == pending_.end() || it->first != seq) return;  // late answer: dropped
     done = std::move(it->second.done);
     target = std::move(it->second.target);
     loan = std::move(it->second.loan);
@@ -686,35 +462,19 @@ void GrpcShardClient::Deliver(v1::PushPullResponse response,
   }
   // The request is out of pending_, so nobody else runs `done`: the caller's buffer is still
   // waiting for these weights.
-  for (int i = 0; i < response.weights_size(); ++i) {
-    const DataRef& ref = data[i];
-    if (ref.length == 0) continue;
-    v1::Slice* w = response.mutable_weights(i);
-    if (target.out != nullptr &&
-        (w->encoding() == v1::ENCODING_FP32 || w->encoding() == v1::ENCODING_UNSPECIFIED) &&
-        ref.length == target.count * sizeof(float) && w->key().index() == target.index &&
-        w->key().tensor() == target.tensor) {
-      CopyOut(received, ref, reinterpret_cast<char*>(target.out));
-      *target.written = true;
-      continue;
-    }
-    std::string* bytes = w->mutable_data();
-    bytes->clear();
-    bytes->reserve(ref.length);
-    size_t slice = ref.slice;
-    size_t offset = ref.offset;
-    size_t n = ref.length;
-    while (n > 0) {
-      const size_t k = std::min(n, received[slice].size() - offset);
-      bytes->append(reinterpret_cast<const char*>(received[slice].begin()) + offset, k);
-      n -= k;
-      ++slice;
-      offset = 0;
-    }
+  Fp32WeightsTarget in_place;
+  if (target.out != nullptr) {
+    in_place.tensor = target.tensor;
+    in_place.index = target.index;
+    in_place.out = target.out;
+    in_place.count = target.count;
   }
+  bool written = false;
+  v1::PushPullResponse answer = TakePushPullResponse(response, in_place, &written);
+  if (written) *target.written = true;
   // The shard has read the whole request, so its bytes were written; gRPC releases their slices
   // once the write completes, usually before now.
-  Finish(loan, std::move(done), std::move(response));
+  Finish(loan, std::move(done), std::move(answer));
 }
 
 void GrpcShardClient::OnStreamDone(int slot, uint64_t generation, absl::Status status) {
@@ -723,15 +483,7 @@ void GrpcShardClient::OnStreamDone(int slot, uint64_t generation, absl::Status s
     PushPullCallback done;
     std::shared_ptr<Loan> loan;
   };
-  struct Resend {
-    std::shared_ptr<const v1::PushPullRequest> request;
-    std::vector<absl::string_view> borrowed;
-    std::shared_ptr<Loan> loan;
-  };
   std::vector<Failed> failed;
-  std::vector<Resend> resend;
-  std::shared_ptr<Stream> stream;
-  bool start = false;
   bool stopping;
   {
     absl::MutexLock lock(&mu_);
@@ -741,37 +493,20 @@ void GrpcShardClient::OnStreamDone(int slot, uint64_t generation, absl::Status s
       streams_[slot].reset();
     }
     for (auto it = pending_.begin(); it != pending_.end();) {
-      Pending& p = it->second;
-      if (p.stream_generation != generation) {
+      if (it->second.stream_generation != generation) {
         ++it;
         continue;
       }
-      if (!stopping_ && p.resends < options_.max_stream_resends) {
-        if (stream == nullptr) stream = CurrentStreamLocked(slot, &start);
-        ++p.resends;
-        p.stream_generation = stream->generation();
-        // Held until the resend is built, as in PushPullBorrowed.
-        if (p.loan != nullptr) p.loan->Take();
-        resend.push_back(Resend{p.request, p.borrowed, p.loan});
-        ++it;
-      } else {
-        failed.push_back(Failed{it->first, std::move(p.done), std::move(p.loan)});
-        it = pending_.erase(it);
-      }
+      failed.push_back(Failed{it->first, std::move(it->second.done), std::move(it->second.loan)});
+      it = pending_.erase(it);
     }
   }
-  if (start) stream->Start();
-  // `resend` is in seq order (the map's order), so the shard sees retries in their first order.
-  for (auto& r : resend) {
-    stream->Send(r.request, r.borrowed, r.loan);
-    if (r.loan != nullptr) r.loan->Return();
-  }
+  // CANCELLED only when this client is shutting down: a stream that CancelStream ended for a
+  // stalled request, or that the shard cancelled, is a transport failure the caller may retry.
+  const absl::StatusCode code = stopping && status.code() == absl::StatusCode::kCancelled
+                                    ? absl::StatusCode::kCancelled
+                                    : absl::StatusCode::kUnavailable;
   for (Failed& f : failed) {
-    // CANCELLED only when this client is shutting down: a stream that CancelStream ended for a
-    // stalled request, or that the shard cancelled, is a transport failure the caller may retry.
-    const absl::StatusCode code = stopping && status.code() == absl::StatusCode::kCancelled
-                                      ? absl::StatusCode::kCancelled
-                                      : absl::StatusCode::kUnavailable;
     // The stream has ended, so gRPC lets go of its slices without being told.
     Finish(f.loan, std::move(f.done),
            absl::Status(code, absl::StrCat(options_.address, ": PushPull seq ", f.seq,

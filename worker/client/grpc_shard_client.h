@@ -1,35 +1,36 @@
 // ShardClient over gRPC: one channel (its own TCP connection) and long-lived PushPull streams
 // per shard (one by default), driven by the callback API.
 //
-// Request path. PushPull() records the request in `pending_` under its seq and hands it to a
-// stream's write queue (stream seq % streams); the stream writes one message at a time
-// (ClientBidiReactor allows one outstanding write) and keeps one read outstanding. The stream
-// carries raw bytes (grpc::GenericStub): a request is serialised by hand so that the bytes of each
-// large push slice go out as a gRPC slice pointing into the shared request, not as a copy. Each
-// response is matched to the oldest pending request with the same seq, and that request's
-// callback runs on a gRPC thread. Responses are parsed by hand from the received slices: the bytes
-// of a large weight slice are not copied into the message but decoded straight into the caller's
-// buffer when the request came with a matching WeightsTarget (fp32), and copied into the slice's
-// data otherwise. A sweeper thread fails requests whose deadline has passed with
-// DEADLINE_EXCEEDED; the streams themselves have no deadline because a gated BSP pull may park for
-// as long as the slowest worker takes.
+// Request path. PushPull() encodes the request (common/push_pull_codec.h), records it in
+// `pending_` under its seq and hands it to a stream's write queue (stream seq % streams); the
+// stream writes one message at a time (ClientBidiReactor allows one outstanding write) and keeps
+// one read outstanding. The stream carries raw bytes (grpc::GenericStub): the bytes of each large
+// push slice go out as a gRPC slice pointing into the shared request or into the caller's lent
+// memory, not as a copy. Each response is matched to the oldest pending request with the same
+// seq, and that request's callback runs on a gRPC thread. Responses are decoded by the codec from
+// the received slices: the bytes of a large weight slice are not copied into the message but
+// decoded straight into the caller's buffer when the call came with a matching WeightsTarget
+// (fp32), and copied into the slice's data otherwise. A sweeper thread fails requests whose
+// deadline has passed with DEADLINE_EXCEEDED; the streams themselves have no deadline because a
+// gated BSP pull may park for as long as the slowest worker takes.
 //
-// Borrowed push data (PushPullBorrowed). The large push slices of such a request point into the
+// Lent push data (PushPullCall::lent). The large push slices of such a request point into the
 // caller's memory, and a Loan counts the gRPC slices (and in-progress sends) that still do. Its
 // callback runs only once that count is zero: at once in the usual case (gRPC released the slices
 // when the bytes were written, before the shard could answer), otherwise from the sweeper thread as
 // soon as the last one is released. A request that fails (deadline, CancelPending, shutdown) while
 // its bytes are still queued on a stalled stream cancels that stream, so that gRPC lets go of them;
-// the other requests on it are written again on a new stream as for any broken stream. Bytes
-// already written to a connection whose peer stopped reading are let go when keepalive closes
-// that connection (2 * kKeepaliveMs); the callback waits until then (measured 2.0 to 5.5 s for a
-// 2 s deadline behind a proxy that stopped reading: tests/faults/exactly_once_faults_test.cc).
+// the other requests on it fail with UNAVAILABLE as on any broken stream. Bytes already written to
+// a connection whose peer stopped reading are let go when keepalive closes that connection
+// (2 * kKeepaliveMs); the callback waits until then (measured 2.0 to 5.5 s for a 2 s deadline
+// behind a proxy that stopped reading: tests/faults/exactly_once_faults_test.cc).
 //
 // Broken streams. When a stream ends (the shard restarted, the connection dropped), every request
-// still pending on it is written again, with the SAME seq, on a fresh stream, at most
-// `max_stream_resends` times; after that it fails with UNAVAILABLE and the caller's retry policy
-// takes over. The shard acknowledges an already-applied seq without applying it twice, so a
-// resend never corrupts the model.
+// still pending on it fails with UNAVAILABLE (CANCELLED when this client is shutting down), and
+// the next request on its slot opens a fresh stream. The transport resends nothing: the caller's
+// retry policy (ParameterClient) sends the request again with the SAME seq, and the shard
+// acknowledges an already-applied seq without applying it twice, so a resend never corrupts the
+// model.
 //
 // Life cycle: kRunning from Create() until the destructor, which cancels the streams, waits until
 // gRPC is done with them, fails what is still pending with CANCELLED, and joins the sweeper.
@@ -49,6 +50,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "common/push_pull_codec.h"
 #include "common/security.h"
 #include "grpcpp/channel.h"
 #include "grpcpp/generic/generic_stub.h"
@@ -73,21 +75,11 @@ class GrpcShardClient final : public ShardClient {
     // travel as their own gRPC slices, pointing into the shared request or into the caller's lent
     // memory (false: every byte is copied into the message, lent bytes included).
     bool zero_copy_push = true;
-    // Times a request pending on a broken stream is written again on a new one.
-    int max_stream_resends = 1;
     // Give this client its own TCP connection instead of sharing one with other channels to the
     // same address in the process (one connection per client thread measured 16-27% faster).
     bool own_connection = true;
     // How the channel is made: TLS, the bearer token (default: plaintext, no token).
     ClientCredentials credentials;
-  };
-
-  // Where the bytes of one parsed weight slice lie in a received message (length 0: nowhere, they
-  // were parsed into the slice normally). Internal to the stream's response parsing.
-  struct DataRef {
-    size_t slice = 0;   // index into the received slices
-    size_t offset = 0;  // within that slice
-    size_t length = 0;
   };
 
   // Counts what still points into one request's borrowed memory. Internal to the transport.
@@ -99,10 +91,7 @@ class GrpcShardClient final : public ShardClient {
   ~GrpcShardClient() override;
 
   const std::string& address() const override { return options_.address; }
-  void PushPull(std::shared_ptr<const v1::PushPullRequest> request, absl::Time deadline,
-                PushPullCallback done) override;
-  void PushPullInto(std::shared_ptr<const v1::PushPullRequest> request, absl::Time deadline,
-                    const WeightsTarget& target, PushPullCallback done) override;
+  void PushPull(PushPullCall call, absl::Time deadline, PushPullCallback done) override;
   absl::StatusOr<std::vector<v1::Slice>> Pull(const v1::PullRequest& request,
                                               absl::Time deadline) override;
   absl::StatusOr<v1::CreateJobStateResponse> CreateJobState(
@@ -110,9 +99,6 @@ class GrpcShardClient final : public ShardClient {
   absl::Status UpdateMembership(const v1::UpdateMembershipRequest& request,
                                 absl::Time deadline) override;
   absl::Status DropJob(const v1::DropJobRequest& request, absl::Time deadline) override;
-  void PushPullBorrowed(std::shared_ptr<const v1::PushPullRequest> request,
-                        std::vector<absl::string_view> borrowed, absl::Time deadline,
-                        const WeightsTarget& target, PushPullCallback done) override;
   void CancelPending() override;
 
   // References into callers' borrowed memory that gRPC (or a send in progress) still holds, over
@@ -124,14 +110,11 @@ class GrpcShardClient final : public ShardClient {
  private:
   class Stream;
   struct Pending {
-    std::shared_ptr<const v1::PushPullRequest> request;
-    std::vector<absl::string_view> borrowed;  // see PushPullBorrowed
-    std::shared_ptr<Loan> loan;               // set when `borrowed` is
+    std::shared_ptr<Loan> loan;  // set when the call lent push data
     absl::Time deadline;
     PushPullCallback done;
     WeightsTarget target;
     uint64_t stream_generation = 0;
-    int resends = 0;
   };
 
   GrpcShardClient(const Options& options, std::shared_ptr<grpc::Channel> channel);
@@ -140,8 +123,7 @@ class GrpcShardClient final : public ShardClient {
   std::shared_ptr<Stream> CurrentStreamLocked(int slot, bool* created)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Called by a stream when a response arrives / when it has ended.
-  void Deliver(v1::PushPullResponse response, const std::vector<grpc::Slice>& received,
-               const std::vector<DataRef>& data);
+  void Deliver(DecodedPushPullResponse* response);
   void OnStreamDone(int slot, uint64_t generation, absl::Status status);
   void OnStreamDestroyed();
   // The sweeper thread: runs deferred callbacks as soon as they are ready, and fails requests past

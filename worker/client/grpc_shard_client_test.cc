@@ -1,5 +1,6 @@
 #include "worker/client/grpc_shard_client.h"
 
+#include <future>
 #include <map>
 #include <memory>
 #include <string>
@@ -13,6 +14,7 @@
 #include "grpcpp/server_builder.h"
 #include "gtest/gtest.h"
 #include "tessera/v1/parameter.grpc.pb.h"
+#include "worker/client/parameter_client.h"
 
 namespace tessera {
 namespace client {
@@ -146,7 +148,7 @@ class GrpcShardClientTest : public ::testing::Test {
                                             absl::Duration timeout = absl::Seconds(10)) {
     absl::Notification done;
     absl::StatusOr<v1::PushPullResponse> result;
-    client_->PushPull(std::move(r), absl::Now() + timeout,
+    client_->PushPull({std::move(r)}, absl::Now() + timeout,
                       [&](absl::StatusOr<v1::PushPullResponse> response) {
                         result = std::move(response);
                         done.Notify();
@@ -165,7 +167,7 @@ TEST_F(GrpcShardClientTest, MatchesOutOfOrderResponsesBySeq) {
   Start();
   absl::Notification first_done;
   absl::StatusOr<v1::PushPullResponse> first;
-  client_->PushPull(Request(1, "one"), absl::Now() + absl::Seconds(10),
+  client_->PushPull({Request(1, "one")}, absl::Now() + absl::Seconds(10),
                     [&](absl::StatusOr<v1::PushPullResponse> r) {
                       first = std::move(r);
                       first_done.Notify();
@@ -198,11 +200,11 @@ TEST_F(GrpcShardClientTest, DecodesLargeWeightsIntoMatchingTarget) {
   target.written = &written;
   absl::Notification done;
   absl::StatusOr<v1::PushPullResponse> result;
-  client_->PushPullInto(Request(3, bytes), absl::Now() + absl::Seconds(10), target,
-                        [&](absl::StatusOr<v1::PushPullResponse> r) {
-                          result = std::move(r);
-                          done.Notify();
-                        });
+  client_->PushPull({Request(3, bytes), {}, target}, absl::Now() + absl::Seconds(10),
+                    [&](absl::StatusOr<v1::PushPullResponse> r) {
+                      result = std::move(r);
+                      done.Notify();
+                    });
   done.WaitForNotification();
   ASSERT_TRUE(result.ok()) << result.status();
   EXPECT_TRUE(written);
@@ -235,11 +237,11 @@ TEST_F(GrpcShardClientTest, KeepsLargeWeightsInResponseWithoutMatchingTarget) {
     target.written = &written;
     absl::Notification done;
     absl::StatusOr<v1::PushPullResponse> result;
-    client_->PushPullInto(Request(5 + mismatch, bytes), absl::Now() + absl::Seconds(10), target,
-                          [&](absl::StatusOr<v1::PushPullResponse> r) {
-                            result = std::move(r);
-                            done.Notify();
-                          });
+    client_->PushPull({Request(5 + mismatch, bytes), {}, target}, absl::Now() + absl::Seconds(10),
+                      [&](absl::StatusOr<v1::PushPullResponse> r) {
+                        result = std::move(r);
+                        done.Notify();
+                      });
     done.WaitForNotification();
     ASSERT_TRUE(result.ok()) << result.status();
     EXPECT_FALSE(written) << mismatch;
@@ -249,9 +251,16 @@ TEST_F(GrpcShardClientTest, KeepsLargeWeightsInResponseWithoutMatchingTarget) {
   }
 }
 
+// A broken stream fails the request on it with UNAVAILABLE (the transport resends nothing); the
+// caller's resend of the same request (same seq) goes out on a new stream, which keeps serving.
+// ParameterClientOverABrokenStreamTest below is the same scenario with ParameterClient's retries.
 TEST_F(GrpcShardClientTest, BrokenStreamIsReopenedAndTheRequestResentWithTheSameSeq) {
   service_.break_first_stream = true;
   Start();
+  auto broken = Call(Request(7, "seven"));
+  ASSERT_FALSE(broken.ok());
+  EXPECT_EQ(broken.status().code(), absl::StatusCode::kUnavailable) << broken.status();
+  EXPECT_NE(broken.status().message().find(client_->address()), absl::string_view::npos);
   auto r = Call(Request(7, "seven"));
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->seq(), 7u);
@@ -261,6 +270,37 @@ TEST_F(GrpcShardClientTest, BrokenStreamIsReopenedAndTheRequestResentWithTheSame
   auto again = Call(Request(8, "eight"));
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_EQ(again->weights(0).data(), "eight");
+}
+
+// A stream that breaks once under a request in flight does not fail the caller's call with the
+// default RetryPolicy: ParameterClient, the one retry layer, sends the same seq again on a new
+// stream, and the weights still land in place.
+TEST_F(GrpcShardClientTest, ParameterClientOverABrokenStreamRetriesTheSameSeq) {
+  service_.break_first_stream = true;
+  Start();
+  ParameterClient::Options o;
+  o.shard_addresses = {client_->address()};
+  o.job_id = "job";
+  std::vector<std::unique_ptr<ShardClient>> shards;
+  shards.push_back(std::move(client_));
+  auto pc = ParameterClient::CreateWithShards(o, std::move(shards));
+  ASSERT_TRUE(pc.ok()) << pc.status();
+  constexpr int64_t kValues = 5000;  // 20000 bytes: lent, and decoded in place
+  ASSERT_TRUE((*pc)->AttachJob({{"w", {kValues}, {}}}, {}).ok());
+  std::vector<float> grad(kValues);
+  for (int64_t i = 0; i < kValues; ++i) grad[i] = 0.5f * static_cast<float>(i) - 3.0f;
+  std::vector<float> weights(kValues, 0.0f);
+  auto r = (*pc)->PushPull("w", 0, grad, absl::MakeSpan(weights)).get();
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->requests, 1u);
+  EXPECT_EQ(r->retries, 1u);
+  EXPECT_EQ(r->min_version, 1);  // the scripted shard answers version = seq
+  EXPECT_EQ(weights, grad);      // it echoes the pushed data as weights
+  EXPECT_EQ(service_.seen(), (std::vector<std::pair<int, uint64_t>>{{0, 1}, {1, 1}}));
+  // The new stream keeps serving.
+  auto again = (*pc)->PushPull("w", 1, grad, absl::MakeSpan(weights)).get();
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->retries, 0u);
 }
 
 class GrpcShardClientWireTest : public GrpcShardClientTest,
@@ -337,13 +377,13 @@ TEST_P(GrpcShardClientWireTest, BorrowedPushDataArrivesIntact) {
   absl::Notification done;
   absl::StatusOr<v1::PushPullResponse> result;
   int64_t references_at_callback = -1;
-  client_->PushPullBorrowed(r, {big_bytes, absl::string_view(), tiny_bytes},
-                            absl::Now() + absl::Seconds(10), ShardClient::WeightsTarget(),
-                            [&](absl::StatusOr<v1::PushPullResponse> response) {
-                              references_at_callback = client_->borrowed_references();
-                              result = std::move(response);
-                              done.Notify();
-                            });
+  client_->PushPull({r, {big_bytes, absl::string_view(), tiny_bytes}},
+                    absl::Now() + absl::Seconds(10),
+                    [&](absl::StatusOr<v1::PushPullResponse> response) {
+                      references_at_callback = client_->borrowed_references();
+                      result = std::move(response);
+                      done.Notify();
+                    });
   ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(20)));
   ASSERT_TRUE(result.ok()) << result.status();
   EXPECT_EQ(references_at_callback, 0);
@@ -413,12 +453,12 @@ void SendLent(GrpcShardClient* client, uint64_t seq, const std::vector<float>& v
   r->add_push()->mutable_key()->set_tensor("w");
   const absl::string_view lent(reinterpret_cast<const char*>(values.data()),
                                values.size() * sizeof(float));
-  client->PushPullBorrowed(r, {lent}, absl::Now() + timeout, ShardClient::WeightsTarget(),
-                           [out, client](absl::StatusOr<v1::PushPullResponse> response) {
-                             out->references = client->borrowed_references();
-                             out->status = response.status();
-                             out->done.Notify();
-                           });
+  client->PushPull({r, {lent}}, absl::Now() + timeout,
+                   [out, client](absl::StatusOr<v1::PushPullResponse> response) {
+                     out->references = client->borrowed_references();
+                     out->status = response.status();
+                     out->done.Notify();
+                   });
 }
 
 // A request whose lent bytes are stuck behind a shard that reads nothing: at its deadline the
@@ -494,7 +534,7 @@ TEST_F(GrpcShardClientTest, CancelPendingFailsHeldRequestsAtOnce) {
   Start();
   absl::Notification done;
   absl::StatusOr<v1::PushPullResponse> result;
-  client_->PushPull(Request(5, "held"), absl::Now() + absl::Seconds(30),
+  client_->PushPull({Request(5, "held")}, absl::Now() + absl::Seconds(30),
                     [&](absl::StatusOr<v1::PushPullResponse> r) {
                       result = std::move(r);
                       done.Notify();

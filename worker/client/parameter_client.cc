@@ -78,17 +78,15 @@ struct ParameterClient::Op {
 struct ParameterClient::Attempt {
   std::shared_ptr<Op> op;
   int shard = 0;
-  std::shared_ptr<const v1::PushPullRequest> request;
+  // What every attempt sends: the request, the fp32 push data lent from the caller's gradient
+  // (entry i is the data of request->push(i), whose own data is empty) and, for dense partitions,
+  // where the transport may decode the weights in place (then it sets `weights_written` and
+  // `accept` is skipped).
+  ShardClient::PushPullCall call;
   int attempts = 0;
   std::string what;
   std::function<absl::Status(const v1::PushPullResponse&)> accept;
-  // Dense partitions: where the transport may decode the weights in place (then it sets
-  // `weights_written` and `accept` is skipped).
-  ShardClient::WeightsTarget target;
   bool weights_written = false;
-  // fp32 push data lent from the caller's gradient (see ShardClient::PushPullBorrowed): entry i
-  // is the data of request->push(i), whose own data is empty.
-  std::vector<absl::string_view> borrowed;
 };
 
 // Runs retries after their backoff on one thread.
@@ -382,11 +380,11 @@ void ParameterClient::Send(std::shared_ptr<Attempt> attempt) {
   }
   ShardClient* shard = shards_[attempt->shard].get();
   attempt->weights_written = false;
-  const ShardClient::WeightsTarget& target = attempt->target;
-  shard->PushPullBorrowed(attempt->request, attempt->borrowed, absl::Now() + options_.call_timeout,
-                          target, [this, attempt](absl::StatusOr<v1::PushPullResponse> response) {
-                            OnResponse(attempt, std::move(response));
-                          });
+  // The same request (same seq) on every attempt, so that the shard applies it at most once.
+  shard->PushPull(attempt->call, absl::Now() + options_.call_timeout,
+                  [this, attempt](absl::StatusOr<v1::PushPullResponse> response) {
+                    OnResponse(attempt, std::move(response));
+                  });
 }
 
 void ParameterClient::OnResponse(std::shared_ptr<Attempt> attempt,
@@ -416,7 +414,7 @@ void ParameterClient::OnResponse(std::shared_ptr<Attempt> attempt,
       if (op.status.ok()) {
         error = WithAddress(attempt->shard, error);
         op.status = absl::Status(
-            error.code(), absl::StrCat(attempt->what, " (seq ", attempt->request->seq(),
+            error.code(), absl::StrCat(attempt->what, " (seq ", attempt->call.request->seq(),
                                        ", attempt ", attempt->attempts, "): ", error.message()));
       }
     } else {
@@ -488,10 +486,10 @@ void ParameterClient::PushPullAsync(absl::string_view name, int64_t step,
     const absl::string_view lent = LendOrEncode(options_.push_encoding, gradient.data() + p.offset,
                                                 static_cast<size_t>(p.num_elements), slice);
     auto attempt = std::make_shared<Attempt>();
-    if (!lent.empty()) attempt->borrowed.push_back(lent);
+    if (!lent.empty()) attempt->call.lent.push_back(lent);
     attempt->op = op;
     attempt->shard = p.shard;
-    attempt->request = std::move(request);
+    attempt->call.request = std::move(request);
     attempt->what = absl::StrCat("PushPull tensor '", name, "' partition ", p.index, " step ", step,
                                  " on shard ", p.shard);
     if (want) {
@@ -499,11 +497,11 @@ void ParameterClient::PushPullAsync(absl::string_view name, int64_t step,
       const size_t count = static_cast<size_t>(p.num_elements);
       const uint32_t index = p.index;
       const std::string* tensor = &layout.name;
-      attempt->target.tensor = layout.name;
-      attempt->target.index = index;
-      attempt->target.out = out;
-      attempt->target.count = count;
-      attempt->target.written = &attempt->weights_written;
+      attempt->call.target.tensor = layout.name;
+      attempt->call.target.index = index;
+      attempt->call.target.out = out;
+      attempt->call.target.count = count;
+      attempt->call.target.written = &attempt->weights_written;
       attempt->accept = [out, count, index, tensor](const v1::PushPullResponse& r) {
         for (const v1::Slice& w : r.weights()) {
           if (w.key().index() != index || w.key().tensor() != *tensor) continue;
@@ -532,7 +530,7 @@ void ParameterClient::PushPullManyAsync(int64_t step, std::vector<TensorUpdate> 
   };
   struct ShardPart {
     std::shared_ptr<v1::PushPullRequest> request;
-    std::vector<absl::string_view> borrowed;  // per push slice, as Attempt::borrowed
+    std::vector<absl::string_view> lent;  // per push slice, as PushPullCall::lent
     bool lends = false;
     std::vector<Target> targets;
     std::vector<std::string> names;
@@ -571,7 +569,7 @@ void ParameterClient::PushPullManyAsync(int64_t step, std::vector<TensorUpdate> 
       const absl::string_view lent =
           LendOrEncode(options_.push_encoding, t.gradient.data() + p.offset,
                        static_cast<size_t>(p.num_elements), slice);
-      part.borrowed.push_back(lent);
+      part.lent.push_back(lent);
       part.lends = part.lends || !lent.empty();
       part.bytes += lent.empty() ? slice->data().size() : lent.size();
       if (want) {
@@ -602,8 +600,8 @@ void ParameterClient::PushPullManyAsync(int64_t step, std::vector<TensorUpdate> 
     auto attempt = std::make_shared<Attempt>();
     attempt->op = op;
     attempt->shard = shard;
-    attempt->request = std::move(part.request);
-    if (part.lends) attempt->borrowed = std::move(part.borrowed);
+    attempt->call.request = std::move(part.request);
+    if (part.lends) attempt->call.lent = std::move(part.lent);
     attempt->what = absl::StrCat("PushPull of tensors ", absl::StrJoin(part.names, ", "), " step ",
                                  step, " on shard ", shard);
     if (!part.targets.empty()) {
@@ -780,7 +778,7 @@ void ParameterClient::PushPullSparseAsync(absl::string_view table, int64_t step,
     auto attempt = std::make_shared<Attempt>();
     attempt->op = op;
     attempt->shard = s;
-    attempt->request = std::move(request);
+    attempt->call.request = std::move(request);
     attempt->what = absl::StrCat("PushPullSparse table '", table, "' step ", step, " (",
                                  pos->size(), " rows) on shard ", s);
     if (want) {

@@ -6,10 +6,12 @@
 // caller overlaps communication with compute. Each request has a per-(worker, incarnation)
 // sequence number; a retry after UNAVAILABLE or DEADLINE_EXCEEDED resends the very same request
 // (same seq) after capped exponential backoff with jitter, and the shard acknowledges a seq it has
-// already applied without applying it again. Every error names the shard's address.
+// already applied without applying it again. This is the one retry layer: the transport resends
+// nothing (a broken stream fails its requests with UNAVAILABLE), so RetryPolicy alone says how
+// often and when a request is sent again. Every error names the shard's address.
 //
 // fp32 gradients are not copied: each partition's bytes are lent from the caller's gradient to
-// the transport (ShardClient::PushPullBorrowed), which sends them as gRPC slices pointing into it
+// the transport (ShardClient::PushPullCall::lent), which sends them as gRPC slices pointing into it
 // and runs the callback only once gRPC has let go of them. Other push encodings are encoded into
 // the request's bytes field, which gRPC sends as slices of the request itself. Weights are decoded
 // from the received bytes straight into the caller's buffer.
@@ -44,6 +46,8 @@
 namespace tessera {
 namespace client {
 
+// How ParameterClient sends a request again after a retryable error (UNAVAILABLE, which includes
+// a PushPull stream that broke under the request, or DEADLINE_EXCEEDED).
 struct RetryPolicy {
   // Attempts per request, the first included. 1 disables retries.
   int max_attempts = 5;

@@ -72,25 +72,20 @@ class FakeShard final : public ShardClient {
     for (PushPullCallback& done : held) done(absl::CancelledError(address_ + ": cancelled"));
   }
 
-  // Records what each call lent (per push slice: where the bytes lie, empty when in the request),
-  // then lets the base class copy it into the request.
-  void PushPullBorrowed(std::shared_ptr<const v1::PushPullRequest> request,
-                        std::vector<absl::string_view> borrowed, absl::Time deadline,
-                        const WeightsTarget& target, PushPullCallback done) override {
-    {
-      absl::MutexLock lock(&mu_);
-      lent_.push_back(borrowed);
-    }
-    ShardClient::PushPullBorrowed(std::move(request), std::move(borrowed), deadline, target,
-                                  std::move(done));
-  }
   std::vector<std::vector<absl::string_view>> lent() {
     absl::MutexLock lock(&mu_);
     return lent_;
   }
 
-  void PushPull(std::shared_ptr<const v1::PushPullRequest> request, absl::Time deadline,
-                PushPullCallback done) override {
+  // Records what each call lent (per push slice: where the bytes lie, empty when in the request),
+  // then copies it into the request, and answers (weights in the response: it ignores targets).
+  void PushPull(PushPullCall call, absl::Time deadline, PushPullCallback done) override {
+    {
+      absl::MutexLock lock(&mu_);
+      lent_.push_back(call.lent);
+    }
+    const std::shared_ptr<const v1::PushPullRequest> request =
+        WithLentDataCopied(std::move(call)).request;
     absl::StatusOr<v1::PushPullResponse> result;
     bool drop = false;
     {

@@ -35,12 +35,6 @@ class ShardClient {
   // "host:port" of the shard, for error messages.
   virtual const std::string& address() const = 0;
 
-  // Sends `request` on the shard's long-lived PushPull stream and returns without blocking on
-  // the network. The request is shared, not copied, so a retry can resend the very same bytes;
-  // it must not be modified afterwards. Responses are matched to requests by `seq`.
-  virtual void PushPull(std::shared_ptr<const v1::PushPullRequest> request, absl::Time deadline,
-                        PushPullCallback done) = 0;
-
   // Where a transport may decode the fp32 weights of one partition straight from its receive
   // buffers into the caller's memory, instead of returning them in the response's bytes.
   struct WeightsTarget {
@@ -53,41 +47,44 @@ class ShardClient {
     bool* written = nullptr;
   };
 
-  // PushPull that may decode the weights for `target` in place. The default ignores the target.
-  virtual void PushPullInto(std::shared_ptr<const v1::PushPullRequest> request, absl::Time deadline,
-                            const WeightsTarget& target, PushPullCallback done) {
-    PushPull(std::move(request), deadline, std::move(done));
-  }
+  // One PushPull: the request, and optionally push data lent from the caller's memory and where
+  // the answered weights may go.
+  struct PushPullCall {
+    PushPullCall() = default;
+    // A request alone is a call (implicit, so that `{request}` reads as one).
+    PushPullCall(std::shared_ptr<const v1::PushPullRequest> request,  // NOLINT(runtime/explicit)
+                 std::vector<absl::string_view> lent = {})
+        : request(std::move(request)), lent(std::move(lent)) {}
+    PushPullCall(std::shared_ptr<const v1::PushPullRequest> request,
+                 std::vector<absl::string_view> lent, WeightsTarget target)
+        : request(std::move(request)), lent(std::move(lent)), target(std::move(target)) {}
 
-  // PushPull whose large push data stays in the caller's memory instead of the request's bytes
-  // fields: `borrowed` is empty or has one entry per request->push(i); a non-empty entry is that
-  // slice's data (its `data` field must then be empty). The caller keeps the borrowed memory valid
-  // and unchanged until `done` runs, and the transport does not read it once `done` has run
-  // (GrpcShardClient runs `done` only after gRPC has let go of every slice pointing into it). A
-  // retry after `done` may lend the same memory again. The default copies the data into a new
-  // request and calls PushPullInto.
-  virtual void PushPullBorrowed(std::shared_ptr<const v1::PushPullRequest> request,
-                                std::vector<absl::string_view> borrowed, absl::Time deadline,
-                                const WeightsTarget& target, PushPullCallback done) {
-    if (!borrowed.empty()) {
-      auto copy = std::make_shared<v1::PushPullRequest>(*request);
-      for (size_t i = 0; i < borrowed.size() && i < static_cast<size_t>(copy->push_size()); ++i) {
-        if (!borrowed[i].empty()) {
-          copy->mutable_push(static_cast<int>(i))
-              ->mutable_data()
-              ->assign(borrowed[i].data(), borrowed[i].size());
-        }
-      }
-      request = std::move(copy);
-    }
-    PushPullInto(std::move(request), deadline, target, std::move(done));
-  }
+    // Shared, not copied, so that a retry resends the very same request; it must not be modified
+    // afterwards. Responses are matched to requests by `seq`.
+    std::shared_ptr<const v1::PushPullRequest> request;
+    // Empty, or one entry per request->push(i): a non-empty entry is that slice's data, whose own
+    // `data` field must then be empty. The caller keeps the lent memory valid and unchanged until
+    // `done` runs, and the transport does not read it once `done` has run (GrpcShardClient runs
+    // `done` only after gRPC has let go of every slice pointing into it). A retry after `done` may
+    // lend the same memory again.
+    std::vector<absl::string_view> lent;
+    // Optional (target.out == nullptr: none). A transport that does not decode in place ignores it
+    // and returns the weights in the response.
+    WeightsTarget target;
+  };
+
+  // Sends `call` on the shard's long-lived PushPull stream and returns without blocking on the
+  // network; `done` runs once with the answer (see PushPullCallback), or with INTERNAL when
+  // `lent` does not fit the request (an entry for a slice past the last, or for one that has data
+  // of its own). Transports resend nothing: a broken stream fails the requests on it with
+  // UNAVAILABLE, and the caller decides whether to send them again (ParameterClient's RetryPolicy).
+  virtual void PushPull(PushPullCall call, absl::Time deadline, PushPullCallback done) = 0;
 
   // Fails every PushPull in flight with CANCELLED now, without waiting for its answer or its
   // deadline (a pull parked at a BSP barrier may otherwise wait the whole deadline); their
   // callbacks run before this returns, and no weights are written to their targets afterwards. (A
   // request whose answer or deadline came just before may still have its callback waiting for
-  // gRPC to release lent bytes, see PushPullBorrowed; it runs soon after, on another thread.)
+  // gRPC to release lent bytes, see PushPullCall::lent; it runs soon after, on another thread.)
   // Later calls work as usual. Used when the caller shuts down. The default does nothing: calls in
   // flight then end with their answer or at their deadline.
   virtual void CancelPending() {}
@@ -103,6 +100,11 @@ class ShardClient {
                                         absl::Time deadline) = 0;
   virtual absl::Status DropJob(const v1::DropJobRequest& request, absl::Time deadline) = 0;
 };
+
+// `call` with its lent push data copied into a new request (and `lent` left empty), for a
+// transport that does not send lent bytes in place, or a decorator that keeps or sends the request
+// after `done` has run (when the lent memory may be gone). The target is kept.
+ShardClient::PushPullCall WithLentDataCopied(ShardClient::PushPullCall call);
 
 }  // namespace client
 }  // namespace tessera
