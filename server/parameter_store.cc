@@ -261,31 +261,6 @@ int64_t DefaultMemoryLimit() {
 
 }  // namespace
 
-PushPullView ViewOf(const v1::PushPullRequest& request) {
-  PushPullView view;
-  view.job_id = request.job_id();
-  view.worker_id = request.worker_id();
-  view.incarnation = request.incarnation();
-  view.step = request.step();
-  view.seq = request.seq();
-  view.pull_encoding = request.pull_encoding();
-  auto slice_view = [](const v1::Slice& s) {
-    SliceView v;
-    v.tensor = s.key().tensor();
-    v.index = s.key().index();
-    v.encoding = s.encoding();
-    v.data = s.data();
-    v.row_ids = absl::MakeConstSpan(s.row_ids().data(), s.row_ids().size());
-    v.want_weights = s.want_weights();
-    return v;
-  };
-  view.push.reserve(request.push_size());
-  for (const v1::Slice& s : request.push()) view.push.push_back(slice_view(s));
-  view.pull.reserve(request.pull_size());
-  for (const v1::Slice& s : request.pull()) view.pull.push_back(slice_view(s));
-  return view;
-}
-
 // Bytes of state held by the whole store, against options.max_memory_bytes. Thread-safe.
 class ParameterStore::MemoryBudget {
  public:
@@ -505,31 +480,6 @@ struct ParameterStore::Partition {
     EncodeValues(encoding, out.data(), out.size(), slice->mutable_data());
   }
 };
-
-StoreHistogram::StoreHistogram(std::vector<int64_t> bounds)
-    : bounds_(std::move(bounds)), counts_(new std::atomic<uint64_t>[bounds_.size() + 1]) {
-  for (size_t i = 0; i <= bounds_.size(); ++i) counts_[i].store(0, std::memory_order_relaxed);
-}
-
-void StoreHistogram::Observe(int64_t value) {
-  const size_t bucket = static_cast<size_t>(
-      std::lower_bound(bounds_.begin(), bounds_.end(), value) - bounds_.begin());
-  counts_[bucket].fetch_add(1, std::memory_order_relaxed);
-  sum_.fetch_add(value, std::memory_order_relaxed);
-  count_.fetch_add(1, std::memory_order_relaxed);
-}
-
-StoreHistogram::Snapshot StoreHistogram::snapshot() const {
-  Snapshot out;
-  out.bounds = bounds_;
-  out.counts.resize(bounds_.size() + 1);
-  for (size_t i = 0; i <= bounds_.size(); ++i) {
-    out.counts[i] = counts_[i].load(std::memory_order_relaxed);
-  }
-  out.count = count_.load(std::memory_order_relaxed);
-  out.sum = sum_.load(std::memory_order_relaxed);
-  return out;
-}
 
 struct ParameterStore::Job : std::enable_shared_from_this<ParameterStore::Job> {
   Job(std::string job_id, const v1::JobConfig& cfg, absl::StatusOr<kernels::OptimizerParams> p,

@@ -58,6 +58,10 @@
 #include "kernels/optimizer.h"
 #include "server/checkpoint_file.h"
 #include "server/consistency_gate.h"
+#include "server/push_pull_answer_sink.h"
+#include "server/push_pull_view.h"
+#include "server/shared_weights.h"
+#include "server/store_histogram.h"
 #include "tessera/v1/parameter.pb.h"
 
 namespace tessera::server {
@@ -76,31 +80,6 @@ struct JobStats {
   int64_t updates_applied = 0;  // optimizer applications, over all partitions and tables
   int64_t max_staleness_served = 0;
   size_t parked_pulls = 0;
-};
-
-// A histogram of integer observations (nanoseconds, steps) over fixed upper bounds, whose
-// Observe is relaxed atomic adds only, so the push/pull path takes no lock for it. Thread-safe.
-class StoreHistogram {
- public:
-  struct Snapshot {
-    std::vector<int64_t> bounds;  // inclusive upper bounds, ascending
-    // counts[i]: observations <= bounds[i] and > bounds[i - 1]; counts.back(): above them all.
-    std::vector<uint64_t> counts;
-    uint64_t count = 0;
-    int64_t sum = 0;
-  };
-
-  // REQUIRES: `bounds` ascending.
-  explicit StoreHistogram(std::vector<int64_t> bounds);
-  void Observe(int64_t value);
-  // The counts may be a few observations apart from `count` while others observe.
-  Snapshot snapshot() const;
-
- private:
-  const std::vector<int64_t> bounds_;
-  const std::unique_ptr<std::atomic<uint64_t>[]> counts_;
-  std::atomic<uint64_t> count_{0};
-  std::atomic<int64_t> sum_{0};
 };
 
 // Counters of the whole shard since it started (jobs dropped included), for metrics. Read by
@@ -124,109 +103,6 @@ struct ShardStats {
   // the push was admitted (clocks only grow, so at apply it is at most this).
   StoreHistogram::Snapshot ssp_staleness;
 };
-
-// One slice of a request by reference: the fields of v1::Slice that a push or pull uses, with the
-// key's tensor name, the data and the row ids owned by the caller. The data is `data`, or, when
-// `pieces` is not empty, the concatenation of the pieces (then `data` is empty): a transport's
-// receive buffers, read in place. Any alignment; a value may straddle two pieces.
-struct SliceView {
-  absl::string_view tensor;
-  uint32_t index = 0;
-  v1::Encoding encoding = v1::ENCODING_UNSPECIFIED;
-  absl::string_view data;
-  absl::Span<const absl::string_view> pieces;
-  absl::Span<const int64_t> row_ids;
-  bool want_weights = false;
-};
-
-// A dense partition's fp32 weights, shared by reference count between the store and the answers
-// that still send them (copy-on-write). A holder only reads the values; the partition writes them
-// in place only while it holds the one reference, and otherwise writes a fresh copy
-// (ParameterStore::Partition::MutableWeightsLocked), so a reference taken for an answer or a
-// checkpoint sees the values of the moment it was taken, however long it is held. Copying,
-// moving and destroying handles to one buffer is thread-safe (an atomic count, like
-// std::shared_ptr); one handle is not to be used from two threads at once.
-class SharedWeights {
- public:
-  SharedWeights() = default;  // holds nothing
-  explicit SharedWeights(std::vector<float> values) : rep_(new Rep{{1}, std::move(values)}) {}
-  SharedWeights(const SharedWeights& other) noexcept : rep_(other.rep_) {
-    // Relaxed: a new reference is made from one already held, which keeps the count above 0.
-    if (rep_ != nullptr) rep_->refs.fetch_add(1, std::memory_order_relaxed);
-  }
-  SharedWeights(SharedWeights&& other) noexcept : rep_(other.rep_) { other.rep_ = nullptr; }
-  SharedWeights& operator=(SharedWeights other) noexcept {
-    std::swap(rep_, other.rep_);
-    return *this;
-  }
-  ~SharedWeights() { reset(); }
-
-  // Drops this reference (the buffer is freed with the last one).
-  void reset() noexcept {
-    // Release: this holder's reads of the values happen before the decrement, which a later
-    // unique() (acquire) reads, so a writer that sees itself alone writes after them. Acquire: the
-    // last holder frees the buffer after every other holder's reads.
-    if (rep_ != nullptr && rep_->refs.fetch_sub(1, std::memory_order_acq_rel) == 1) delete rep_;
-    rep_ = nullptr;
-  }
-
-  explicit operator bool() const { return rep_ != nullptr; }
-  const float* data() const { return rep_ != nullptr ? rep_->values.data() : nullptr; }
-  size_t size() const { return rep_ != nullptr ? rep_->values.size() : 0; }
-  // The values as little-endian fp32 bytes (the wire's ENCODING_FP32).
-  absl::string_view bytes() const {
-    return absl::string_view(reinterpret_cast<const char*>(data()), size() * sizeof(float));
-  }
-
-  // True when this handle holds the only reference to its buffer. The count is loaded with
-  // acquire, which synchronises with every earlier holder's release decrement (all changes of
-  // the count are read-modify-writes, so they form one release sequence): once this returns true,
-  // every read of the values by a holder that has let go happens before what the caller writes
-  // next. Only the caller can make another reference then, so the answer stays true until it
-  // does.
-  bool unique() const { return rep_ != nullptr && rep_->refs.load(std::memory_order_acquire) == 1; }
-  // The values to write. REQUIRES: unique().
-  float* mutable_data() { return rep_->values.data(); }
-
- private:
-  struct Rep {
-    std::atomic<int64_t> refs;
-    std::vector<float> values;
-  };
-  Rep* rep_ = nullptr;
-};
-
-// Where the weight data of one PushPull answer goes, for a transport that sends it without
-// copying it into the response (GrpcParameterService). One per request: the caller makes it and
-// passes it to ParameterStore::PushPull, the store fills `shared` on the thread that then runs
-// `done`, before it runs `done`, and the caller reads it in `done` (or later).
-struct PushPullAnswerSink {
-  // Optional: gives the string that the data of a slice that is copied (bf16 or fp16 encoded,
-  // sparse rows) is written into, so that a transport can reuse buffers (their capacity is kept
-  // when large enough); empty strings when unset.
-  std::function<std::string()> take_buffer;
-  // Filled by the store: for each answered dense slice in fp32, its index in the response's
-  // `weights` (whose `data` is left empty) and its values, shared with the partition. Each is the
-  // data of that slice bit for bit (little-endian fp32), and stays valid while it is held.
-  std::vector<std::pair<int, SharedWeights>> shared;
-};
-
-// A v1::PushPullRequest by reference (see SliceView), so that a transport can hand the store
-// gradients that still lie in its receive buffers. Valid only for the duration of the call it is
-// passed to.
-struct PushPullView {
-  absl::string_view job_id;
-  uint32_t worker_id = 0;
-  uint64_t incarnation = 0;
-  int64_t step = 0;
-  uint64_t seq = 0;
-  std::vector<SliceView> push;
-  std::vector<SliceView> pull;
-  v1::Encoding pull_encoding = v1::ENCODING_UNSPECIFIED;
-};
-
-// The view of `request`; it points into `request`, which must outlive it.
-PushPullView ViewOf(const v1::PushPullRequest& request);
 
 struct ParameterStoreOptions {
   // Runs the continuation of a parked pull once its gate opens. Empty: it runs inline on the thread

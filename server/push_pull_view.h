@@ -1,0 +1,48 @@
+// A PushPull request by reference: what a transport hands the store, so that gradients can stay
+// in the transport's receive buffers (server/grpc_parameter_service.cc) while they are applied.
+#ifndef TESSERA_SERVER_PUSH_PULL_VIEW_H_
+#define TESSERA_SERVER_PUSH_PULL_VIEW_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+#include "tessera/v1/parameter.pb.h"
+
+namespace tessera::server {
+
+// One slice of a request by reference: the fields of v1::Slice that a push or pull uses, with the
+// key's tensor name, the data and the row ids owned by the caller. The data is `data`, or, when
+// `pieces` is not empty, the concatenation of the pieces (then `data` is empty): a transport's
+// receive buffers, read in place. Any alignment; a value may straddle two pieces.
+struct SliceView {
+  absl::string_view tensor;
+  uint32_t index = 0;
+  v1::Encoding encoding = v1::ENCODING_UNSPECIFIED;
+  absl::string_view data;
+  absl::Span<const absl::string_view> pieces;
+  absl::Span<const int64_t> row_ids;
+  bool want_weights = false;
+};
+
+// A v1::PushPullRequest by reference (see SliceView), so that a transport can hand the store
+// gradients that still lie in its receive buffers. Valid only for the duration of the call it is
+// passed to.
+struct PushPullView {
+  absl::string_view job_id;
+  uint32_t worker_id = 0;
+  uint64_t incarnation = 0;
+  int64_t step = 0;
+  uint64_t seq = 0;
+  std::vector<SliceView> push;
+  std::vector<SliceView> pull;
+  v1::Encoding pull_encoding = v1::ENCODING_UNSPECIFIED;
+};
+
+// The view of `request`; it points into `request`, which must outlive it.
+PushPullView ViewOf(const v1::PushPullRequest& request);
+
+}  // namespace tessera::server
+
+#endif  // TESSERA_SERVER_PUSH_PULL_VIEW_H_
