@@ -2,7 +2,10 @@
 
 #include <algorithm>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "server/gradient_payload.h"
 
 namespace tessera::server {
 namespace {
@@ -120,6 +123,222 @@ absl::Status ConsistencyGate::CheckSspPushStep(absl::string_view key, const Work
         ", staleness ", staleness_, ", so steps up to ", limit, " are accepted)"));
   }
   return absl::OkStatus();
+}
+
+absl::Status ConsistencyGate::AdmitPusher(uint32_t worker, int64_t step,
+                                          absl::string_view job_id) const {
+  if (!IsLive(worker, step)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "worker_id: worker ", worker, " is not live in job '", job_id, "' at step ", step));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ConsistencyGate::AdmitSlice(absl::string_view key, const Partition& p, int64_t step,
+                                         std::optional<int64_t>* staleness) const {
+  if (!ssp()) return absl::OkStatus();
+  int64_t slowest = 0;
+  TESSERA_RETURN_IF_ERROR(CheckSspPushStep(key, p.clocks, step, &slowest));
+  *staleness = step - slowest;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<bool> ConsistencyGate::AdmitLocked(const Partition& p, uint32_t worker,
+                                                  int64_t step) const {
+  if (!bsp()) return false;
+  const int64_t version = p.version.load(std::memory_order_relaxed);
+  if (step > version) {
+    return absl::InvalidArgumentError(absl::StrCat("key ", p.name, ": step ", step,
+                                                   " is from the future (partition version ",
+                                                   version, ", BSP accepts step ", version, ")"));
+  }
+  if (step < version) {
+    return absl::FailedPreconditionError(absl::StrCat("key ", p.name, ": step ", step,
+                                                      " was already applied (version ", version,
+                                                      ") without worker ", worker));
+  }
+  // Pushed by an earlier incarnation: this one's seq counts as applied, so that its retries
+  // after the step completes are acknowledged too.
+  return p.staging.contributed[worker] != 0;
+}
+
+int64_t ConsistencyGate::StagingBytesLocked(const Partition& p, uint32_t worker,
+                                            const SliceView& slice) const {
+  if (!bsp()) return 0;
+  if (!p.sparse) return p.staging.dense[worker].empty() ? p.num_elements * 4 : 0;
+  const int64_t num_rows = static_cast<int64_t>(slice.row_ids.size());
+  return num_rows * (int64_t{p.dim} * 4 + 8);  // staged until the step completes
+}
+
+float ConsistencyGate::PushScale(int64_t step) const {
+  return ssp() ? 1.0f / static_cast<float>(NumLive(step)) : 1.0f;
+}
+
+ConsistencyGate::Applied ConsistencyGate::ApplyPushLocked(const PushPullView& request, float scale,
+                                                          const PushSlice& item,
+                                                          std::vector<float>* scratch) {
+  Partition& p = *item.partition;
+  p.mu.AssertHeld();
+  const uint32_t worker = request.worker_id;
+  const int64_t step = request.step;
+  std::atomic<int64_t>& clock = p.clocks[worker];
+  if (clock.load(std::memory_order_relaxed) < step + 1) {
+    clock.store(step + 1, std::memory_order_release);
+  }
+  if (item.duplicate) {
+    if (item.record_seq) p.RecordAppliedLocked(worker, request.incarnation, request.seq);
+    return Applied{false, false, /*boundary_moved=*/!bsp()};
+  }
+  if (bsp()) {
+    if (p.staging.contributors == 0) p.staging.boundary_seqs = p.last_applied;
+    p.RecordAppliedLocked(worker, request.incarnation, request.seq);
+    StageLocked(p, worker, item);
+    return CompleteStepLocked(p);
+  }
+  p.RecordAppliedLocked(worker, request.incarnation, request.seq);
+  Applied applied{false, false, /*boundary_moved=*/true};
+  if (item.skip || !p.ApplySliceLocked(step, scale, *item.slice, scratch)) return applied;
+  p.version.fetch_add(1, std::memory_order_release);
+  applied.version_changed = true;
+  applied.updated = true;
+  return applied;
+}
+
+void ConsistencyGate::StageLocked(Partition& p, uint32_t worker, const PushSlice& item) {
+  BspStaging& staging = p.staging;
+  staging.contributed[worker] = 1;
+  staging.skipped[worker] = item.skip ? 1 : 0;
+  ++staging.contributors;
+  if (item.skip) return;
+  if (!p.sparse) {
+    staging.dense[worker].resize(static_cast<size_t>(p.num_elements));
+    DecodeSlice(*item.slice, staging.dense[worker].data(), staging.dense[worker].size());
+  } else {
+    staging.rows[worker] = MergeRows(*item.slice, p.dim);
+    staging.rows_bytes[worker] = item.staging_bytes;
+  }
+}
+
+bool ConsistencyGate::StepStagedLocked(const Partition& p) const {
+  const std::vector<uint8_t>& contributed = p.staging.contributed;
+  absl::ReaderMutexLock lock(&mu_);
+  const std::vector<bool>& live = MembershipAt(p.version.load(std::memory_order_relaxed)).live;
+  for (size_t w = 0; w < live.size(); ++w) {
+    if (live[w] && !contributed[w]) return false;
+  }
+  return true;
+}
+
+ConsistencyGate::Applied ConsistencyGate::CompleteStepLocked(Partition& p) {
+  if (!bsp()) return Applied{false, false, /*boundary_moved=*/true};
+  BspStaging& staging = p.staging;
+  if (staging.contributors == 0 || !StepStagedLocked(p)) return Applied{};
+  const int64_t step = p.version.load(std::memory_order_relaxed);
+  const float scale = 1.0f / static_cast<float>(staging.contributors);
+  Applied applied{true, false, true};
+  applied.updated =
+      p.sparse ? ApplyStagedRowsLocked(p, step, scale) : ApplyStagedDenseLocked(p, step, scale);
+  std::fill(staging.contributed.begin(), staging.contributed.end(), 0);
+  std::fill(staging.skipped.begin(), staging.skipped.end(), 0);
+  staging.contributors = 0;
+  p.version.store(step + 1, std::memory_order_release);
+  return applied;
+}
+
+bool ConsistencyGate::ApplyStagedDenseLocked(Partition& p, int64_t step, float scale) {
+  BspStaging& staging = p.staging;
+  std::vector<float>* sum = nullptr;
+  for (size_t w = 0; w < staging.contributed.size(); ++w) {
+    if (!staging.contributed[w] || staging.skipped[w]) continue;
+    if (sum == nullptr) {
+      sum = &staging.dense[w];
+      continue;
+    }
+    const float* __restrict__ src = staging.dense[w].data();
+    float* __restrict__ dst = sum->data();
+    for (int64_t i = 0; i < p.num_elements; ++i) dst[i] += src[i];
+  }
+  if (sum == nullptr) return false;
+  p.ApplyDenseLocked(step, scale, sum->data());
+  return true;
+}
+
+bool ConsistencyGate::ApplyStagedRowsLocked(Partition& p, int64_t step, float scale) {
+  BspStaging& staging = p.staging;
+  SparseGrad merged;
+  absl::flat_hash_map<int64_t, size_t> index;
+  for (size_t w = 0; w < staging.contributed.size(); ++w) {
+    if (!staging.contributed[w] || staging.skipped[w]) continue;
+    const SparseGrad& g = staging.rows[w];
+    for (size_t i = 0; i < g.ids.size(); ++i) {
+      auto [it, inserted] = index.try_emplace(g.ids[i], merged.ids.size());
+      const float* src = g.values.data() + i * p.dim;
+      if (inserted) {
+        merged.ids.push_back(g.ids[i]);
+        merged.values.insert(merged.values.end(), src, src + p.dim);
+      } else {
+        float* dst = merged.values.data() + it->second * p.dim;
+        for (uint32_t j = 0; j < p.dim; ++j) dst[j] += src[j];
+      }
+    }
+    staging.rows[w] = SparseGrad();
+    p.ReleaseCharge(staging.rows_bytes[w]);
+    staging.rows_bytes[w] = 0;
+  }
+  if (merged.ids.empty()) return false;
+  p.ApplySparseLocked(step, scale, merged);
+  return true;
+}
+
+void ConsistencyGate::NotifyAfterPush(bool version_changed) {
+  if ((version_changed && bsp()) || ssp()) Notify();
+}
+
+absl::Status ConsistencyGate::CheckPullStep(absl::string_view field, const SliceView& key,
+                                            const Partition& p, int64_t gate_step) const {
+  if (!bsp() || gate_step < 0) return absl::OkStatus();
+  const int64_t version = p.version.load(std::memory_order_acquire);
+  if (gate_step > version + 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, " key ", KeyName(key), ": pull for step ", gate_step,
+                     " is from the future (partition version ", version, ")"));
+  }
+  return absl::OkStatus();
+}
+
+void ConsistencyGate::AddToWait(const std::shared_ptr<Partition>& p, int64_t gate_step,
+                                Wait* wait) const {
+  if (gate_step < 0) return;
+  if (bsp()) {
+    wait->versions.emplace_back(std::shared_ptr<const std::atomic<int64_t>>(p, &p->version),
+                                gate_step);
+  } else if (ssp()) {
+    wait->clocks.emplace_back(std::shared_ptr<const WorkerClocks>(p, &p->clocks), gate_step);
+  }
+}
+
+int64_t ConsistencyGate::StepsCompletedLocked(const Partition& p, int64_t step) const {
+  return bsp() ? p.version.load(std::memory_order_relaxed) : SlowestClock(p.clocks, step);
+}
+
+int64_t ConsistencyGate::FurthestStepLocked(const Partition& p,
+                                            const std::vector<bool>* live) const {
+  if (bsp()) return p.version.load(std::memory_order_relaxed);
+  int64_t furthest = 0;
+  for (size_t w = 0; w < p.clocks.size(); ++w) {
+    if (live != nullptr && (w >= live->size() || !(*live)[w])) continue;
+    furthest = std::max(furthest, p.clocks[w].load(std::memory_order_relaxed));
+  }
+  return furthest;
+}
+
+int64_t ConsistencyGate::BoundaryClockLocked(const Partition& p, size_t worker) const {
+  const int64_t clock = p.clocks[worker].load(std::memory_order_relaxed);
+  return bsp() ? std::min(clock, p.version.load(std::memory_order_relaxed)) : clock;
+}
+
+const std::vector<AppliedSeq>& ConsistencyGate::BoundarySeqsLocked(const Partition& p) const {
+  return bsp() && p.staging.contributors > 0 ? p.staging.boundary_seqs : p.last_applied;
 }
 
 bool ConsistencyGate::IsOpenLocked(const Wait& wait) {

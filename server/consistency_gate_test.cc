@@ -12,8 +12,12 @@
 #include "absl/synchronization/notification.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "kernels/optimizer.h"
 #include "server/internal/test_requests.h"
+#include "server/memory_budget.h"
 #include "server/parameter_store.h"
+#include "server/partition.h"
+#include "server/shard_counters.h"
 
 namespace tessera::server {
 namespace {
@@ -138,6 +142,159 @@ TEST(ConsistencyGateTest, CancelledWaitsAreDroppedWithoutTheGateOpening) {
       std::count_if(results.begin(), results.end(), [](const absl::Status& s) { return s.ok(); }),
       1);
   EXPECT_TRUE(results.back().ok());
+}
+
+// --- The gate's push policy on one partition ------------------------------------------------
+
+// One dense partition of `n` values under SGD with learning rate 1, for `workers` workers.
+std::shared_ptr<Partition> SgdPartition(uint32_t workers, int64_t n) {
+  PartitionSetup setup;
+  setup.budget = std::make_shared<MemoryBudget>(int64_t{1} << 20);
+  setup.counters = std::make_shared<ShardCounters>();
+  setup.workers = workers;
+  kernels::OptimizerParams sgd;
+  sgd.kind = v1::OPTIMIZER_KIND_SGD;
+  sgd.learning_rate = 1.0f;
+  return Partition::Dense(Dense("w", 0, n), sgd, setup, /*charged=*/0);
+}
+
+// Admits and applies one fp32 push of `worker` for `step` to p through the gate, as the store
+// does; the admission must be OK.
+ConsistencyGate::Applied PushThroughGate(ConsistencyGate& gate, const std::shared_ptr<Partition>& p,
+                                         uint32_t worker, int64_t step,
+                                         const std::vector<float>& g) {
+  const std::string bytes = Fp32Bytes(g);
+  SliceView view;
+  view.tensor = "w";
+  view.encoding = v1::ENCODING_FP32;
+  view.data = bytes;
+  PushPullView request;
+  request.worker_id = worker;
+  request.incarnation = 1;
+  request.step = step;
+  request.seq = static_cast<uint64_t>(step) + 1;
+  PushSlice item;
+  item.slice = &view;
+  item.partition = p;
+  item.data_size = bytes.size();
+  std::vector<float> scratch;
+  absl::MutexLock lock(&p->mu);
+  absl::StatusOr<bool> staged = gate.AdmitLocked(*p, worker, step);
+  EXPECT_TRUE(staged.ok()) << staged.status();
+  EXPECT_FALSE(staged.value_or(true));
+  item.staging_bytes = gate.StagingBytesLocked(*p, worker, view);
+  item.partition->mu.AssertHeld();
+  return gate.ApplyPushLocked(request, gate.PushScale(step), item, &scratch);
+}
+
+std::vector<float> WeightsOf(const Partition& p) {
+  absl::ReaderMutexLock lock(&p.mu);
+  return std::vector<float>(p.weights.data(), p.weights.data() + p.weights.size());
+}
+
+// BSP stages each push and applies once, when the last live worker pushed: sum / contributors,
+// whatever the arrival order; the version then moves to the next step.
+TEST(ConsistencyGateTest, BspStagesUntilEveryLiveWorkerPushedThenAppliesTheMeanOnce) {
+  ConsistencyGate gate(v1::CONSISTENCY_BSP, 0, 4);
+  std::shared_ptr<Partition> p = SgdPartition(4, 2);
+  EXPECT_EQ(gate.PushScale(0), 1.0f);
+  const std::vector<std::vector<float>> grads = {{1, 2}, {3, 4}, {5, 6}, {7, 12}};
+  for (uint32_t worker : {3u, 0u, 2u}) {
+    const ConsistencyGate::Applied staged = PushThroughGate(gate, p, worker, 0, grads[worker]);
+    EXPECT_FALSE(staged.version_changed);
+    EXPECT_FALSE(staged.updated);
+    EXPECT_FALSE(staged.boundary_moved);
+  }
+  {
+    absl::MutexLock lock(&p->mu);
+    EXPECT_EQ(p->staging.contributors, 3u);
+    EXPECT_EQ(p->clocks[3].load(), 1);
+    EXPECT_EQ(gate.BoundaryClockLocked(*p, 3), 0);  // staged, but the boundary is still step 0
+    // A staged buffer is kept for later steps: only a worker's first push needs new bytes.
+    EXPECT_EQ(gate.StagingBytesLocked(*p, 3, SliceView()), 0);
+    EXPECT_EQ(gate.StagingBytesLocked(*p, 1, SliceView()), 8);
+  }
+  EXPECT_EQ(p->version.load(), 0);
+  EXPECT_EQ(WeightsOf(*p), (std::vector<float>{0, 0}));
+  const ConsistencyGate::Applied last = PushThroughGate(gate, p, 1, 0, grads[1]);
+  EXPECT_TRUE(last.version_changed);
+  EXPECT_TRUE(last.updated);
+  EXPECT_TRUE(last.boundary_moved);
+  EXPECT_EQ(p->version.load(), 1);
+  // (1 + 3 + 5 + 7) / 4 = 4 and (2 + 4 + 6 + 12) / 4 = 6, learning rate 1.
+  EXPECT_EQ(WeightsOf(*p), (std::vector<float>{-4, -6}));
+  absl::MutexLock lock(&p->mu);
+  EXPECT_EQ(p->staging.contributors, 0u);
+  EXPECT_EQ(gate.StepsCompletedLocked(*p, 1), 1);
+}
+
+TEST(ConsistencyGateTest, BspAdmitsOnlyThePartitionsCurrentStep) {
+  ConsistencyGate gate(v1::CONSISTENCY_BSP, 0, 2);
+  std::shared_ptr<Partition> p = SgdPartition(2, 1);
+  {
+    absl::MutexLock lock(&p->mu);
+    absl::StatusOr<bool> future = gate.AdmitLocked(*p, 0, 1);
+    EXPECT_EQ(future.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(future.status().message(), HasSubstr("from the future"));
+  }
+  PushThroughGate(gate, p, 0, 0, {2});
+  {
+    absl::MutexLock lock(&p->mu);
+    // A second incarnation of worker 0 for the step it staged: counts as applied.
+    EXPECT_EQ(gate.AdmitLocked(*p, 0, 0).value_or(false), true);
+    EXPECT_EQ(gate.AdmitLocked(*p, 1, 0).value_or(true), false);
+  }
+  PushThroughGate(gate, p, 1, 0, {4});
+  EXPECT_EQ(WeightsOf(*p), (std::vector<float>{-3}));
+  absl::MutexLock lock(&p->mu);
+  absl::StatusOr<bool> past = gate.AdmitLocked(*p, 1, 0);
+  EXPECT_EQ(past.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(past.status().message(), HasSubstr("already applied"));
+}
+
+// A membership change completes a BSP step that waited only for the removed worker.
+TEST(ConsistencyGateTest, CompleteStepAppliesWhenTheMissingWorkerLeaves) {
+  ConsistencyGate gate(v1::CONSISTENCY_BSP, 0, 2);
+  std::shared_ptr<Partition> p = SgdPartition(2, 1);
+  PushThroughGate(gate, p, 0, 0, {6});
+  {
+    absl::MutexLock lock(&p->mu);
+    EXPECT_FALSE(gate.CompleteStepLocked(*p).version_changed);
+  }
+  ASSERT_TRUE(gate.UpdateMembership({0}, 0).ok());
+  absl::MutexLock lock(&p->mu);
+  const ConsistencyGate::Applied applied = gate.CompleteStepLocked(*p);
+  EXPECT_TRUE(applied.version_changed && applied.updated);
+  EXPECT_EQ(p->version.load(), 1);
+  EXPECT_EQ(p->weights.data()[0], -6.0f);
+}
+
+// SSP applies at once, scaled by 1 / live workers, and admits steps up to slowest + k + 1; ASP
+// applies at once, unscaled. Neither stages.
+TEST(ConsistencyGateTest, SspScalesByLiveWorkersAndAspAppliesAsIs) {
+  ConsistencyGate ssp(v1::CONSISTENCY_SSP, 1, 2);
+  std::shared_ptr<Partition> p = SgdPartition(2, 2);
+  EXPECT_EQ(ssp.PushScale(0), 0.5f);
+  const ConsistencyGate::Applied applied = PushThroughGate(ssp, p, 0, 0, {2, 4});
+  EXPECT_TRUE(applied.version_changed && applied.updated && applied.boundary_moved);
+  EXPECT_EQ(p->version.load(), 1);
+  EXPECT_EQ(WeightsOf(*p), (std::vector<float>{-1, -2}));
+  std::optional<int64_t> staleness;
+  EXPECT_EQ(ssp.AdmitSlice("w/0", *p, 3, &staleness).code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(ssp.AdmitSlice("w/0", *p, 2, &staleness).ok());
+  EXPECT_EQ(staleness, std::optional<int64_t>(2));  // worker 1 has completed no step
+  ASSERT_TRUE(ssp.UpdateMembership({0}, 0).ok());
+  EXPECT_EQ(ssp.PushScale(0), 1.0f);
+
+  ConsistencyGate asp(v1::CONSISTENCY_ASP, 0, 2);
+  std::shared_ptr<Partition> q = SgdPartition(2, 2);
+  EXPECT_EQ(asp.PushScale(0), 1.0f);
+  std::optional<int64_t> none;
+  EXPECT_TRUE(asp.AdmitSlice("w/0", *q, 1000, &none).ok());
+  EXPECT_FALSE(none.has_value());
+  PushThroughGate(asp, q, 1, 5, {2, 4});
+  EXPECT_EQ(WeightsOf(*q), (std::vector<float>{-2, -4}));
+  EXPECT_EQ(q->clocks[1].load(), 6);
 }
 
 // --- Gates through the store, under threads ---------------------------------------------------

@@ -1,50 +1,46 @@
-// ParameterStore: the state of one parameter shard, without any transport (DESIGN.md §2-4).
+// ParameterStore: the state of one parameter shard, without any transport (DESIGN.md §2-4). A
+// façade over the rooms that hold and run that state:
 //
-// Per job it holds dense partitions and sparse embedding tables, each with its weights, optimizer
-// slots, version (number of updates applied) and, for each worker, the last applied
-// (incarnation, seq). A ConsistencyGate per job decides when pulls are answered.
+//   server/job_state.h           a job: config, gate, partitions and tables, counters, membership
+//   server/partition.h           a dense partition or sparse table: storage and its apply
+//   server/consistency_gate.h    the consistency policy: admission, BSP staging and completion,
+//                                SSP scaling, the waits of pulls
+//   server/request_validation.h  the checks a request passes before it touches state
+//   server/pull_answer.h         answering pulls once their gate opens
+//   server/memory_budget.h       the bytes of state held, against max_memory_bytes
+//   server/checkpoint_writer.h   captures, the writer thread, retention (docs/checkpoints.md)
+//   server/checkpoint_restore.h  building a job from its checkpoint file
 //
 // Request path of a push (PushPull, Push):
-//   1. Resolve the job and every key, and check every slice without locks: worker_id, step,
-//      encoding, byte counts, row ids, non-finite values. Any error fails the whole request.
-//   2. Lock the touched partitions in address order (independent partitions never share a lock),
-//      then per slice: a seen (worker, incarnation, seq) is a duplicate and is acknowledged only;
-//      a stale incarnation is FAILED_PRECONDITION; the step is checked against the gate (a step
-//      from the future is INVALID_ARGUMENT); then the state the push grows (BSP staging buffers,
-//      new sparse rows) must fit max_memory_bytes (else RESOURCE_EXHAUSTED). Any error still fails
-//      the whole request.
-//   3. Apply: BSP stages the worker's gradient for the step and, once every live worker of the
-//      step has pushed, applies sum / contributors once (the sum runs in ascending worker order, so
-//      the result does not depend on arrival order); SSP applies grad / num_live at once; ASP
-//      applies grad at once. The learning rate is ScheduledLearningRate(schedule, lr, step).
-//      Every pushed partition's clock for the worker becomes max(clock, step + 1).
+//   1. Resolve the job and every key, and check every slice without locks (ResolvePush):
+//      worker_id, step, encoding, byte counts, row ids, non-finite values. Any error fails the
+//      whole request.
+//   2. Lock the touched partitions in address order (PartitionLocks; independent partitions never
+//      share a lock), then per slice: a seen (worker, incarnation, seq) is a duplicate and is
+//      acknowledged only; a stale incarnation is FAILED_PRECONDITION; the gate admits the step (a
+//      step from the future is INVALID_ARGUMENT); then the state the push grows (BSP staging
+//      buffers, new sparse rows) must fit max_memory_bytes (else RESOURCE_EXHAUSTED). Any error
+//      still fails the whole request.
+//   3. Apply through the gate (ConsistencyGate::ApplyPushLocked): BSP stages the worker's gradient
+//      for the step and, once every live worker of the step has pushed, applies sum /
+//      contributors once; SSP applies grad / num_live at once; ASP applies grad at once. Every
+//      pushed partition's clock for the worker becomes max(clock, step + 1). A partition whose
+//      step boundary moved is captured if a checkpoint is due (CheckpointWriter).
 //   4. Unlock and release the pulls this opens.
 // The pull half waits on the gate (see consistency_gate.h) and never blocks a thread.
 //
-// Checkpoints (docs/checkpoints.md). A capture of step S is due at every k * checkpoint_every_steps
-// and at every step a Checkpoint call registers. Each partition is copied under its own lock (its
-// dense weights by reference, see SharedWeights) at the moment it reaches boundary S (BSP: its
-// version becomes S, before any update of step S; SSP and ASP: the slowest live worker's clock on
-// it reaches S), so pushes never wait for other partitions. Once every partition and table of the
-// job is copied, the store's writer thread writes
-// <checkpoint_dir>/<job_id>/ckpt-<S>/shard-<shard_index> (server/checkpoint_file.h): the push path
-// never does file I/O. The copy counts against max_memory_bytes until it is written. Restore reads
-// and verifies a whole file, builds a fresh job from it, and only then swaps it in.
-//
-// Lock order: Job::membership_mu > ConsistencyGate's lock; Partition::mu > ConsistencyGate's lock;
-// Partition::mu > Job::ckpt_mu > Job::log_mu and the writer's lock. Nothing takes a partition's
-// lock while holding ckpt_mu.
+// Lock order: the store's mu_ > JobState::mu; JobState::membership_mu > ConsistencyGate's lock;
+// Partition::mu > ConsistencyGate's lock; Partition::mu > JobCheckpoints::mu > JobState::log_mu
+// and the writer's lock. Nothing takes a partition's lock while holding JobCheckpoints::mu, and
+// no lock is held over file I/O.
 #ifndef TESSERA_SERVER_PARAMETER_STORE_H_
 #define TESSERA_SERVER_PARAMETER_STORE_H_
 
 #include <atomic>
 #include <cstdint>
-#include <deque>
 #include <functional>
-#include <map>
 #include <memory>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -54,14 +50,21 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
-#include "absl/types/span.h"
 #include "common/push_pull_view.h"
-#include "kernels/optimizer.h"
 #include "server/checkpoint_file.h"
-#include "server/consistency_gate.h"
+#include "server/push_pull_answer_sink.h"
+#include "server/shared_weights.h"
+#include "server/store_histogram.h"
 #include "tessera/v1/parameter.pb.h"
 
 namespace tessera::server {
+
+class CheckpointWriter;
+class JobState;
+class MemoryBudget;
+class PullAnswerer;
+struct PushSlice;
+struct ShardCounters;
 
 // What a push did besides applying: slices acknowledged as already applied, and slices skipped
 // for NaN/Inf under NON_FINITE_POLICY_SKIP.
@@ -77,31 +80,6 @@ struct JobStats {
   int64_t updates_applied = 0;  // optimizer applications, over all partitions and tables
   int64_t max_staleness_served = 0;
   size_t parked_pulls = 0;
-};
-
-// A histogram of integer observations (nanoseconds, steps) over fixed upper bounds, whose
-// Observe is relaxed atomic adds only, so the push/pull path takes no lock for it. Thread-safe.
-class StoreHistogram {
- public:
-  struct Snapshot {
-    std::vector<int64_t> bounds;  // inclusive upper bounds, ascending
-    // counts[i]: observations <= bounds[i] and > bounds[i - 1]; counts.back(): above them all.
-    std::vector<uint64_t> counts;
-    uint64_t count = 0;
-    int64_t sum = 0;
-  };
-
-  // REQUIRES: `bounds` ascending.
-  explicit StoreHistogram(std::vector<int64_t> bounds);
-  void Observe(int64_t value);
-  // The counts may be a few observations apart from `count` while others observe.
-  Snapshot snapshot() const;
-
- private:
-  const std::vector<int64_t> bounds_;
-  const std::unique_ptr<std::atomic<uint64_t>[]> counts_;
-  std::atomic<uint64_t> count_{0};
-  std::atomic<int64_t> sum_{0};
 };
 
 // Counters of the whole shard since it started (jobs dropped included), for metrics. Read by
@@ -125,83 +103,6 @@ struct ShardStats {
   // the push was admitted (clocks only grow, so at apply it is at most this).
   StoreHistogram::Snapshot ssp_staleness;
 };
-
-// A dense partition's fp32 weights, shared by reference count between the store and the answers
-// that still send them (copy-on-write). A holder only reads the values; the partition writes them
-// in place only while it holds the one reference, and otherwise writes a fresh copy
-// (ParameterStore::Partition::MutableWeightsLocked), so a reference taken for an answer or a
-// checkpoint sees the values of the moment it was taken, however long it is held. Copying,
-// moving and destroying handles to one buffer is thread-safe (an atomic count, like
-// std::shared_ptr); one handle is not to be used from two threads at once.
-class SharedWeights {
- public:
-  SharedWeights() = default;  // holds nothing
-  explicit SharedWeights(std::vector<float> values) : rep_(new Rep{{1}, std::move(values)}) {}
-  SharedWeights(const SharedWeights& other) noexcept : rep_(other.rep_) {
-    // Relaxed: a new reference is made from one already held, which keeps the count above 0.
-    if (rep_ != nullptr) rep_->refs.fetch_add(1, std::memory_order_relaxed);
-  }
-  SharedWeights(SharedWeights&& other) noexcept : rep_(other.rep_) { other.rep_ = nullptr; }
-  SharedWeights& operator=(SharedWeights other) noexcept {
-    std::swap(rep_, other.rep_);
-    return *this;
-  }
-  ~SharedWeights() { reset(); }
-
-  // Drops this reference (the buffer is freed with the last one).
-  void reset() noexcept {
-    // Release: this holder's reads of the values happen before the decrement, which a later
-    // unique() (acquire) reads, so a writer that sees itself alone writes after them. Acquire: the
-    // last holder frees the buffer after every other holder's reads.
-    if (rep_ != nullptr && rep_->refs.fetch_sub(1, std::memory_order_acq_rel) == 1) delete rep_;
-    rep_ = nullptr;
-  }
-
-  explicit operator bool() const { return rep_ != nullptr; }
-  const float* data() const { return rep_ != nullptr ? rep_->values.data() : nullptr; }
-  size_t size() const { return rep_ != nullptr ? rep_->values.size() : 0; }
-  // The values as little-endian fp32 bytes (the wire's ENCODING_FP32).
-  absl::string_view bytes() const {
-    return absl::string_view(reinterpret_cast<const char*>(data()), size() * sizeof(float));
-  }
-
-  // True when this handle holds the only reference to its buffer. The count is loaded with
-  // acquire, which synchronises with every earlier holder's release decrement (all changes of
-  // the count are read-modify-writes, so they form one release sequence): once this returns true,
-  // every read of the values by a holder that has let go happens before what the caller writes
-  // next. Only the caller can make another reference then, so the answer stays true until it
-  // does.
-  bool unique() const { return rep_ != nullptr && rep_->refs.load(std::memory_order_acquire) == 1; }
-  // The values to write. REQUIRES: unique().
-  float* mutable_data() { return rep_->values.data(); }
-
- private:
-  struct Rep {
-    std::atomic<int64_t> refs;
-    std::vector<float> values;
-  };
-  Rep* rep_ = nullptr;
-};
-
-// Where the weight data of one PushPull answer goes, for a transport that sends it without
-// copying it into the response (GrpcParameterService). One per request: the caller makes it and
-// passes it to ParameterStore::PushPull, the store fills `shared` on the thread that then runs
-// `done`, before it runs `done`, and the caller reads it in `done` (or later).
-struct PushPullAnswerSink {
-  // Optional: gives the string that the data of a slice that is copied (bf16 or fp16 encoded,
-  // sparse rows) is written into, so that a transport can reuse buffers (their capacity is kept
-  // when large enough); empty strings when unset.
-  std::function<std::string()> take_buffer;
-  // Filled by the store: for each answered dense slice in fp32, its index in the response's
-  // `weights` (whose `data` is left empty) and its values, shared with the partition. Each is the
-  // data of that slice bit for bit (little-endian fp32), and stays valid while it is held.
-  std::vector<std::pair<int, SharedWeights>> shared;
-};
-
-// The request view types live in common/ (the PushPull codec's decoded form).
-using ::tessera::PushPullView;
-using ::tessera::SliceView;
-using ::tessera::ViewOf;
 
 struct ParameterStoreOptions {
   // Runs the continuation of a parked pull once its gate opens. Empty: it runs inline on the thread
@@ -338,84 +239,36 @@ class ParameterStore {
   void CloseAll(const absl::Status& status);
 
  private:
-  struct Job;
-  struct Partition;
-  struct PullItem;
-  struct Counters;
-  class MemoryBudget;
-  struct PartitionSnapshot;
-  struct Capture;
-  struct CheckpointWaiter;
-
-  absl::StatusOr<std::shared_ptr<Job>> FindJob(absl::string_view job_id) const;
+  absl::StatusOr<std::shared_ptr<JobState>> FindJob(absl::string_view job_id) const;
   // FindJob, then the checks every pull makes: a known `encoding` (INVALID_ARGUMENT naming
   // `encoding_field`) and a worker_id below the job's num_workers.
-  absl::StatusOr<std::shared_ptr<Job>> FindJobForCaller(absl::string_view job_id,
-                                                        uint32_t worker_id, v1::Encoding encoding,
-                                                        absl::string_view encoding_field) const;
-  // The part of CreateJobState after validation: adds what `request` declares to `job`.
-  absl::StatusOr<v1::CreateJobStateResponse> AddToJob(
-      Job& job, const v1::CreateJobStateRequest& request,
-      const std::vector<kernels::OptimizerParams>& table_params);
-  // `one_message`: the whole answer must fit in one message (PushPull).
-  absl::Status ResolvePulls(const Job& job, const PushPullView& request, bool one_message,
-                            std::vector<PullItem>* items) const;
-  absl::StatusOr<PushAck> PushToJob(Job& job, const PushPullView& request);
-  // `sink` (optional): takes dense fp32 answers by reference, slice i of `done`'s answer being
-  // item i (see PushPull).
-  void AnswerWhenOpen(std::shared_ptr<Job> job, std::vector<PullItem> items, v1::Encoding encoding,
-                      std::shared_ptr<const std::atomic<bool>> cancelled,
-                      std::function<void(absl::StatusOr<std::vector<v1::Slice>>)> done,
-                      std::shared_ptr<PushPullAnswerSink> sink = nullptr);
+  absl::StatusOr<std::shared_ptr<JobState>> FindJobForCaller(
+      absl::string_view job_id, uint32_t worker_id, v1::Encoding encoding,
+      absl::string_view encoding_field) const;
 
-  // Checkpoints. Captures p at its next capture step when it has reached it. REQUIRES: p.mu held
-  // (not annotated: clang cannot name a member of the incomplete Partition here).
-  void MaybeCaptureLocked(Job& job, Partition& p);
-  // Copies p into the capture of `step` (created for an automatic step); hands a complete capture
-  // to the writer. REQUIRES: p.mu held.
-  void CaptureLocked(Job& job, Partition& p, int64_t step);
-  // The next step after `boundary` that p must be captured at (INT64_MAX: none).
-  int64_t NextCaptureAfter(Job& job, int64_t boundary);
-  // Writer thread: writes the capture's file, applies retention, answers its waiters.
-  void WriteCapture(const std::shared_ptr<Job>& job, const std::shared_ptr<Capture>& capture);
-  void ApplyRetention(const Job& job, int64_t retain_from_step);
-  // Queues `task` for the writer thread; never runs it inline while the writer exists, so callers
-  // may hold store locks. The task gets true when the store is being destroyed.
-  void EnqueueWrite(std::function<void(bool cancelled)> task);
-  // The largest number of steps any partition of the job completed (BSP: versions; SSP/ASP:
-  // worker clocks). Takes each partition's lock; hold no other store lock.
-  int64_t CompletedSteps(Job& job, const std::vector<std::shared_ptr<Partition>>& partitions);
-  // Moves the cancelled waiters of the job's pending captures into *cancelled, forgets registered
-  // captures left without waiters, and returns how many captures still count against
-  // kMaxPendingCaptures (registered ones, and automatic ones someone waits for).
-  // REQUIRES: job.ckpt_mu held.
-  size_t PruneCancelledWaitersLocked(Job& job, std::vector<CheckpointWaiter>* cancelled);
-  // Answers a capture the writer will not write (shutdown: CANCELLED; dropped job: ABORTED).
-  void CancelCapture(Job& job, Capture& capture, const absl::Status& status);
-  // Writer thread, after `written_step` is written: keeps at most kMaxUnrequestedCheckpointFiles
-  // automatic files above the largest step any Checkpoint call named, deleting the oldest.
-  void LimitUnrequestedFiles(Job& job, int64_t written_step);
-  // Fails the job's unwritten captures with `status` and refuses later ones (drop, restore).
-  void RetireCaptures(Job& job, const absl::Status& status);
-  void WriterLoop();
+  // The push path (see the top of this file).
+  absl::StatusOr<PushAck> PushToJob(JobState& job, const PushPullView& request);
+  // Step 2, with every item's partition locked: exactly-once and the gate's admission, then the
+  // budget for the state the push grows.
+  absl::Status AdmitPushLocked(JobState& job, const PushPullView& request,
+                               std::vector<PushSlice>* items);
+  absl::Status ReserveGrowthLocked(JobState& job, const PushPullView& request,
+                                   std::vector<PushSlice>* items);
+  // Step 3: applies every item through the gate and captures what is due; true when a version
+  // changed.
+  bool ApplyPushLocked(JobState& job, const PushPullView& request,
+                       const std::vector<PushSlice>& items, PushAck* ack, int64_t* bytes_pushed);
 
   const ParameterStoreOptions options_;
   // Shared with every job and partition, which give their bytes back when destroyed.
   const std::shared_ptr<MemoryBudget> budget_;
   // Shard-wide counters; shared with jobs and parked pulls, which may outlive a call.
-  const std::shared_ptr<Counters> counters_;
+  const std::shared_ptr<ShardCounters> counters_;
+  const std::unique_ptr<CheckpointWriter> writer_;
+  const std::unique_ptr<PullAnswerer> pulls_;
   mutable absl::Mutex mu_;
-  absl::flat_hash_map<std::string, std::shared_ptr<Job>> jobs_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, std::shared_ptr<JobState>> jobs_ ABSL_GUARDED_BY(mu_);
   absl::Status closed_ ABSL_GUARDED_BY(mu_);
-
-  // The checkpoint writer: one thread running file writes in order. Its tasks get true when the
-  // store is being destroyed before they ran.
-  absl::Mutex writer_mu_;
-  std::deque<std::function<void(bool)>> writer_queue_ ABSL_GUARDED_BY(writer_mu_);
-  bool writer_stop_ ABSL_GUARDED_BY(writer_mu_) = false;
-  // Set once no writer thread will run queued tasks any more (none started, or joined).
-  bool writer_joined_ ABSL_GUARDED_BY(writer_mu_) = false;
-  std::thread writer_;
 };
 
 }  // namespace tessera::server

@@ -103,7 +103,7 @@ absl::Status PushPullStatus(ParameterStore* store, const v1::PushPullRequest& re
   return *result;
 }
 
-absl::Status PushPullViewStatus(ParameterStore* store, const tessera::server::PushPullView& view) {
+absl::Status PushPullViewStatus(ParameterStore* store, const tessera::PushPullView& view) {
   auto result = std::make_shared<absl::Status>(absl::CancelledError("parked"));
   store->PushPull(view, [result](absl::StatusOr<v1::PushPullResponse> r) { *result = r.status(); });
   return *result;

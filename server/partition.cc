@@ -1,0 +1,272 @@
+#include "server/partition.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/encoding.h"
+#include "kernels/schedule.h"
+
+namespace tessera::server {
+namespace {
+
+constexpr double kPi = 3.14159265358979323846;
+
+// SplitMix64: a small, portable generator so row r of a table initialises the same everywhere.
+uint64_t SplitMix(uint64_t* state) {
+  uint64_t z = (*state += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+// Uniform in [0, 1) with 24 random bits.
+float UnitFloat(uint64_t* state) {
+  return static_cast<float>(SplitMix(state) >> 40) * (1.0f / 16777216.0f);
+}
+
+// Row `row` of a table with initializer `init`: the same values on every shard and every run.
+void InitRow(const v1::Initializer& init, int64_t row, float* out, uint32_t dim) {
+  uint64_t state = init.seed() ^ (static_cast<uint64_t>(row) * 0xd1b54a32d192ed03ull);
+  switch (init.kind()) {
+    case v1::Initializer::KIND_CONSTANT:
+      std::fill(out, out + dim, init.value());
+      return;
+    case v1::Initializer::KIND_UNIFORM:
+      for (uint32_t i = 0; i < dim; ++i) out[i] = (2.0f * UnitFloat(&state) - 1.0f) * init.scale();
+      return;
+    case v1::Initializer::KIND_NORMAL:
+      for (uint32_t i = 0; i < dim; i += 2) {
+        // Box-Muller; 1 - u keeps the logarithm finite.
+        const double u1 = 1.0 - UnitFloat(&state);
+        const double u2 = UnitFloat(&state);
+        const double r = std::sqrt(-2.0 * std::log(u1));
+        out[i] = static_cast<float>(r * std::cos(2.0 * kPi * u2)) * init.scale();
+        if (i + 1 < dim)
+          out[i + 1] = static_cast<float>(r * std::sin(2.0 * kPi * u2)) * init.scale();
+      }
+      return;
+    default:
+      std::fill(out, out + dim, 0.0f);
+  }
+}
+
+// The fields every partition sets the same way.
+std::shared_ptr<Partition> NewPartition(const kernels::OptimizerParams& params,
+                                        const PartitionSetup& setup, int64_t charged) {
+  auto p = std::make_shared<Partition>();
+  p->budget = setup.budget;
+  p->counters = setup.counters;
+  p->charged = charged;
+  p->params = params;
+  p->num_slots = kernels::NumSlots(params.kind);
+  p->schedule = setup.schedule;
+  p->clocks = WorkerClocks(setup.workers);
+  return p;
+}
+
+}  // namespace
+
+std::string KeyName(const v1::PartitionKey& key) {
+  return absl::StrCat(key.tensor(), "/", key.index());
+}
+
+std::string KeyName(const SliceView& s) { return absl::StrCat(s.tensor, "/", s.index); }
+
+std::shared_ptr<Partition> Partition::Dense(const v1::DensePartitionDecl& decl,
+                                            const kernels::OptimizerParams& params,
+                                            const PartitionSetup& setup, int64_t charged) {
+  std::shared_ptr<Partition> p = NewPartition(params, setup, charged);
+  p->name = KeyName(decl.key());
+  p->tensor = decl.key().tensor();
+  p->index = decl.key().index();
+  p->num_elements = decl.num_elements();
+  absl::MutexLock lock(&p->mu);
+  p->last_applied.resize(setup.workers);
+  p->staging.contributed.assign(setup.workers, 0);
+  p->staging.skipped.assign(setup.workers, 0);
+  p->staging.dense.resize(setup.workers);
+  p->next_capture = setup.next_capture;
+  p->weights = SharedWeights(std::vector<float>(static_cast<size_t>(decl.num_elements()), 0.0f));
+  if (!decl.initial_values().empty()) {
+    std::memcpy(p->MutableWeightsLocked(), decl.initial_values().data(),
+                decl.initial_values().size());
+  }
+  for (int s = 0; s < p->num_slots; ++s) {
+    p->slots.emplace_back(static_cast<size_t>(decl.num_elements()),
+                          kernels::SlotInitialValue(p->params, s));
+  }
+  return p;
+}
+
+std::shared_ptr<Partition> Partition::Table(const v1::SparseTableDecl& decl,
+                                            const kernels::OptimizerParams& params,
+                                            const PartitionSetup& setup, int64_t charged) {
+  std::shared_ptr<Partition> p = NewPartition(params, setup, charged);
+  p->name = absl::StrCat(decl.name(), "/0");
+  p->tensor = decl.name();
+  p->sparse = true;
+  p->dim = decl.dim();
+  p->initializer = decl.initializer();
+  p->table_decl = decl.SerializeAsString();
+  absl::MutexLock lock(&p->mu);
+  p->last_applied.resize(setup.workers);
+  p->staging.contributed.assign(setup.workers, 0);
+  p->staging.skipped.assign(setup.workers, 0);
+  p->staging.rows.resize(setup.workers);
+  p->staging.rows_bytes.assign(setup.workers, 0);
+  p->next_capture = setup.next_capture;
+  return p;
+}
+
+Partition::~Partition() {
+  if (budget != nullptr) budget->Release(charged.load(std::memory_order_relaxed));
+}
+
+int64_t Partition::FixedBytes(uint32_t workers, size_t name_size) {
+  return static_cast<int64_t>(sizeof(Partition) + name_size) +
+         int64_t{workers} * static_cast<int64_t>(sizeof(AppliedSeq) + 2 + sizeof(SparseGrad) +
+                                                 sizeof(int64_t) + sizeof(std::atomic<int64_t>));
+}
+
+int64_t Partition::RowBytes() const {
+  return int64_t{dim} * 4 * (1 + num_slots) +
+         static_cast<int64_t>(sizeof(Row) + sizeof(int64_t) + 16);
+}
+
+int64_t Partition::NewRowsBound(const SliceView& slice) const {
+  if (!sparse) return 0;
+  return static_cast<int64_t>(slice.row_ids.size()) * RowBytes();
+}
+
+void Partition::ReleaseCharge(int64_t bytes) {
+  budget->Release(bytes);
+  charged.fetch_sub(bytes, std::memory_order_relaxed);
+}
+
+absl::StatusOr<bool> Partition::IsAppliedLocked(uint32_t worker, uint64_t incarnation,
+                                                uint64_t seq) const {
+  const AppliedSeq& last = last_applied[worker];
+  if (last.seen && incarnation < last.incarnation) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("key ", name, ": worker ", worker, " incarnation ", incarnation,
+                     " is older than incarnation ", last.incarnation, " already applied"));
+  }
+  return last.seen && incarnation == last.incarnation && seq <= last.seq;
+}
+
+Partition::Row& Partition::RowLocked(int64_t id) {
+  auto [it, inserted] = rows.try_emplace(id);
+  if (inserted) {
+    // The push that creates rows checked that they fit (NewRowsBound).
+    budget->ForceReserve(RowBytes());
+    charged.fetch_add(RowBytes(), std::memory_order_relaxed);
+    it->second.values.resize(static_cast<size_t>(dim) * (1 + num_slots));
+    InitRow(initializer, id, it->second.values.data(), dim);
+    for (int s = 0; s < num_slots; ++s) {
+      float* slot = it->second.values.data() + static_cast<size_t>(dim) * (1 + s);
+      std::fill(slot, slot + dim, kernels::SlotInitialValue(params, s));
+    }
+  }
+  return it->second;
+}
+
+float* Partition::MutableWeightsLocked() {
+  if (!weights.unique()) {
+    weights = SharedWeights(std::vector<float>(weights.data(), weights.data() + weights.size()));
+    counters->weight_copies_on_write.fetch_add(1, std::memory_order_relaxed);
+  }
+  return weights.mutable_data();
+}
+
+void Partition::ApplyDenseLocked(int64_t step, float scale, const float* g, int64_t begin,
+                                 int64_t count) {
+  const int64_t v = version.load(std::memory_order_relaxed);
+  const float lr = kernels::ScheduledLearningRate(schedule, params.learning_rate, step);
+  float* slot_ptrs[4] = {nullptr, nullptr, nullptr, nullptr};
+  for (int s = 0; s < num_slots; ++s) slot_ptrs[s] = slots[s].data() + begin;
+  float* const w = MutableWeightsLocked() + begin;
+  const int64_t n = count < 0 ? num_elements : count;
+  kernels::ApplyUpdateCpu(params, lr, v + 1, scale, g, w, slot_ptrs, n);
+}
+
+void Partition::ApplyDenseBytesLocked(int64_t step, float scale, const char* g, int64_t begin,
+                                      int64_t count) {
+  const int64_t v = version.load(std::memory_order_relaxed);
+  const float lr = kernels::ScheduledLearningRate(schedule, params.learning_rate, step);
+  float* slot_ptrs[4] = {nullptr, nullptr, nullptr, nullptr};
+  for (int s = 0; s < num_slots; ++s) slot_ptrs[s] = slots[s].data() + begin;
+  float* const w = MutableWeightsLocked() + begin;
+  kernels::ApplyUpdateCpuUnaligned(params, lr, v + 1, scale, g, w, slot_ptrs, count);
+}
+
+void Partition::ApplySparseLocked(int64_t step, float scale, const SparseGrad& grad) {
+  const float lr = kernels::ScheduledLearningRate(schedule, params.learning_rate, step);
+  for (size_t i = 0; i < grad.ids.size(); ++i) {
+    Row& row = RowLocked(grad.ids[i]);
+    float* slot_ptrs[4] = {nullptr, nullptr, nullptr, nullptr};
+    for (int s = 0; s < num_slots; ++s) {
+      slot_ptrs[s] = row.values.data() + static_cast<size_t>(dim) * (1 + s);
+    }
+    ++row.updates;
+    kernels::ApplyUpdateCpu(params, lr, row.updates, scale, grad.values.data() + i * dim,
+                            row.values.data(), slot_ptrs, dim);
+  }
+}
+
+bool Partition::ApplySliceLocked(int64_t step, float scale, const SliceView& slice,
+                                 std::vector<float>* scratch) {
+  if (sparse) {
+    if (slice.row_ids.empty()) return false;
+    ApplySparseLocked(step, scale, MergeRows(slice, dim));
+    return true;
+  }
+  ForEachGradientRun(
+      slice, static_cast<size_t>(num_elements), scratch,
+      [&](const float* g, size_t begin, size_t count) {
+        mu.AssertHeld();
+        ApplyDenseLocked(step, scale, g, static_cast<int64_t>(begin), static_cast<int64_t>(count));
+      },
+      [&](const char* g, size_t begin, size_t count) {
+        mu.AssertHeld();
+        ApplyDenseBytesLocked(step, scale, g, static_cast<int64_t>(begin),
+                              static_cast<int64_t>(count));
+      });
+  return true;
+}
+
+void Partition::ReadInto(const std::vector<int64_t>& row_ids, v1::Encoding encoding,
+                         v1::Slice* slice) const {
+  slice->set_encoding(encoding == v1::ENCODING_UNSPECIFIED ? v1::ENCODING_FP32 : encoding);
+  slice->set_version(version.load(std::memory_order_relaxed));
+  if (!sparse) {
+    if (BytesPerValue(encoding) == 4) {
+      // One copy, without the zero fill of a resize.
+      slice->mutable_data()->assign(weights.bytes().data(), weights.bytes().size());
+    } else {
+      EncodeValues(encoding, weights.data(), weights.size(), slice->mutable_data());
+    }
+    return;
+  }
+  std::vector<float> out(row_ids.size() * dim);
+  for (size_t i = 0; i < row_ids.size(); ++i) {
+    auto it = rows.find(row_ids[i]);
+    if (it != rows.end()) {
+      std::copy_n(it->second.values.data(), dim, out.data() + i * dim);
+    } else {
+      InitRow(initializer, row_ids[i], out.data() + i * dim, dim);
+    }
+  }
+  for (int64_t id : row_ids) slice->add_row_ids(id);
+  EncodeValues(encoding, out.data(), out.size(), slice->mutable_data());
+}
+
+PartitionLocks::PartitionLocks(absl::InlinedVector<Partition*, 8> partitions)
+    : locks_(partitions.size()) {
+  std::sort(partitions.begin(), partitions.end());
+  for (size_t i = 0; i < partitions.size(); ++i) locks_[i].emplace(&partitions[i]->mu);
+}
+
+}  // namespace tessera::server

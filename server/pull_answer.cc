@@ -1,0 +1,96 @@
+#include "server/pull_answer.h"
+
+#include <chrono>
+#include <string>
+#include <utility>
+
+#include "common/encoding.h"
+
+namespace tessera::server {
+namespace {
+
+// Identifies the wait whose gate is being checked inline on this thread (see AnswerWhenOpen).
+thread_local const void* inline_wait_token = nullptr;
+
+// Reads `items` into slices (see PullAnswerer::AnswerWhenOpen); returns the bytes answered.
+int64_t ReadItems(const std::vector<PullItem>& items, v1::Encoding encoding,
+                  PushPullAnswerSink* sink, std::vector<v1::Slice>* slices) {
+  int64_t bytes = 0;
+  // Dense fp32 answers to a sink share the partition's weights instead of copying them.
+  const bool share = sink != nullptr && BytesPerValue(encoding) == 4;
+  for (size_t i = 0; i < items.size(); ++i) {
+    const Partition& p = *items[i].partition;
+    v1::Slice& slice = (*slices)[i];
+    *slice.mutable_key() = items[i].key;
+    if (share && !p.sparse) {
+      SharedWeights weights;
+      {
+        absl::ReaderMutexLock lock(&p.mu);
+        slice.set_encoding(v1::ENCODING_FP32);
+        slice.set_version(p.version.load(std::memory_order_relaxed));
+        weights = p.weights;
+      }
+      bytes += static_cast<int64_t>(weights.bytes().size());
+      sink->shared.emplace_back(static_cast<int>(i), std::move(weights));
+      continue;
+    }
+    if (sink != nullptr && sink->take_buffer) {
+      std::string buffer = sink->take_buffer();
+      buffer.clear();
+      slice.mutable_data()->swap(buffer);
+    }
+    absl::ReaderMutexLock lock(&p.mu);
+    p.ReadInto(items[i].row_ids, encoding, &slice);
+    bytes += static_cast<int64_t>(slice.data().size());
+  }
+  return bytes;
+}
+
+}  // namespace
+
+PullAnswerer::PullAnswerer(Executor executor, std::shared_ptr<ShardCounters> counters)
+    : executor_(std::move(executor)), counters_(std::move(counters)) {}
+
+void PullAnswerer::AnswerWhenOpen(ConsistencyGate& gate, std::vector<PullItem> items,
+                                  v1::Encoding encoding,
+                                  std::shared_ptr<const std::atomic<bool>> cancelled, Done done,
+                                  std::shared_ptr<PushPullAnswerSink> sink) const {
+  ConsistencyGate::Wait wait;
+  wait.cancelled = std::move(cancelled);
+  for (const PullItem& item : items) gate.AddToWait(item.partition, item.gate_step, &wait);
+  // The wait at the gate, for the metrics (a pull with nothing gated is not timed).
+  StoreHistogram* wait_histogram = nullptr;
+  if (!wait.versions.empty()) wait_histogram = &counters_->bsp_wait_ns;
+  if (!wait.clocks.empty()) wait_histogram = &counters_->ssp_wait_ns;
+  const auto parked_at = std::chrono::steady_clock::now();
+  auto token = std::make_shared<char>();
+  auto answer = [items = std::move(items), encoding, done = std::move(done), sink = std::move(sink),
+                 counters = counters_, wait_histogram, parked_at](absl::Status status) {
+    if (!status.ok()) {
+      done(status);
+      return;
+    }
+    if (wait_histogram != nullptr) {
+      wait_histogram->Observe(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                  std::chrono::steady_clock::now() - parked_at)
+                                  .count());
+    }
+    std::vector<v1::Slice> slices(items.size());
+    const int64_t bytes = ReadItems(items, encoding, sink.get(), &slices);
+    counters->bytes_pulled.fetch_add(bytes, std::memory_order_relaxed);
+    done(std::move(slices));
+  };
+  wait.done = [this, token, answer = std::move(answer)](absl::Status status) mutable {
+    if (inline_wait_token == token.get() || !executor_) {
+      answer(std::move(status));
+    } else {
+      executor_(
+          [answer = std::move(answer), status = std::move(status)]() mutable { answer(status); });
+    }
+  };
+  inline_wait_token = token.get();
+  gate.Park(std::move(wait));
+  inline_wait_token = nullptr;
+}
+
+}  // namespace tessera::server
