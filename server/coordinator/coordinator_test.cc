@@ -26,12 +26,12 @@
 #include "gtest/gtest.h"
 #include "server/coordinator/coordinator_metrics.h"
 #include "server/coordinator/job_store.h"
-#include "server/coordinator/test_specs.h"
+#include "spec/testing/example_jobs.h"
 
 namespace tessera::coordinator {
 namespace {
 
-using testing::MlpSpec;
+using ::tessera::spec::examples::FashionMlpJob;
 
 class FakeShards : public ShardControl {
  public:
@@ -294,7 +294,7 @@ class CoordinatorTest : public ::testing::Test {
   std::string StartCheckpointedJob(int shards, int workers, int64_t every, int keep = 0) {
     for (int i = 0; i < shards; ++i) RegisterShard(i);
     for (int i = 0; i < workers; ++i) RegisterWorker(absl::StrCat("host-", i));
-    v1::JobSpec spec = MlpSpec("ft", workers, "/data");
+    v1::JobSpec spec = FashionMlpJob("ft", workers, "/data");
     spec.set_checkpoint_every_steps(every);
     spec.set_keep_checkpoints(keep);
     auto job = coordinator_->CreateJob(spec);
@@ -372,7 +372,7 @@ class CoordinatorTest : public ::testing::Test {
 
   // Creates a 2-worker job on 1 shard and starts it; returns its id.
   std::string StartTwoWorkerJob(const std::string& name = "mlp") {
-    auto job = coordinator_->CreateJob(MlpSpec(name, 2, "/data"));
+    auto job = coordinator_->CreateJob(FashionMlpJob(name, 2, "/data"));
     EXPECT_TRUE(job.ok()) << job.status();
     coordinator_->Tick();
     EXPECT_EQ(Job(job->id()).state(), v1::JOB_STATE_RUNNING) << Job(job->id()).reason();
@@ -393,7 +393,7 @@ class CoordinatorTest : public ::testing::Test {
 };
 
 TEST_F(CoordinatorTest, PendingReasonThenGangStart) {
-  auto created = coordinator_->CreateJob(MlpSpec("mlp", 2, "/data"));
+  auto created = coordinator_->CreateJob(FashionMlpJob("mlp", 2, "/data"));
   ASSERT_TRUE(created.ok()) << created.status();
   EXPECT_EQ(created->id(), "mlp-1");
   EXPECT_EQ(created->state(), v1::JOB_STATE_PENDING);
@@ -453,8 +453,8 @@ TEST_F(CoordinatorTest, PendingReasonThenGangStart) {
 TEST_F(CoordinatorTest, StrictFifo) {
   RegisterShard(0);
   RegisterWorker("host-a");
-  ASSERT_TRUE(coordinator_->CreateJob(MlpSpec("big", 2, "/data")).ok());
-  ASSERT_TRUE(coordinator_->CreateJob(MlpSpec("small", 1, "/data")).ok());
+  ASSERT_TRUE(coordinator_->CreateJob(FashionMlpJob("big", 2, "/data")).ok());
+  ASSERT_TRUE(coordinator_->CreateJob(FashionMlpJob("small", 1, "/data")).ok());
   coordinator_->Tick();
   // The one idle worker would fit "small", but "big" is older.
   EXPECT_EQ(Job("big-1").state(), v1::JOB_STATE_PENDING);
@@ -687,7 +687,7 @@ TEST_F(CoordinatorTest, ShardErrorFailsTheJob) {
   RegisterShard(1);
   RegisterWorker("host-a");
   shards_.fail["127.0.0.1:4001"] = absl::ResourceExhaustedError("out of memory");
-  ASSERT_TRUE(coordinator_->CreateJob(MlpSpec("mlp", 1, "/data")).ok());
+  ASSERT_TRUE(coordinator_->CreateJob(FashionMlpJob("mlp", 1, "/data")).ok());
   coordinator_->Tick();
   const v1::Job job = Job("mlp-1");
   EXPECT_EQ(job.state(), v1::JOB_STATE_FAILED);
@@ -725,7 +725,7 @@ TEST_F(CoordinatorTest, ReplacedTaskStreamGetsTheAssignmentAgain) {
 }
 
 TEST_F(CoordinatorTest, Cancel) {
-  ASSERT_TRUE(coordinator_->CreateJob(MlpSpec("mlp", 2, "/data")).ok());
+  ASSERT_TRUE(coordinator_->CreateJob(FashionMlpJob("mlp", 2, "/data")).ok());
   auto cancelled = coordinator_->CancelJob("mlp-1");
   ASSERT_TRUE(cancelled.ok());
   EXPECT_EQ(cancelled->state(), v1::JOB_STATE_CANCELLED);
@@ -755,7 +755,7 @@ TEST_F(CoordinatorTest, Cancel) {
   // A finished job cannot be cancelled.
   Report(w1, id, 0, v1::TASK_PHASE_FAILED, 0);
   OpenStream(w2);
-  ASSERT_TRUE(coordinator_->CreateJob(MlpSpec("done", 1, "/data")).ok());
+  ASSERT_TRUE(coordinator_->CreateJob(FashionMlpJob("done", 1, "/data")).ok());
   coordinator_->Tick();
   ASSERT_EQ(Job("done-3").state(), v1::JOB_STATE_RUNNING);
   Report(w1, "done-3", 0, v1::TASK_PHASE_SUCCEEDED, 10);
@@ -818,7 +818,7 @@ TEST_F(CoordinatorTest, RetainModelsDropsTheOldestWeights) {
   const std::string w1 = RegisterWorker("host-a");
   std::vector<std::string> ids;
   for (int i = 0; i < 2; ++i) {
-    ASSERT_TRUE(coordinator_->CreateJob(MlpSpec("mlp", 1, "/data")).ok());
+    ASSERT_TRUE(coordinator_->CreateJob(FashionMlpJob("mlp", 1, "/data")).ok());
     coordinator_->Tick();
     ids.push_back(absl::StrCat("mlp-", i + 1));
     ASSERT_EQ(Job(ids.back()).state(), v1::JOB_STATE_RUNNING);
@@ -832,7 +832,7 @@ TEST_F(CoordinatorTest, RetainModelsDropsTheOldestWeights) {
   // After a restart the dropped job is not counted again.
   Restart();
   RegisterWorker("host-a");
-  ASSERT_TRUE(coordinator_->CreateJob(MlpSpec("mlp", 1, "/data")).ok());
+  ASSERT_TRUE(coordinator_->CreateJob(FashionMlpJob("mlp", 1, "/data")).ok());
   RegisterShard(0);
   coordinator_->Tick();
   ASSERT_EQ(Job("mlp-3").state(), v1::JOB_STATE_RUNNING);
@@ -846,13 +846,13 @@ TEST_F(CoordinatorTest, RestartKeepsJobsAndRebindsRanks) {
   RegisterShard(0);
   RegisterWorker("host-a");
   RegisterWorker("host-b");
-  ASSERT_TRUE(coordinator_->CreateJob(MlpSpec("queued", 5, "/data")).ok());  // never fits
+  ASSERT_TRUE(coordinator_->CreateJob(FashionMlpJob("queued", 5, "/data")).ok());  // never fits
   const std::string running = "mlp-2";
-  ASSERT_TRUE(coordinator_->CreateJob(MlpSpec("mlp", 2, "/data")).ok());
+  ASSERT_TRUE(coordinator_->CreateJob(FashionMlpJob("mlp", 2, "/data")).ok());
   coordinator_->CancelJob("queued-1").IgnoreError();
   coordinator_->Tick();
   ASSERT_EQ(Job(running).state(), v1::JOB_STATE_RUNNING);
-  ASSERT_TRUE(coordinator_->CreateJob(MlpSpec("later", 1, "/data")).ok());
+  ASSERT_TRUE(coordinator_->CreateJob(FashionMlpJob("later", 1, "/data")).ok());
 
   Restart();
   EXPECT_EQ(Job("queued-1").state(), v1::JOB_STATE_CANCELLED);
@@ -1003,7 +1003,7 @@ TEST_F(CoordinatorTest, ValidatesEveryRequest) {
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(coordinator_->OpenTaskStream("w-9", std::make_shared<FakeStream>()).code(),
             absl::StatusCode::kNotFound);
-  v1::JobSpec bad = MlpSpec("mlp", 0, "/data");
+  v1::JobSpec bad = FashionMlpJob("mlp", 0, "/data");
   auto refused = coordinator_->CreateJob(bad);
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(absl::StartsWith(refused.status().message(), "num_workers:")) << refused.status();
@@ -1024,7 +1024,7 @@ TEST_F(CoordinatorTest, ANewStreamReplacesTheOld) {
 TEST_F(CoordinatorTest, WatchReplaysThenFollowsInOrder) {
   RegisterShard(0);
   RegisterWorker("host-a");
-  ASSERT_TRUE(coordinator_->CreateJob(MlpSpec("mlp", 1, "/data")).ok());
+  ASSERT_TRUE(coordinator_->CreateJob(FashionMlpJob("mlp", 1, "/data")).ok());
   coordinator_->Tick();
   v1::WatchJobRequest request;
   request.set_job_id("mlp-1");
@@ -1073,7 +1073,7 @@ TEST_F(CoordinatorTest, ASlowWatcherIsDropped) {
   Restart();
   RegisterShard(0);
   RegisterWorker("host-a");
-  ASSERT_TRUE(coordinator_->CreateJob(MlpSpec("mlp", 1, "/data")).ok());
+  ASSERT_TRUE(coordinator_->CreateJob(FashionMlpJob("mlp", 1, "/data")).ok());
   v1::WatchJobRequest request;
   request.set_job_id("mlp-1");
   auto slow = coordinator_->WatchJob(request);
@@ -1117,7 +1117,7 @@ TEST_F(CoordinatorTest, TheAssignGoesOutOnlyOnceTheStartIsDurable) {
   const std::string w1 = RegisterWorker("host-a", /*open_stream=*/false);
   auto probe = std::make_shared<DurabilityProbeStream>(store_.get());
   ASSERT_TRUE(coordinator_->OpenTaskStream(w1, probe).ok());
-  ASSERT_TRUE(coordinator_->CreateJob(MlpSpec("mlp", 1, "/data")).ok());
+  ASSERT_TRUE(coordinator_->CreateJob(FashionMlpJob("mlp", 1, "/data")).ok());
   coordinator_->Tick();
   ASSERT_EQ(probe->events.size(), 1u);
   EXPECT_EQ(probe->stored_state, v1::JOB_STATE_RUNNING);
@@ -1178,7 +1178,7 @@ TEST_F(CoordinatorTest, ProgressReportsWithImpossibleNumbersAreRefused) {
 TEST_F(CoordinatorTest, StreamsOpenedAfterStopEndAtOnce) {
   RegisterShard(0);
   const std::string w1 = RegisterWorker("host-a", /*open_stream=*/false);
-  ASSERT_TRUE(coordinator_->CreateJob(MlpSpec("mlp", 1, "/data")).ok());
+  ASSERT_TRUE(coordinator_->CreateJob(FashionMlpJob("mlp", 1, "/data")).ok());
   coordinator_->Stop();
   // Otherwise they stay open until the server's shutdown grace runs out.
   EXPECT_EQ(coordinator_->OpenTaskStream(w1, std::make_shared<FakeStream>()).code(),
@@ -1253,7 +1253,7 @@ TEST_F(CoordinatorTest, MetricsSnapshotCountsAndProgress) {
   const std::string w2 = RegisterWorker("host-b");
   RegisterWorker("host-c");
   const std::string id = StartTwoWorkerJob();
-  ASSERT_TRUE(coordinator_->CreateJob(MlpSpec("waiting", 3, "/data")).ok());
+  ASSERT_TRUE(coordinator_->CreateJob(FashionMlpJob("waiting", 3, "/data")).ok());
 
   v1::ProgressReport report;
   report.set_member_id(w1);
@@ -1311,7 +1311,7 @@ TEST_F(CoordinatorTest, MetricsKeepOnlyTheNewestEndedJobs) {
   const size_t total = Coordinator::kMetricsRecentJobs + 5;
   std::vector<std::string> ids;
   for (size_t i = 0; i < total; ++i) {
-    auto job = coordinator_->CreateJob(MlpSpec(absl::StrCat("j", i), 1, "/data"));
+    auto job = coordinator_->CreateJob(FashionMlpJob(absl::StrCat("j", i), 1, "/data"));
     ASSERT_TRUE(job.ok()) << job.status();
     ASSERT_TRUE(coordinator_->CancelJob(job->id()).ok());
     ids.push_back(job->id());
@@ -1786,7 +1786,7 @@ TEST_F(CoordinatorTest, RecoveryWaitsForTheShardThenTimesOutOrRunsOutOfCheckpoin
 
   // Every checkpoint unusable: FAILED, naming them.
   RegisterShard(1);
-  v1::JobSpec spec = MlpSpec("next", 1, "/data");
+  v1::JobSpec spec = FashionMlpJob("next", 1, "/data");
   spec.set_checkpoint_every_steps(10);
   auto next = coordinator_->CreateJob(spec);
   ASSERT_TRUE(next.ok());

@@ -25,15 +25,15 @@
 #include "grpcpp/server_builder.h"
 #include "gtest/gtest.h"
 #include "server/coordinator/coordinator_server.h"
-#include "server/coordinator/test_specs.h"
 #include "spec/job_spec_reader.h"
+#include "spec/testing/example_jobs.h"
 #include "tessera/v1/job.grpc.pb.h"
 #include "tessera/v1/parameter.grpc.pb.h"
 
 namespace tessera::coordinator {
 namespace {
 
-using testing::MlpSpec;
+using ::tessera::spec::examples::FashionMlpJob;
 
 class FakeParameterService final : public v1::ParameterService::Service {
  public:
@@ -182,16 +182,17 @@ TEST_F(CoordinatorGrpcTest, BadSpecsAreRefusedNamingTheFieldAndNothingIsQueued) 
     std::string field;  // the message starts with it
   };
   std::vector<Case> cases;
-  cases.push_back({"unknown consistency", MlpSpec("mlp", 2, data_), "consistency:"});
+  cases.push_back({"unknown consistency", FashionMlpJob("mlp", 2, data_), "consistency:"});
   cases.back().spec.set_consistency("paxos");
-  cases.push_back({"num_workers 0", MlpSpec("mlp", 0, data_), "num_workers:"});
-  cases.push_back({"missing dataset file", MlpSpec("mlp", 2, data_), "dataset.train_labels:"});
+  cases.push_back({"num_workers 0", FashionMlpJob("mlp", 0, data_), "num_workers:"});
+  cases.push_back(
+      {"missing dataset file", FashionMlpJob("mlp", 2, data_), "dataset.train_labels:"});
   cases.back().spec.mutable_dataset()->set_train_labels(data_ + "/missing.gz");
-  cases.push_back({"impossible shapes", MlpSpec("mlp", 2, data_), "model.layers[0]"});
+  cases.push_back({"impossible shapes", FashionMlpJob("mlp", 2, data_), "model.layers[0]"});
   cases.back().spec.mutable_model()->mutable_layers(0)->mutable_conv2d()->set_filters(4);
   cases.back().spec.mutable_model()->mutable_layers(0)->mutable_conv2d()->set_kernel_h(3);
   cases.back().spec.mutable_model()->mutable_layers(0)->mutable_conv2d()->set_kernel_w(3);
-  cases.push_back({"a layer of no known kind", MlpSpec("mlp", 2, data_), "model.layers[1]"});
+  cases.push_back({"a layer of no known kind", FashionMlpJob("mlp", 2, data_), "model.layers[1]"});
   cases.back().spec.mutable_model()->mutable_layers(1)->clear_kind();
   for (const Case& c : cases) {
     v1::CreateJobRequest request;
@@ -213,7 +214,7 @@ TEST_F(CoordinatorGrpcTest, BadSpecsAreRefusedNamingTheFieldAndNothingIsQueued) 
   ASSERT_TRUE(jobs_->ListJobs(Context().get(), v1::ListJobsRequest(), &list).ok());
   EXPECT_EQ(list.jobs_size(), 0);
   v1::CreateJobRequest good;
-  *good.mutable_spec() = MlpSpec("mlp", 2, data_);
+  *good.mutable_spec() = FashionMlpJob("mlp", 2, data_);
   v1::Job job;
   const grpc::Status created = jobs_->CreateJob(Context().get(), good, &job);
   ASSERT_TRUE(created.ok()) << created.error_message();
@@ -262,7 +263,7 @@ TEST_F(CoordinatorGrpcTest, TaskStreamAndWatchJobInOrder) {
   auto tasks = cluster_->WatchTasks(tasks_context.get(), watch_tasks);
 
   v1::CreateJobRequest create;
-  *create.mutable_spec() = MlpSpec("mlp", 1, data_);
+  *create.mutable_spec() = FashionMlpJob("mlp", 1, data_);
   v1::Job job;
   ASSERT_TRUE(jobs_->CreateJob(Context().get(), create, &job).ok());
   v1::WatchJobRequest watch;
@@ -352,7 +353,7 @@ TEST_F(CoordinatorGrpcTest, CheckpointJobWaitsForTheShardsAndCommits) {
   auto tasks_context = Context();
   auto tasks = cluster_->WatchTasks(tasks_context.get(), watch_tasks);
   v1::CreateJobRequest create;
-  *create.mutable_spec() = MlpSpec("mlp", 1, data_);
+  *create.mutable_spec() = FashionMlpJob("mlp", 1, data_);
   v1::Job job;
   ASSERT_TRUE(jobs_->CreateJob(Context().get(), create, &job).ok());
   v1::TaskEvent event;
@@ -416,7 +417,7 @@ TEST_F(CoordinatorGrpcTest, ACheckpointJobFloodWaitsOnABoundedPoolAndOtherCallsS
   auto tasks_context = Context();
   auto tasks = cluster_->WatchTasks(tasks_context.get(), watch_tasks);
   v1::CreateJobRequest create;
-  *create.mutable_spec() = MlpSpec("mlp", 1, data_);
+  *create.mutable_spec() = FashionMlpJob("mlp", 1, data_);
   v1::Job job;
   ASSERT_TRUE(jobs_->CreateJob(Context().get(), create, &job).ok());
   v1::TaskEvent event;
@@ -551,7 +552,7 @@ TEST_F(CoordinatorGrpcTest, RealShardRegistersServesTheJobAndLeaves) {
   auto tasks_context = Context();
   auto tasks = cluster_->WatchTasks(tasks_context.get(), watch_tasks);
   v1::CreateJobRequest create;
-  *create.mutable_spec() = MlpSpec("mlp", 1, data_);
+  *create.mutable_spec() = FashionMlpJob("mlp", 1, data_);
   create.mutable_spec()->set_consistency("ssp");
   create.mutable_spec()->set_staleness(2);
   v1::Job job;

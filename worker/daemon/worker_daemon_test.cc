@@ -23,6 +23,7 @@
 #include "grpcpp/server.h"
 #include "grpcpp/server_builder.h"
 #include "gtest/gtest.h"
+#include "spec/testing/example_jobs.h"
 #include "worker/client/local_shards.h"
 #include "worker/client/parameter_client.h"
 #include "worker/daemon/worker_metrics.h"
@@ -187,16 +188,8 @@ class WorkerDaemonTest : public ::testing::Test {
 
     char tmpl[] = "/tmp/tessera_daemon_test.XXXXXX";
     dir_ = mkdtemp(tmpl);
-    std::mt19937 rng(1);
-    std::normal_distribution<double> noise(0.0, 0.7);
-    for (const char* split : {"train", "test"}) {
-      std::ofstream out(dir_ + "/" + split + ".csv");
-      for (int i = 0; i < 300; ++i) {
-        const int k = i % 3;
-        out << k << "," << 3 * std::cos(2 * M_PI * k / 3) + noise(rng) << ","
-            << 3 * std::sin(2 * M_PI * k / 3) + noise(rng) << "\n";
-      }
-    }
+    spec::examples::WriteBlobsCsv(dir_ + "/train.csv", 300, 1);
+    spec::examples::WriteBlobsCsv(dir_ + "/test.csv", 300, 2);
   }
   void TearDown() override {
     if (server_ != nullptr) server_->Shutdown(std::chrono::system_clock::now());
@@ -211,15 +204,9 @@ class WorkerDaemonTest : public ::testing::Test {
     task->set_world_size(1);
     task->set_incarnation(1);
     for (const std::string& a : shards_->addresses()) task->add_shard_addresses(a);
-    const std::string text = absl::StrCat(R"(
-      name: "blobs"
-      model { input_shape: [2] layers { dense { units: 8 } } layers { relu {} }
-              layers { dense { units: 3 } } loss: LOSS_SOFTMAX_CROSS_ENTROPY }
-      dataset { format: FORMAT_CSV train_path: ")",
-                                          dir_, R"(/train.csv" test_path: ")", dir_,
-                                          R"(/test.csv" num_classes: 3 }
+    const std::string text = absl::StrCat(spec::examples::BlobsJobText(dir_, 8), R"(
       optimizer { kind: OPTIMIZER_KIND_ADAM learning_rate: 0.01 }
-      batch_size: 16 seed: 3 device: "cpu" num_workers: 1 epochs: )",
+      batch_size: 16 seed: 3 num_workers: 1 epochs: )",
                                           epochs, "\n", extra);
     EXPECT_TRUE(google::protobuf::TextFormat::ParseFromString(text, task->mutable_spec()));
     return event;

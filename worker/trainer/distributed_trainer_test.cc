@@ -22,6 +22,7 @@
 #include "gmock/gmock.h"
 #include "google/protobuf/text_format.h"
 #include "gtest/gtest.h"
+#include "spec/testing/example_jobs.h"
 #include "worker/client/local_shards.h"
 #include "worker/client/parameter_client.h"
 
@@ -92,48 +93,18 @@ class DistributedTrainerTest : public ::testing::Test {
     ASSERT_NE(shards_, nullptr);
     char tmpl[] = "/tmp/tessera_distributed_test.XXXXXX";
     dir_ = mkdtemp(tmpl);
-    WriteBlobs(dir_ + "/train.csv", kTrainExamples, 1);
-    WriteBlobs(dir_ + "/test.csv", 300, 2);
+    spec::examples::WriteBlobsCsv(dir_ + "/train.csv", kTrainExamples, 1);
+    spec::examples::WriteBlobsCsv(dir_ + "/test.csv", 300, 2);
   }
   void TearDown() override { std::system(absl::StrCat("rm -rf '", dir_, "'").c_str()); }
 
-  // Three Gaussian blobs in 2-D, label first.
-  static void WriteBlobs(const std::string& path, int n, uint32_t seed) {
-    std::mt19937 rng(seed);
-    std::normal_distribution<double> noise(0.0, 0.7);
-    std::ofstream out(path);
-    for (int i = 0; i < n; ++i) {
-      const int k = i % 3;
-      const double angle = 2 * M_PI * k / 3;
-      out << k << "," << 3 * std::cos(angle) + noise(rng) << "," << 3 * std::sin(angle) + noise(rng)
-          << "\n";
-    }
-  }
-
   v1::JobSpec Spec(int workers, int epochs, const std::string& extra = "") {
     v1::JobSpec spec;
-    const std::string text = absl::StrCat(R"(
-      name: "blobs"
-      model {
-        input_shape: [2]
-        layers { dense { units: 16 } }
-        layers { relu {} }
-        layers { dense { units: 3 } }
-        loss: LOSS_SOFTMAX_CROSS_ENTROPY
-      }
-      dataset {
-        format: FORMAT_CSV
-        train_path: ")",
-                                          dir_, R"(/train.csv"
-        test_path: ")",
-                                          dir_, R"(/test.csv"
-        num_classes: 3
-      }
+    const std::string text = absl::StrCat(spec::examples::BlobsJobText(dir_, 16), R"(
       optimizer { kind: OPTIMIZER_KIND_ADAM learning_rate: 0.01 }
       batch_size: )",
                                           kBatch, R"(
       seed: 7
-      device: "cpu"
       partition_bytes: 1024
       num_workers: )",
                                           workers, "\n epochs: ", epochs, "\n", extra);
