@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/encoding.h"
+#include "common/testing/push_pull_requests.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tessera/v1/parameter.pb.h"
@@ -21,50 +22,13 @@
 namespace tessera {
 namespace {
 
+using ::tessera::push_pull_requests::GradSlice;
+using ::tessera::push_pull_requests::PullKey;
+using ::tessera::push_pull_requests::Request;
+using ::tessera::push_pull_requests::RowsSlice;
 using ::testing::HasSubstr;
 
 // ---- Builders -----------------------------------------------------------------------------------
-
-v1::Slice GradSlice(const std::string& tensor, uint32_t index, const std::vector<float>& values,
-                    bool want_weights = false, v1::Encoding encoding = v1::ENCODING_FP32) {
-  v1::Slice s;
-  s.mutable_key()->set_tensor(tensor);
-  s.mutable_key()->set_index(index);
-  s.set_encoding(encoding);
-  EncodeValues(encoding, values.data(), values.size(), s.mutable_data());
-  s.set_want_weights(want_weights);
-  return s;
-}
-
-v1::Slice RowsSlice(const std::string& table, const std::vector<int64_t>& rows,
-                    const std::vector<float>& values, bool want_weights = false) {
-  v1::Slice s = GradSlice(table, 0, values, want_weights);
-  for (int64_t r : rows) s.add_row_ids(r);
-  return s;
-}
-
-v1::Slice PullKey(const std::string& tensor, uint32_t index,
-                  const std::vector<int64_t>& rows = {}) {
-  v1::Slice s;
-  s.mutable_key()->set_tensor(tensor);
-  s.mutable_key()->set_index(index);
-  for (int64_t r : rows) s.add_row_ids(r);
-  return s;
-}
-
-v1::PushPullRequest Request(const std::string& job, uint32_t worker, uint64_t incarnation,
-                            int64_t step, uint64_t seq, const std::vector<v1::Slice>& push,
-                            const std::vector<v1::Slice>& pull = {}) {
-  v1::PushPullRequest r;
-  r.set_job_id(job);
-  r.set_worker_id(worker);
-  r.set_incarnation(incarnation);
-  r.set_step(step);
-  r.set_seq(seq);
-  for (const v1::Slice& s : push) *r.add_push() = s;
-  for (const v1::Slice& s : pull) *r.add_pull() = s;
-  return r;
-}
 
 // `n` bytes of a pattern that differs at every offset and between seeds.
 std::string Pattern(size_t n, int seed) {

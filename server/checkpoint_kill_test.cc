@@ -19,15 +19,15 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
+#include "common/testing/push_pull_requests.h"
 #include "gtest/gtest.h"
 #include "server/checkpoint_file.h"
-#include "server/internal/test_requests.h"
 #include "server/parameter_store.h"
 
 namespace tessera::server {
 namespace {
 
-using namespace ::tessera::server::testing;  // NOLINT: request builders
+using namespace ::tessera::push_pull_requests;  // NOLINT: request builders
 
 constexpr char kJob[] = "kill-job";
 constexpr int kKills = 20;

@@ -10,10 +10,10 @@
 #include <vector>
 
 #include "absl/synchronization/notification.h"
+#include "common/testing/push_pull_requests.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/optimizer.h"
-#include "server/internal/test_requests.h"
 #include "server/memory_budget.h"
 #include "server/parameter_store.h"
 #include "server/partition.h"
@@ -23,7 +23,7 @@ namespace tessera::server {
 namespace {
 
 using ::testing::HasSubstr;
-using namespace ::tessera::server::testing;  // NOLINT: request builders
+using namespace ::tessera::push_pull_requests;  // NOLINT: request builders
 
 // --- The gate alone ---------------------------------------------------------------------------
 

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/testing/push_pull_requests.h"
 #include "common/thread_pool.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/unknown_field_set.h"
@@ -23,7 +24,6 @@
 #include "grpcpp/server_builder.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "gtest/gtest.h"
-#include "server/internal/test_requests.h"
 #include "server/shard_server.h"
 #include "tessera/v1/parameter.grpc.pb.h"
 
@@ -31,7 +31,7 @@ namespace tessera::server {
 namespace {
 
 using ::testing::HasSubstr;
-using namespace ::tessera::server::testing;  // NOLINT: request builders
+using namespace ::tessera::push_pull_requests;  // NOLINT: request builders
 
 constexpr size_t kLimit = size_t{1} << 20;
 

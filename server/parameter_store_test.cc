@@ -21,15 +21,15 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "common/testing/push_pull_requests.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "server/internal/test_requests.h"
 
 namespace tessera::server {
 namespace {
 
 using ::testing::HasSubstr;
-using namespace ::tessera::server::testing;  // NOLINT: request builders
+using namespace ::tessera::push_pull_requests;  // NOLINT: request builders
 
 absl::StatusOr<std::vector<v1::Slice>> PullNow(ParameterStore& store, const std::string& job,
                                                const std::vector<v1::Slice>& keys,

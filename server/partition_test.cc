@@ -8,10 +8,10 @@
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
+#include "common/testing/push_pull_requests.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/optimizer.h"
-#include "server/internal/test_requests.h"
 #include "server/memory_budget.h"
 #include "server/shard_counters.h"
 
@@ -19,7 +19,7 @@ namespace tessera::server {
 namespace {
 
 using ::testing::HasSubstr;
-using namespace ::tessera::server::testing;  // NOLINT: request builders
+using namespace ::tessera::push_pull_requests;  // NOLINT: request builders
 
 PartitionSetup TestSetup(uint32_t workers, int64_t budget_bytes = int64_t{1} << 20) {
   PartitionSetup setup;

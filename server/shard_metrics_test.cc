@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/testing/prometheus_text.h"
+#include "common/testing/push_pull_requests.h"
 #include "common/thread_pool.h"
 #include "gmock/gmock.h"
 #include "grpcpp/create_channel.h"
@@ -25,13 +26,12 @@
 #include "grpcpp/server_builder.h"
 #include "gtest/gtest.h"
 #include "server/grpc_parameter_service.h"
-#include "server/internal/test_requests.h"
 #include "tessera/v1/parameter.grpc.pb.h"
 
 namespace tessera::server {
 namespace {
 
-using namespace ::tessera::server::testing;  // NOLINT: request builders
+using namespace ::tessera::push_pull_requests;  // NOLINT: request builders
 using prometheus_text::Promtool;
 using prometheus_text::Sample;
 

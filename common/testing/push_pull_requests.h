@@ -1,6 +1,7 @@
-// Request builders shared by the server's tests.
-#ifndef TESSERA_SERVER_INTERNAL_TEST_REQUESTS_H_
-#define TESSERA_SERVER_INTERNAL_TEST_REQUESTS_H_
+// Request builders of the shard's wire types, shared by the tests of the shard (server/), the
+// PushPull codec (common/) and the fuzzers.
+#ifndef TESSERA_COMMON_TESTING_PUSH_PULL_REQUESTS_H_
+#define TESSERA_COMMON_TESTING_PUSH_PULL_REQUESTS_H_
 
 #include <cstring>
 #include <string>
@@ -9,7 +10,7 @@
 #include "common/encoding.h"
 #include "tessera/v1/parameter.pb.h"
 
-namespace tessera::server::testing {
+namespace tessera::push_pull_requests {
 
 inline std::string Fp32Bytes(const std::vector<float>& values) {
   std::string out(values.size() * 4, '\0');
@@ -92,6 +93,6 @@ inline v1::PushPullRequest Request(const std::string& job, uint32_t worker, uint
   return r;
 }
 
-}  // namespace tessera::server::testing
+}  // namespace tessera::push_pull_requests
 
-#endif  // TESSERA_SERVER_INTERNAL_TEST_REQUESTS_H_
+#endif  // TESSERA_COMMON_TESTING_PUSH_PULL_REQUESTS_H_
