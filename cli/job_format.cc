@@ -191,14 +191,27 @@ std::string JobDetails(const v1::Job& job, absl::Time now) {
                                           t.compute() * 1e3, t.exchange() * 1e3, t.install() * 1e3,
                                           t.data() * 1e3));
   }
+  if (!job.recovery().empty()) absl::StrAppend(&out, "recovery:   ", job.recovery(), "\n");
+  if (job.last_checkpoint_step() > 0 || job.recoveries() > 0) {
+    absl::StrAppend(&out, "checkpoint: ",
+                    job.last_checkpoint_step() > 0
+                        ? absl::StrCat("last committed at step ", job.last_checkpoint_step())
+                        : std::string("none committed"),
+                    "; ", job.recoveries(), job.recoveries() == 1 ? " recovery" : " recoveries",
+                    " so far\n");
+  }
   if (!job.shard_addresses().empty()) {
     absl::StrAppend(&out, "shards:     ", absl::StrJoin(job.shard_addresses(), " "), "\n");
   }
   for (const v1::JobWorker& w : job.workers()) {
+    // A lost rank counts as done: say which it was.
+    const char* standing = w.lost()   ? ", LOST (out of the job until a worker takes the rank)"
+                           : w.done() ? ", done"
+                                      : "";
     absl::StrAppend(&out, "worker ", w.rank(), ":   ", w.member_id(),
                     w.hostname().empty() ? "" : absl::StrCat(" on ", w.hostname()), ", step ",
-                    w.step(), absl::StrFormat(", %.0f samples/s", w.samples_per_second()),
-                    w.done() ? ", done" : "", "\n");
+                    w.step(), absl::StrFormat(", %.0f samples/s", w.samples_per_second()), standing,
+                    "\n");
   }
   return out;
 }
@@ -241,6 +254,18 @@ std::string JobResultLine(const v1::Job& job) {
     absl::StrAppend(&out, " (", job.reason(), ")");
   }
   return out;
+}
+
+bool ShownAsLine(v1::JobEventKind kind) {
+  switch (kind) {
+    case v1::JOB_EVENT_KIND_CHECKPOINT:
+    case v1::JOB_EVENT_KIND_RECOVERY:
+    case v1::JOB_EVENT_KIND_MEMBERSHIP:
+    case v1::JOB_EVENT_KIND_MODEL:
+      return true;
+    default:  // state changes and evaluations once each; progress as the bar or the tenths
+      return false;
+  }
 }
 
 void JobProgressPrinter::Line(const std::string& text) {
@@ -300,7 +325,7 @@ void JobProgressPrinter::Update(const v1::WatchJobResponse& update) {
     shown_accuracy_ = event.test_accuracy();
     shown_loss_ = event.test_loss();
   }
-  if (state_changed || new_evaluation) {
+  if (state_changed || new_evaluation || ShownAsLine(event.kind())) {
     std::string text = event.message();
     if (text.empty()) {
       text = new_evaluation

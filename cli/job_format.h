@@ -50,9 +50,13 @@ std::string HumanBytes(uint64_t bytes);
 // "3s ago", "2m ago", "never".
 std::string Ago(int64_t time_ms, absl::Time now);
 
+// Whether `tessera watch` shows an event of `kind` as a line of its own whenever one comes (a
+// checkpoint, a recovery and its rewind, a lost or handed-over rank, dropped weights).
+bool ShownAsLine(v1::JobEventKind kind);
+
 // Shows the updates of a WatchJob stream. On a terminal it redraws one bar at most every 100 ms;
-// otherwise it writes a line at every tenth of the run. State changes and evaluations always get
-// a line. Writes to `out` (not owned). Not thread-safe.
+// otherwise it writes a line at every tenth of the run. State changes, evaluations and the
+// events ShownAsLine() names always get a line. Writes to `out` (not owned). Not thread-safe.
 class JobProgressPrinter {
  public:
   JobProgressPrinter(std::FILE* out, bool terminal) : out_(out), terminal_(terminal) {}

@@ -188,5 +188,109 @@ TEST(JobFormatTest, ProgressPrinterWritesLinesAtEveryTenth) {
   EXPECT_EQ(text.find('\r'), std::string::npos);
 }
 
+// What happens to a running job on the way (a checkpoint, a lost shard and its rewind, a lost or
+// handed-over rank) gets a line of its own as it comes; progress reports do not.
+TEST(JobFormatTest, ProgressPrinterShowsCheckpointsRecoveriesAndRanks) {
+  char* buffer = nullptr;
+  size_t size = 0;
+  std::FILE* out = open_memstream(&buffer, &size);
+  ASSERT_NE(out, nullptr);
+  {
+    JobProgressPrinter printer(out, /*terminal=*/false);
+    v1::WatchJobResponse first;
+    first.mutable_job()->set_id("j-2");
+    first.mutable_job()->set_state(v1::JOB_STATE_RUNNING);
+    first.mutable_job()->set_step(10);
+    first.mutable_job()->set_total_steps(1000);
+    printer.Update(first);
+    const auto event = [&](v1::JobEventKind kind, int step, const std::string& message) {
+      v1::WatchJobResponse u;
+      u.mutable_job()->set_state(v1::JOB_STATE_RUNNING);
+      u.mutable_job()->set_step(step);
+      u.mutable_job()->set_total_steps(1000);
+      u.mutable_event()->set_state(v1::JOB_STATE_RUNNING);
+      u.mutable_event()->set_kind(kind);
+      u.mutable_event()->set_step(step);
+      u.mutable_event()->set_message(message);
+      printer.Update(u);
+    };
+    event(v1::JOB_EVENT_KIND_PROGRESS, 20, "step 20 of 1000, loss 1.2, 900 samples/s");
+    event(v1::JOB_EVENT_KIND_CHECKPOINT, 30, "checkpoint 30 committed: 2 shards, 2000 bytes");
+    event(v1::JOB_EVENT_KIND_PROGRESS, 40, "step 40 of 1000, loss 1.1, 900 samples/s");
+    event(v1::JOB_EVENT_KIND_RECOVERY, 45,
+          "shard 1 (127.0.0.1:4001) lost: recovering from checkpoint 30");
+    event(v1::JOB_EVENT_KIND_RECOVERY, 45,
+          "restored checkpoint 30; workers rewound from step 45 to 30");
+    event(v1::JOB_EVENT_KIND_MEMBERSHIP, 50,
+          "worker rank 1 (w-2 on host-b) lost: no heartbeat for 10 s; continuing with 1 workers");
+    event(v1::JOB_EVENT_KIND_EPOCH, 60, "epoch 2 of 4");
+    event(v1::JOB_EVENT_KIND_MEMBERSHIP, 70, "rank 1 handed to w-3 from step 70");
+    printer.Finish();
+  }
+  std::fclose(out);
+  const std::string text(buffer, size);
+  std::free(buffer);
+  const std::vector<std::string> lines = absl::StrSplit(text, '\n', absl::SkipEmpty());
+  // The record, the first progress line (step 20 is past no tenth but the first), and the five.
+  ASSERT_EQ(lines.size(), 7u) << text;
+  EXPECT_EQ(lines[0], "job j-2: RUNNING, step 10/1000");
+  EXPECT_EQ(lines[1].rfind("step 20/1000 (2%)", 0), 0u) << lines[1];
+  EXPECT_EQ(lines[2], "RUNNING: checkpoint 30 committed: 2 shards, 2000 bytes");
+  EXPECT_EQ(lines[3], "RUNNING: shard 1 (127.0.0.1:4001) lost: recovering from checkpoint 30");
+  EXPECT_EQ(lines[4], "RUNNING: restored checkpoint 30; workers rewound from step 45 to 30");
+  EXPECT_EQ(lines[5],
+            "RUNNING: worker rank 1 (w-2 on host-b) lost: no heartbeat for 10 s; continuing with 1 "
+            "workers");
+  EXPECT_EQ(lines[6], "RUNNING: rank 1 handed to w-3 from step 70");
+}
+
+// `tessera get` says what recovery the job is in, its checkpoints and recoveries, and which rank
+// was lost.
+TEST(JobFormatTest, DetailsShowRecoveryCheckpointsAndLostRanks) {
+  const absl::Time now = absl::FromUnixMillis(100000);
+  v1::Job job;
+  job.set_id("r-1");
+  job.set_state(v1::JOB_STATE_RUNNING);
+  job.set_create_time_ms(90000);
+  job.set_recovery("shard 1 (127.0.0.1:4001) lost: recovering from checkpoint 450");
+  job.set_last_checkpoint_step(450);
+  job.set_recoveries(2);
+  v1::JobWorker* w0 = job.add_workers();
+  w0->set_rank(0);
+  w0->set_member_id("w-1");
+  w0->set_step(469);
+  v1::JobWorker* w1 = job.add_workers();
+  w1->set_rank(1);
+  w1->set_member_id("w-2");
+  w1->set_hostname("host-b");
+  w1->set_step(469);
+  w1->set_done(true);
+  w1->set_lost(true);
+  const std::string details = JobDetails(job, now);
+  EXPECT_NE(details.find("recovery:   shard 1 (127.0.0.1:4001) lost: recovering from checkpoint "
+                         "450\n"),
+            std::string::npos)
+      << details;
+  EXPECT_NE(details.find("checkpoint: last committed at step 450; 2 recoveries so far\n"),
+            std::string::npos)
+      << details;
+  EXPECT_NE(details.find("worker 0:   w-1, step 469, 0 samples/s\n"), std::string::npos) << details;
+  EXPECT_NE(details.find("worker 1:   w-2 on host-b, step 469, 0 samples/s, LOST (out of the job "
+                         "until a worker takes the rank)\n"),
+            std::string::npos)
+      << details;
+
+  v1::Job fresh;
+  fresh.set_id("f-1");
+  fresh.set_state(v1::JOB_STATE_RUNNING);
+  const std::string plain = JobDetails(fresh, now);
+  EXPECT_EQ(plain.find("recovery:"), std::string::npos) << plain;
+  EXPECT_EQ(plain.find("checkpoint:"), std::string::npos) << plain;
+  job.set_recoveries(1);
+  job.set_last_checkpoint_step(0);
+  EXPECT_NE(JobDetails(job, now).find("checkpoint: none committed; 1 recovery so far\n"),
+            std::string::npos);
+}
+
 }  // namespace
 }  // namespace tessera::cli

@@ -289,6 +289,15 @@ class CoordinatorTest : public ::testing::Test {
     return messages;
   }
 
+  // The kind of every stored event of `job_id`, in order.
+  std::vector<v1::JobEventKind> Kinds(const std::string& job_id) {
+    auto events = store_->ReadEvents(job_id, 0, 1 << 30);
+    EXPECT_TRUE(events.ok());
+    std::vector<v1::JobEventKind> kinds;
+    for (const v1::JobEvent& event : *events) kinds.push_back(event.kind());
+    return kinds;
+  }
+
   // A job of `workers` ranks on `shards` shards (registered here, with as many workers) with
   // automatic checkpoints every `every` steps; started. Returns its id.
   std::string StartCheckpointedJob(int shards, int workers, int64_t every, int keep = 0) {
@@ -448,6 +457,8 @@ TEST_F(CoordinatorTest, PendingReasonThenGangStart) {
   EXPECT_NE(incarnations[0], incarnations[1]);
   EXPECT_EQ(Events("mlp-1"),
             (std::vector<std::string>{"queued", "started on 2 workers and 2 shards"}));
+  EXPECT_EQ(Kinds("mlp-1"),
+            (std::vector<v1::JobEventKind>{v1::JOB_EVENT_KIND_STATE, v1::JOB_EVENT_KIND_STATE}));
 }
 
 TEST_F(CoordinatorTest, StrictFifo) {
@@ -516,6 +527,10 @@ TEST_F(CoordinatorTest, ProgressAggregationAndSuccess) {
   Report(w2, id, 1, v1::TASK_PHASE_TRAINING, 50, 600);
   ASSERT_EQ(Events(id).size(), 5u);
   EXPECT_TRUE(absl::StartsWith(Events(id)[4], "step 50 of 100")) << Events(id)[4];
+  EXPECT_EQ(Kinds(id),
+            (std::vector<v1::JobEventKind>{v1::JOB_EVENT_KIND_STATE, v1::JOB_EVENT_KIND_STATE,
+                                           v1::JOB_EVENT_KIND_EPOCH, v1::JOB_EVENT_KIND_EVALUATION,
+                                           v1::JOB_EVENT_KIND_PROGRESS}));
 
   v1::ProgressAck ack = Report(w2, id, 1, v1::TASK_PHASE_TRAINING_DONE, 100);
   EXPECT_FALSE(ack.all_workers_done());
@@ -537,6 +552,7 @@ TEST_F(CoordinatorTest, ProgressAggregationAndSuccess) {
   EXPECT_EQ(job.end_time_ms(), now_ms_);
   EXPECT_EQ(Member(w1).state(), v1::MEMBER_STATE_READY);
   EXPECT_EQ(Events(id).back(), "succeeded: test accuracy 0.8600, test loss 0.4000");
+  EXPECT_EQ(Kinds(id).back(), v1::JOB_EVENT_KIND_STATE);
   coordinator_->Tick();
   EXPECT_TRUE(shards_.dropped.empty());  // the weights stay for export
 }
@@ -788,6 +804,7 @@ TEST_F(CoordinatorTest, LeaseExpiryLosesTheRankAndTheJobGoesOn) {
   EXPECT_FALSE(job.workers(0).lost());
   EXPECT_EQ(Events(id).back(),
             "worker rank 1 (w-2 on host-b) lost: no heartbeat for 10 s; continuing with 1 workers");
+  EXPECT_EQ(Kinds(id).back(), v1::JOB_EVENT_KIND_MEMBERSHIP);
   ASSERT_EQ(shards_.memberships.size(), 1u);
   EXPECT_EQ(shards_.membership_addresses[0], "127.0.0.1:4000");
   EXPECT_EQ(std::vector<uint32_t>(shards_.memberships[0].live_workers().begin(),
@@ -1366,6 +1383,7 @@ TEST_F(CoordinatorTest, CheckpointsCommitOnlyWhenEveryShardConfirms) {
   EXPECT_EQ(Job(id).last_checkpoint_step(), 50);
   EXPECT_EQ(Job(id).steps_per_epoch(), 40);
   EXPECT_EQ(Events(id).back(), "checkpoint 50 committed: 2 shards, 2000 bytes");
+  EXPECT_EQ(Kinds(id).back(), v1::JOB_EVENT_KIND_CHECKPOINT);
   auto records = store_->LoadCheckpoints(id);
   ASSERT_TRUE(records.ok());
   ASSERT_EQ(records->size(), 1u);
@@ -1568,6 +1586,7 @@ TEST_F(CoordinatorTest, ACheckpointWrittenWhileARecoveryStartedIsNotCommitted) {
   // Refused without a failure of its own: the last event is the recovery's.
   EXPECT_EQ(Events(id).back(),
             "shard 1 (127.0.0.1:4001) restarted (registered again): recovering from checkpoint 10");
+  EXPECT_EQ(Kinds(id).back(), v1::JOB_EVENT_KIND_RECOVERY);
   coordinator_->Tick();
   EXPECT_EQ(Job(id).recoveries(), 1);
   EXPECT_EQ(Job(id).step(), 10);
@@ -1647,6 +1666,7 @@ TEST_F(CoordinatorTest, ARecoveryDoesNotWaitForAHangingCheckpointWhichIsThenNotC
     EXPECT_FALSE(absl::StartsWith(event, "checkpoint 20")) << event;
   }
   EXPECT_EQ(Events(id).back(), "restored checkpoint 10; workers rewound from step 15 to 10");
+  EXPECT_EQ(Kinds(id).back(), v1::JOB_EVENT_KIND_RECOVERY);
 }
 
 TEST_F(CoordinatorTest, ShardRestartRestoresTheNewestUsableCheckpointOnEveryShard) {
@@ -1839,6 +1859,7 @@ TEST_F(CoordinatorTest, ALostRankIsHandedToAnIdleWorkerAfterATooLateJoinIsUndone
   EXPECT_EQ(job.workers(1).member_id(), w3);
   EXPECT_GT(job.workers(1).incarnation(), job.workers(0).incarnation());
   EXPECT_EQ(Events(id).back(), "rank 1 handed to w-3 from step 75");
+  EXPECT_EQ(Kinds(id).back(), v1::JOB_EVENT_KIND_MEMBERSHIP);
   const v1::Task task = LastTask(w3).assign();
   EXPECT_EQ(task.rank(), 1);
   EXPECT_EQ(task.start_step(), 75);

@@ -199,7 +199,7 @@ absl::StatusOr<v1::CheckpointRecord> CommitCheckpoint(
     if (plan.step == entry->checkpoint_failed_step) entry->checkpoint_failed_step = 0;
     spdlog::info("coordinator: job {}: checkpoint {} committed ({} shards, {} bytes)",
                  entry->job.id(), plan.step, responses.size(), bytes);
-    AddEvent(state, *entry,
+    AddEvent(state, *entry, v1::JOB_EVENT_KIND_CHECKPOINT,
              absl::StrCat("checkpoint ", plan.step, " committed", plan.manual ? " (by hand)" : "",
                           ": ", responses.size(), " shards, ", bytes, " bytes"));
   }
@@ -229,7 +229,8 @@ void RunAutoCheckpoint(ClusterState& state, const CheckpointPlan& plan) {
     entry->checkpoint_failed_step = plan.step;
     spdlog::warn("coordinator: job {}: checkpoint {} failed: {}", plan.job_id, plan.step,
                  status.ToString());
-    AddEvent(state, *entry, absl::StrCat("checkpoint ", plan.step, " failed: ", status.message()));
+    AddEvent(state, *entry, v1::JOB_EVENT_KIND_CHECKPOINT,
+             absl::StrCat("checkpoint ", plan.step, " failed: ", status.message()));
   }
   state.Wake();
 }

@@ -202,7 +202,7 @@ void StartJob(ClusterState& state, JobEntry& entry, const GangPlan& plan, Assign
     worker->set_hostname(member.member.hostname());
     worker->set_incarnation(static_cast<uint64_t>(now) * 1024 + rank);
   }
-  AddEvent(state, entry,
+  AddEvent(state, entry, v1::JOB_EVENT_KIND_STATE,
            absl::StrCat("started on ", plan.picked.size(), " workers and ", plan.addresses.size(),
                         " shards"));
   spdlog::info("coordinator: job {} started on {} workers and {} shards", plan.job_id,

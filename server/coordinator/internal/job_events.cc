@@ -7,13 +7,15 @@
 
 namespace tessera::coordinator::internal {
 
-void AddEvent(ClusterState& state, JobEntry& entry, const std::string& message) {
+void AddEvent(ClusterState& state, JobEntry& entry, v1::JobEventKind kind,
+              const std::string& message) {
   const v1::Job& job = entry.job;
   v1::JobEvent event;
   event.set_job_id(job.id());
   event.set_seq(++entry.last_seq);
   event.set_time_ms(state.NowMs());
   event.set_state(job.state());
+  event.set_kind(kind);
   event.set_message(message);
   event.set_step(job.step());
   event.set_total_steps(job.total_steps());

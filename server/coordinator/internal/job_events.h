@@ -15,10 +15,10 @@
 
 namespace tessera::coordinator::internal {
 
-// Appends an event built from the job's record and `message`, queues both for writing, and pushes
-// them to the job's watchers (which end OK after a terminal event). Never blocks.
-void AddEvent(ClusterState& state, JobEntry& entry, const std::string& message)
-    ABSL_EXCLUSIVE_LOCKS_REQUIRED(state.mu);
+// Appends an event of `kind` built from the job's record and `message`, queues both for writing,
+// and pushes them to the job's watchers (which end OK after a terminal event). Never blocks.
+void AddEvent(ClusterState& state, JobEntry& entry, v1::JobEventKind kind,
+              const std::string& message) ABSL_EXCLUSIVE_LOCKS_REQUIRED(state.mu);
 
 // WatchJob: a watch that starts with the current record, then the stored events after
 // `after_seq`, then live ones, and ends OK after the terminal event. Blocks on one flush and one

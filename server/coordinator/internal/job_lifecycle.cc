@@ -35,7 +35,7 @@ absl::StatusOr<v1::Job> CreateJob(ClusterState& state, const v1::JobSpec& spec) 
     entry.job.set_create_time_ms(state.NowMs());
     JobEntry& stored = state.jobs.emplace(entry.n, std::move(entry)).first->second;
     state.job_n[stored.job.id()] = stored.n;
-    AddEvent(state, stored, "queued");
+    AddEvent(state, stored, v1::JOB_EVENT_KIND_STATE, "queued");
     created = stored.job;
     state.Wake();
   }
@@ -104,7 +104,7 @@ void EndJob(ClusterState& state, JobEntry& entry, v1::JobState job_state, const 
   job.clear_recovery();
   const char* verb = job_state == v1::JOB_STATE_FAILED ? "failed" : "cancelled";
   spdlog::info("coordinator: job {} {}: {}", job.id(), verb, reason);
-  AddEvent(state, entry,
+  AddEvent(state, entry, v1::JOB_EVENT_KIND_STATE,
            job_state == v1::JOB_STATE_CANCELLED && reason == "cancelled by the user"
                ? reason
                : absl::StrCat(verb, ": ", reason));
@@ -124,7 +124,7 @@ void ApplyRetention(ClusterState& state) {
       QueueDrop(state, address, old.job.id());
     }
     ForgetCheckpoints(state, old);
-    AddEvent(state, old,
+    AddEvent(state, old, v1::JOB_EVENT_KIND_MODEL,
              absl::StrCat(kWeightsDropped, " (--retain_models ", state.options.retain_models, ")"));
     state.Wake();
   }

@@ -160,7 +160,7 @@ void ReportSuccess(ClusterState& state, JobEntry& entry, int rank, const v1::Pro
   job.set_test_accuracy(report.test_accuracy());
   entry.weights_on_shards = true;
   entry.restart_deadline_ms = 0;
-  AddEvent(state, entry,
+  AddEvent(state, entry, v1::JOB_EVENT_KIND_STATE,
            absl::StrFormat("succeeded: test accuracy %.4f, test loss %.4f", job.test_accuracy(),
                            job.test_loss()));
   spdlog::info("coordinator: job {} succeeded (test accuracy {:.4f})", job.id(),
@@ -180,13 +180,14 @@ void ReportTraining(ClusterState& state, JobEntry& entry, int rank,
     if (rank != 0 && member != nullptr) ReleaseWorker(state, *member, job.id());
   }
   if (report.evaluated()) {
-    AddEvent(state, entry,
+    AddEvent(state, entry, v1::JOB_EVENT_KIND_EVALUATION,
              absl::StrFormat("epoch %d: test accuracy %.4f, test loss %.4f", job.epochs(),
                              job.test_accuracy(), job.test_loss()));
   } else if (rank == 0 && job.epoch() != old_epoch) {
-    AddEvent(state, entry, absl::StrFormat("epoch %d of %d", job.epoch(), job.spec().epochs()));
+    AddEvent(state, entry, v1::JOB_EVENT_KIND_EPOCH,
+             absl::StrFormat("epoch %d of %d", job.epoch(), job.spec().epochs()));
   } else if (now_ms - entry.last_progress_event_ms >= kProgressEventIntervalMs) {
-    AddEvent(state, entry,
+    AddEvent(state, entry, v1::JOB_EVENT_KIND_PROGRESS,
              absl::StrFormat("step %d of %d, loss %.4f, %.0f samples/s", job.step(),
                              job.total_steps(), job.loss(), job.samples_per_second()));
   } else if (now_ms - entry.last_write_ms >= kRecordWriteIntervalMs) {

@@ -219,7 +219,7 @@ bool RewindJob(ClusterState& state, JobEntry& entry, const RecoveryPlan& plan, i
   }
   entry.checkpoint_failed_step = 0;
   entry.stopped_members.clear();
-  AddEvent(state, entry,
+  AddEvent(state, entry, v1::JOB_EVENT_KIND_RECOVERY,
            absl::StrCat("restored checkpoint ", restored, "; workers rewound from step ", from,
                         " to ", restored));
   spdlog::info("coordinator: job {}: restored checkpoint {}; workers rewound from step {}",
@@ -315,7 +315,7 @@ void HandRank(ClusterState& state, JobEntry& entry, MemberEntry& member, const H
   entry.handover_floor = 0;
   // Live on the shards from start_step only, until the job gets there.
   entry.joins[plan.rank] = plan.start_step;
-  AddEvent(state, entry,
+  AddEvent(state, entry, v1::JOB_EVENT_KIND_MEMBERSHIP,
            absl::StrCat("rank ", plan.rank, " handed to ", member.member.id(), " from step ",
                         plan.start_step));
   spdlog::info("coordinator: job {}: rank {} (was {}) handed to {} from step {}", job.id(),
@@ -466,7 +466,7 @@ void StartRecovery(ClusterState& state, JobEntry& entry, const std::string& caus
       absl::StrCat(cause, ": recovering from checkpoint ", entry.checkpoints.front().step()));
   entry.recovery_since_ms = state.NowMs();
   spdlog::info("coordinator: job {}: {}", job.id(), job.recovery());
-  AddEvent(state, entry, job.recovery());
+  AddEvent(state, entry, v1::JOB_EVENT_KIND_RECOVERY, job.recovery());
   state.Wake();
 }
 
@@ -484,7 +484,8 @@ void LoseRank(ClusterState& state, JobEntry& entry, int rank, const std::string&
   }
   entry.membership_dirty = true;
   spdlog::info("coordinator: job {}: {}; continuing with {} workers", job.id(), what, live);
-  AddEvent(state, entry, absl::StrCat(what, "; continuing with ", live, " workers"));
+  AddEvent(state, entry, v1::JOB_EVENT_KIND_MEMBERSHIP,
+           absl::StrCat(what, "; continuing with ", live, " workers"));
   state.Wake();
 }
 
