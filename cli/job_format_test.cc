@@ -2,6 +2,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <string>
 
 #include "absl/strings/str_split.h"
@@ -128,15 +129,28 @@ TEST(JobFormatTest, TextForPeople) {
   EXPECT_NE(members.find("1s ago"), std::string::npos) << members;
 }
 
-// Plain lines (not a terminal): the first record, every state change and evaluation, and one
-// progress line at the start and at each tenth of the run.
-TEST(JobFormatTest, ProgressPrinterWritesLinesAtEveryTenth) {
+// What a plain-lines printer (not a terminal) writes for the updates that `feed` gives it.
+std::string PrintedText(const std::function<void(JobProgressPrinter&)>& feed) {
   char* buffer = nullptr;
   size_t size = 0;
   std::FILE* out = open_memstream(&buffer, &size);
-  ASSERT_NE(out, nullptr);
+  EXPECT_NE(out, nullptr);
+  if (out == nullptr) return "";
   {
     JobProgressPrinter printer(out, /*terminal=*/false);
+    feed(printer);
+    printer.Finish();
+  }
+  std::fclose(out);
+  std::string text(buffer, size);
+  std::free(buffer);
+  return text;
+}
+
+// Plain lines (not a terminal): the first record, every state change and evaluation, and one
+// progress line at the start and at each tenth of the run.
+TEST(JobFormatTest, ProgressPrinterWritesLinesAtEveryTenth) {
+  const std::string text = PrintedText([](JobProgressPrinter& printer) {
     v1::WatchJobResponse first;
     first.mutable_job()->set_id("j-1");
     first.mutable_job()->set_state(v1::JOB_STATE_PENDING);
@@ -170,11 +184,7 @@ TEST(JobFormatTest, ProgressPrinterWritesLinesAtEveryTenth) {
     done.mutable_event()->set_evaluated(true);
     done.mutable_event()->set_message("succeeded: test accuracy 0.8600");
     printer.Update(done);
-    printer.Finish();
-  }
-  std::fclose(out);
-  const std::string text(buffer, size);
-  std::free(buffer);
+  });
   const std::vector<std::string> lines = absl::StrSplit(text, '\n', absl::SkipEmpty());
   ASSERT_EQ(lines.size(), 2u + 11u + 1u + 1u) << text;
   EXPECT_EQ(lines[0], "job j-1: PENDING (waiting for 2 idle workers, 0 registered)");
@@ -191,12 +201,7 @@ TEST(JobFormatTest, ProgressPrinterWritesLinesAtEveryTenth) {
 // What happens to a running job on the way (a checkpoint, a lost shard and its rewind, a lost or
 // handed-over rank) gets a line of its own as it comes; progress reports do not.
 TEST(JobFormatTest, ProgressPrinterShowsCheckpointsRecoveriesAndRanks) {
-  char* buffer = nullptr;
-  size_t size = 0;
-  std::FILE* out = open_memstream(&buffer, &size);
-  ASSERT_NE(out, nullptr);
-  {
-    JobProgressPrinter printer(out, /*terminal=*/false);
+  const std::string text = PrintedText([](JobProgressPrinter& printer) {
     v1::WatchJobResponse first;
     first.mutable_job()->set_id("j-2");
     first.mutable_job()->set_state(v1::JOB_STATE_RUNNING);
@@ -225,11 +230,7 @@ TEST(JobFormatTest, ProgressPrinterShowsCheckpointsRecoveriesAndRanks) {
           "worker rank 1 (w-2 on host-b) lost: no heartbeat for 10 s; continuing with 1 workers");
     event(v1::JOB_EVENT_KIND_EPOCH, 60, "epoch 2 of 4");
     event(v1::JOB_EVENT_KIND_MEMBERSHIP, 70, "rank 1 handed to w-3 from step 70");
-    printer.Finish();
-  }
-  std::fclose(out);
-  const std::string text(buffer, size);
-  std::free(buffer);
+  });
   const std::vector<std::string> lines = absl::StrSplit(text, '\n', absl::SkipEmpty());
   // The record, the first progress line (step 20 is past no tenth but the first), and the five.
   ASSERT_EQ(lines.size(), 7u) << text;
