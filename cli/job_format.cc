@@ -17,6 +17,9 @@
 namespace tessera::cli {
 namespace {
 
+// `tessera get` tells a running rank's time without a step from this long on.
+constexpr absl::Duration kShowNoProgressAfter = absl::Seconds(10);
+
 std::string ToJson(const google::protobuf::Message& message) {
   google::protobuf::util::JsonPrintOptions options;
   options.always_print_primitive_fields = true;
@@ -192,6 +195,7 @@ std::string JobDetails(const v1::Job& job, absl::Time now) {
                                           t.data() * 1e3));
   }
   if (!job.recovery().empty()) absl::StrAppend(&out, "recovery:   ", job.recovery(), "\n");
+  if (!job.stall().empty()) absl::StrAppend(&out, "stall:      ", job.stall(), "\n");
   if (job.last_checkpoint_step() > 0 || job.recoveries() > 0) {
     absl::StrAppend(&out, "checkpoint: ",
                     job.last_checkpoint_step() > 0
@@ -205,9 +209,21 @@ std::string JobDetails(const v1::Job& job, absl::Time now) {
   }
   for (const v1::JobWorker& w : job.workers()) {
     // A lost rank counts as done: say which it was.
-    const char* standing = w.lost()   ? ", LOST (out of the job until a worker takes the rank)"
+    std::string standing = w.lost()   ? ", LOST (out of the job until a worker takes the rank)"
                            : w.done() ? ", done"
                                       : "";
+    if (job.state() == v1::JOB_STATE_RUNNING && !w.lost() && !w.done()) {
+      // The stall inspector's view of the rank, and its progress lease once it is worth telling.
+      if (w.stalled_seconds() > 0) {
+        absl::StrAppend(&standing, absl::StrFormat(", STALLED: the step has waited %.0f s for it",
+                                                   w.stalled_seconds()));
+      }
+      const absl::Duration idle = now - absl::FromUnixMillis(w.progress_ms());
+      if (w.progress_ms() > 0 && idle >= kShowNoProgressAfter) {
+        absl::StrAppend(&standing, absl::StrFormat(", no step progress for %.0f s",
+                                                   absl::ToDoubleSeconds(idle)));
+      }
+    }
     absl::StrAppend(&out, "worker ", w.rank(), ":   ", w.member_id(),
                     w.hostname().empty() ? "" : absl::StrCat(" on ", w.hostname()), ", step ",
                     w.step(), absl::StrFormat(", %.0f samples/s", w.samples_per_second()), standing,
@@ -262,6 +278,7 @@ bool ShownAsLine(v1::JobEventKind kind) {
     case v1::JOB_EVENT_KIND_RECOVERY:
     case v1::JOB_EVENT_KIND_MEMBERSHIP:
     case v1::JOB_EVENT_KIND_MODEL:
+    case v1::JOB_EVENT_KIND_STALL:
       return true;
     default:  // state changes and evaluations once each; progress as the bar or the tenths
       return false;

@@ -230,10 +230,13 @@ TEST(JobFormatTest, ProgressPrinterShowsCheckpointsRecoveriesAndRanks) {
           "worker rank 1 (w-2 on host-b) lost: no heartbeat for 10 s; continuing with 1 workers");
     event(v1::JOB_EVENT_KIND_EPOCH, 60, "epoch 2 of 4");
     event(v1::JOB_EVENT_KIND_MEMBERSHIP, 70, "rank 1 handed to w-3 from step 70");
+    event(v1::JOB_EVENT_KIND_STALL, 80,
+          "step 81: waiting 2.4 s for rank 1 (w-3 on host-c), which has not pushed 7 of its 7 "
+          "partitions to shard 0");
   });
   const std::vector<std::string> lines = absl::StrSplit(text, '\n', absl::SkipEmpty());
-  // The record, the first progress line (step 20 is past no tenth but the first), and the five.
-  ASSERT_EQ(lines.size(), 7u) << text;
+  // The record, the first progress line (step 20 is past no tenth but the first), and the six.
+  ASSERT_EQ(lines.size(), 8u) << text;
   EXPECT_EQ(lines[0], "job j-2: RUNNING, step 10/1000");
   EXPECT_EQ(lines[1].rfind("step 20/1000 (2%)", 0), 0u) << lines[1];
   EXPECT_EQ(lines[2], "RUNNING: checkpoint 30 committed: 2 shards, 2000 bytes");
@@ -243,6 +246,9 @@ TEST(JobFormatTest, ProgressPrinterShowsCheckpointsRecoveriesAndRanks) {
             "RUNNING: worker rank 1 (w-2 on host-b) lost: no heartbeat for 10 s; continuing with 1 "
             "workers");
   EXPECT_EQ(lines[6], "RUNNING: rank 1 handed to w-3 from step 70");
+  EXPECT_EQ(lines[7],
+            "RUNNING: step 81: waiting 2.4 s for rank 1 (w-3 on host-c), which has not pushed 7 of "
+            "its 7 partitions to shard 0");
 }
 
 // `tessera get` says what recovery the job is in, its checkpoints and recoveries, and which rank
@@ -291,6 +297,44 @@ TEST(JobFormatTest, DetailsShowRecoveryCheckpointsAndLostRanks) {
   job.set_last_checkpoint_step(0);
   EXPECT_NE(JobDetails(job, now).find("checkpoint: none committed; 1 recovery so far\n"),
             std::string::npos);
+}
+
+// `tessera get` names the rank a step waits for, how long, and a rank without step progress.
+TEST(JobFormatTest, DetailsShowTheStallAndRanksWithoutProgress) {
+  const absl::Time now = absl::FromUnixMillis(100000);
+  v1::Job job;
+  job.set_id("s-1");
+  job.set_state(v1::JOB_STATE_RUNNING);
+  job.set_stall(
+      "step 812: waiting 6.0 s for rank 1 (w-2 on host-b), which has not pushed 3 of its 7 "
+      "partitions to shard 0");
+  v1::JobWorker* w0 = job.add_workers();
+  w0->set_rank(0);
+  w0->set_member_id("w-1");
+  w0->set_step(811);
+  w0->set_progress_ms(99000);  // 1 s ago: not worth telling
+  v1::JobWorker* w1 = job.add_workers();
+  w1->set_rank(1);
+  w1->set_member_id("w-2");
+  w1->set_hostname("host-b");
+  w1->set_step(811);
+  w1->set_stalled_seconds(6);
+  w1->set_progress_ms(55000);  // 45 s ago
+  const std::string details = JobDetails(job, now);
+  EXPECT_NE(details.find("stall:      step 812: waiting 6.0 s for rank 1 (w-2 on host-b), which "
+                         "has not pushed 3 of its 7 partitions to shard 0\n"),
+            std::string::npos)
+      << details;
+  EXPECT_NE(details.find("worker 0:   w-1, step 811, 0 samples/s\n"), std::string::npos) << details;
+  EXPECT_NE(details.find("worker 1:   w-2 on host-b, step 811, 0 samples/s, STALLED: the step "
+                         "has waited 6 s for it, no step progress for 45 s\n"),
+            std::string::npos)
+      << details;
+  // A finished job tells neither.
+  job.set_state(v1::JOB_STATE_SUCCEEDED);
+  job.clear_stall();
+  EXPECT_EQ(JobDetails(job, now).find("STALLED"), std::string::npos);
+  EXPECT_EQ(JobDetails(job, now).find("no step progress"), std::string::npos);
 }
 
 }  // namespace

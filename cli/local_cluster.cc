@@ -145,6 +145,7 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const Options&
                    "--log_level",
                    options.log_level};
     worker.argv.insert(worker.argv.end(), options.worker_args.begin(), options.worker_args.end());
+    if (i < static_cast<int>(options.worker_env.size())) worker.env = options.worker_env[i];
     cluster->children_.push_back(std::move(worker));
     absl::Status spawned = cluster->Spawn(&cluster->children_.back());
     if (!spawned.ok()) return spawned;
@@ -161,6 +162,7 @@ absl::Status LocalCluster::Spawn(Child* child) {
   options.argv = child->argv;
   options.log_path = child->log_path;
   options.append_log = true;
+  options.set_env = child->env;
   // Die with the parent, and leave the terminal's process group (see the header).
   options.die_with_parent = true;
   options.own_process_group = true;
@@ -305,11 +307,30 @@ absl::Status LocalCluster::Restart(const std::string& name) {
   if (c->port_file.empty()) return absl::OkStatus();  // a worker: nothing to wait for
   absl::StatusOr<std::string> address = WaitServing(c);
   if (!address.ok()) return address.status();
-  if (*address != c->argv[2]) {
+  if (c->argv[2] == "127.0.0.1:0") {
+    // RestartOnNewPort: later restarts keep the port it got.
+    std::replace(shard_addresses_.begin(), shard_addresses_.end(), c->previous_address, *address);
+    c->argv[2] = *address;
+  } else if (*address != c->argv[2]) {
     return absl::InternalError(
         absl::StrCat(name, " came back on ", *address, " instead of ", c->argv[2]));
   }
   return absl::OkStatus();
+}
+
+absl::Status LocalCluster::RestartOnNewPort(const std::string& name) {
+  Child* c = FindChild(name);
+  if (c == nullptr || !absl::StartsWith(name, "shard-")) {
+    return absl::NotFoundError(absl::StrCat("no shard named ", name));
+  }
+  if (c->process.running()) {
+    return absl::FailedPreconditionError(absl::StrCat(name, " is still running"));
+  }
+  c->previous_address = c->argv[2];
+  c->argv[2] = "127.0.0.1:0";
+  absl::Status restarted = Restart(name);
+  if (c->argv[2] == "127.0.0.1:0") c->argv[2] = c->previous_address;  // it did not come up
+  return restarted;
 }
 
 LocalCluster::~LocalCluster() {

@@ -24,6 +24,7 @@
 #include <sys/types.h>
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -56,6 +57,9 @@ class LocalCluster {
     std::vector<std::string> coordinator_args;
     std::vector<std::string> server_args;
     std::vector<std::string> worker_args;
+    // Extra environment of worker i (worker_env[i], when there is one): a failpoint
+    // (common/failpoint.h) in a test, say.
+    std::vector<std::map<std::string, std::string>> worker_env;
   };
 
   // One child process: how it is started, and the process while it runs.
@@ -64,6 +68,10 @@ class LocalCluster {
     std::vector<std::string> argv;
     std::string log_path;
     std::string port_file;  // empty for workers
+    // A shard's address before RestartOnNewPort.
+    std::string previous_address;
+    // Set in its environment (on top of this process's).
+    std::map<std::string, std::string> env;
     ChildProcess process;
     // -1 once reaped.
     pid_t pid() const { return process.pid(); }
@@ -105,6 +113,9 @@ class LocalCluster {
   // coordinator and the shards, the same port, as systemd's Restart=on-failure would. Waits for
   // its port and health (daemons that serve). FAILED_PRECONDITION while it still runs.
   absl::Status Restart(const std::string& name);
+  // Restart() of a shard listening on a new port ("127.0.0.1:0"; its --data_dir, and so its
+  // identity, kept), which later restarts keep. NOT_FOUND for a name that is no shard.
+  absl::Status RestartOnNewPort(const std::string& name);
   // Kill("coordinator") and Restart("coordinator").
   absl::Status KillCoordinator();
   absl::Status RestartCoordinator();

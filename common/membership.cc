@@ -156,6 +156,7 @@ void MemberAgent::Run() {
     context.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
     v1::HeartbeatRequest request;
     request.set_member_id(id);
+    if (options_.fill_heartbeat) options_.fill_heartbeat(&request);
     v1::HeartbeatResponse response;
     const grpc::Status status = stub_->Heartbeat(&context, request, &response);
     if (status.ok()) {

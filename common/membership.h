@@ -39,6 +39,9 @@ class MemberAgent {
     // Runs on the agent's thread after every successful registration, with the new member id
     // (the first one and every re-registration). May be empty.
     std::function<void(const std::string& member_id)> on_registered;
+    // Runs on the agent's thread before every heartbeat, to add what the member reports with it
+    // (a shard's stalls); must not block. May be empty.
+    std::function<void(v1::HeartbeatRequest* request)> fill_heartbeat;
   };
 
   explicit MemberAgent(Options options);

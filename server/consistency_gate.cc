@@ -190,7 +190,10 @@ ConsistencyGate::Applied ConsistencyGate::ApplyPushLocked(const PushPullView& re
     return Applied{false, false, /*boundary_moved=*/!bsp()};
   }
   if (bsp()) {
-    if (p.staging.contributors == 0) p.staging.boundary_seqs = p.last_applied;
+    if (p.staging.contributors == 0) {
+      p.staging.boundary_seqs = p.last_applied;
+      p.staging.first_push_ns = SteadyNowNs();
+    }
     p.RecordAppliedLocked(worker, request.incarnation, request.seq);
     StageLocked(p, worker, item);
     return CompleteStepLocked(p);
@@ -389,6 +392,7 @@ void ConsistencyGate::Park(Wait wait) {
     status = closed_;
     if (status.ok() && IsCancelled(wait)) status = CancelledStatus();
     if (status.ok() && !IsOpenLocked(wait)) {
+      wait.parked_ns = SteadyNowNs();
       parked_.push_back(std::move(wait));
       parked = true;
       if (parked_.size() >= sweep_at_) {
@@ -420,6 +424,105 @@ void ConsistencyGate::Close(const absl::Status& status) {
     parked.swap(parked_);
   }
   for (Wait& w : parked) w.done(status);
+}
+
+std::optional<v1::ShardStall> ConsistencyGate::FindStall(
+    const std::vector<std::shared_ptr<Partition>>& partitions, int64_t now_ns,
+    int64_t min_wait_ns) const {
+  if (bsp()) return FindBspStall(partitions, now_ns, min_wait_ns);
+  if (ssp()) return FindSspStall(now_ns, min_wait_ns);
+  return std::nullopt;
+}
+
+std::optional<v1::ShardStall> ConsistencyGate::FindBspStall(
+    const std::vector<std::shared_ptr<Partition>>& partitions, int64_t now_ns,
+    int64_t min_wait_ns) const {
+  // One look at each partition: its step (version), whether the step has begun, since when, and
+  // who pushed it.
+  struct Seen {
+    int64_t step = 0;
+    int64_t first_push_ns = 0;  // 0: nobody pushed the step yet
+    std::vector<uint8_t> contributed;
+  };
+  std::vector<Seen> seen;
+  seen.reserve(partitions.size());
+  int64_t oldest = INT64_MAX;
+  for (const std::shared_ptr<Partition>& p : partitions) {
+    absl::ReaderMutexLock lock(&p->mu);
+    Seen s;
+    s.step = p->version.load(std::memory_order_relaxed);
+    if (p->staging.contributors > 0) {
+      s.first_push_ns = p->staging.first_push_ns;
+      s.contributed = p->staging.contributed;
+    }
+    oldest = std::min(oldest, s.step);
+    seen.push_back(std::move(s));
+  }
+  if (seen.empty()) return std::nullopt;
+  // The oldest step is what every later one waits for; it is visible here once pushed somewhere.
+  int64_t first_push_ns = INT64_MAX;
+  for (const Seen& s : seen) {
+    if (s.step == oldest && s.first_push_ns > 0)
+      first_push_ns = std::min(first_push_ns, s.first_push_ns);
+  }
+  if (first_push_ns == INT64_MAX || now_ns - first_push_ns < min_wait_ns) return std::nullopt;
+  const std::vector<bool> live = LiveSet(oldest);
+  v1::ShardStall stall;
+  stall.set_step(oldest);
+  stall.set_waiting_ms((now_ns - first_push_ns) / 1'000'000);
+  stall.set_partitions(static_cast<int32_t>(seen.size()));
+  for (uint32_t w = 0; w < live.size(); ++w) {
+    if (!live[w]) continue;
+    int32_t missing = 0;
+    for (const Seen& s : seen) {
+      if (s.step == oldest && (s.contributed.size() <= w || !s.contributed[w])) ++missing;
+    }
+    if (missing == 0) continue;
+    v1::LaggingRank* lagging = stall.add_lagging();
+    lagging->set_rank(static_cast<int32_t>(w));
+    lagging->set_partitions(missing);
+    lagging->set_clock(oldest);
+  }
+  if (stall.lagging().empty()) return std::nullopt;
+  return stall;
+}
+
+std::optional<v1::ShardStall> ConsistencyGate::FindSspStall(int64_t now_ns,
+                                                            int64_t min_wait_ns) const {
+  absl::ReaderMutexLock lock(&mu_);
+  const Wait* oldest = nullptr;
+  for (const Wait& wait : parked_) {
+    if (IsCancelled(wait) || wait.clocks.empty()) continue;
+    if (oldest == nullptr || wait.parked_ns < oldest->parked_ns) oldest = &wait;
+  }
+  if (oldest == nullptr || now_ns - oldest->parked_ns < min_wait_ns) return std::nullopt;
+  int64_t step = 0;
+  for (const auto& [clocks, need] : oldest->clocks) step = std::max(step, need);
+  const std::vector<bool>& live = MembershipAt(step).live;
+  v1::ShardStall stall;
+  stall.set_step(step);
+  stall.set_waiting_ms((now_ns - oldest->parked_ns) / 1'000'000);
+  stall.set_partitions(static_cast<int32_t>(oldest->clocks.size()));
+  for (uint32_t w = 0; w < num_workers_; ++w) {
+    if (!live[w]) continue;
+    int32_t behind = 0;
+    int64_t least = INT64_MAX;
+    for (const auto& [clocks, need] : oldest->clocks) {
+      if (w >= clocks->size()) continue;
+      const int64_t clock = std::max((*clocks)[w].load(std::memory_order_acquire), clock_floor_[w]);
+      if (clock < need - static_cast<int64_t>(staleness_)) {
+        ++behind;
+        least = std::min(least, clock);
+      }
+    }
+    if (behind == 0) continue;
+    v1::LaggingRank* lagging = stall.add_lagging();
+    lagging->set_rank(static_cast<int32_t>(w));
+    lagging->set_partitions(behind);
+    lagging->set_clock(least);
+  }
+  if (stall.lagging().empty()) return std::nullopt;
+  return stall;
 }
 
 int64_t ConsistencyGate::MaxStalenessServed() const {

@@ -53,6 +53,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/push_pull_view.h"
 #include "server/partition.h"
+#include "tessera/v1/job.pb.h"
 #include "tessera/v1/parameter.pb.h"
 
 namespace tessera::server {
@@ -87,6 +88,8 @@ class ConsistencyGate {
     // drops such a wait at its next Notify(), or at a later Park() (amortised), so cancelled
     // pulls that never open do not pile up.
     std::shared_ptr<const std::atomic<bool>> cancelled;
+    // Set by Park(): when it was parked (SteadyNowNs), for the stall inspector.
+    int64_t parked_ns = 0;
   };
 
   // What applying one push slice (or completing a step) did to a partition.
@@ -208,6 +211,18 @@ class ConsistencyGate {
   const std::vector<AppliedSeq>& BoundarySeqsLocked(const Partition& p) const
       ABSL_SHARED_LOCKS_REQUIRED(p.mu);
 
+  // --- The stall inspector (issue #16; v1::ShardStall in job.proto).
+
+  // What the job waits for on this shard, if it has waited at least `min_wait_ns` by `now_ns`
+  // (steady clock): BSP, the oldest step of `partitions` (the job's, all of them) that a live
+  // worker has pushed somewhere and another live worker has not pushed everywhere, counted from
+  // its first push, with per live worker the partitions it has not pushed; SSP, the oldest parked
+  // pull, with the live workers further behind on its partitions than the staleness allows; ASP
+  // never waits. job_id is left empty. Takes the partitions' locks one at a time (never two at
+  // once) and the gate's after each.
+  std::optional<v1::ShardStall> FindStall(const std::vector<std::shared_ptr<Partition>>& partitions,
+                                          int64_t now_ns, int64_t min_wait_ns) const;
+
   // Largest SSP staleness ever served: the step pulled - the slowest clock at release.
   int64_t MaxStalenessServed() const;
   size_t NumParked() const;
@@ -224,6 +239,10 @@ class ConsistencyGate {
   int64_t SlowestClockLocked(const WorkerClocks& clocks, int64_t step) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
   bool IsOpenLocked(const Wait& wait) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::optional<v1::ShardStall> FindBspStall(
+      const std::vector<std::shared_ptr<Partition>>& partitions, int64_t now_ns,
+      int64_t min_wait_ns) const;
+  std::optional<v1::ShardStall> FindSspStall(int64_t now_ns, int64_t min_wait_ns) const;
   // Moves the open waits out of parked_ into *ready, and the cancelled ones into *cancelled.
   void CollectOpenLocked(std::vector<Wait>* ready, std::vector<Wait>* cancelled)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -6,9 +6,11 @@
 #include <memory>
 #include <optional>
 #include <random>
+#include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "common/testing/push_pull_requests.h"
 #include "gmock/gmock.h"
@@ -544,6 +546,80 @@ TEST(ConsistencyGateTest, MembershipChangeUnblocksBsp) {
   ASSERT_TRUE(last.ok());
   EXPECT_EQ(last->weights(0).version(), 2);
   EXPECT_EQ(Floats(last->weights(0)), (std::vector<float>{-2.0f, -2.5f}));
+}
+
+// --- The stall inspector ---------------------------------------------------------------------
+
+// The ranks of a stall, with the partitions each has not pushed: "rank:partitions ...".
+std::string Laggards(const v1::ShardStall& stall) {
+  std::string out;
+  for (const v1::LaggingRank& l : stall.lagging()) {
+    absl::StrAppend(&out, out.empty() ? "" : " ", l.rank(), ":", l.partitions());
+  }
+  return out;
+}
+
+// BSP: the oldest step pushed somewhere, and per live worker the partitions it has not pushed;
+// from the step's first push, and only once it has waited the minimum.
+TEST(ConsistencyGateTest, BspStallNamesTheLiveWorkersThatHaveNotPushedTheStep) {
+  ConsistencyGate gate(v1::CONSISTENCY_BSP, 0, 3);
+  const std::vector<std::shared_ptr<Partition>> parts = {SgdPartition(3, 1), SgdPartition(3, 1),
+                                                         SgdPartition(3, 1)};
+  const int64_t second = 1'000'000'000;
+  EXPECT_FALSE(gate.FindStall(parts, SteadyNowNs(), 0).has_value());  // nothing pushed yet
+  for (const auto& p : parts) PushThroughGate(gate, p, 0, 0, {1});
+  PushThroughGate(gate, parts[0], 2, 0, {1});
+  const int64_t later = SteadyNowNs() + 5 * second;
+  std::optional<v1::ShardStall> stall = gate.FindStall(parts, later, second);
+  ASSERT_TRUE(stall.has_value());
+  EXPECT_EQ(stall->step(), 0);
+  EXPECT_GE(stall->waiting_ms(), 5000);
+  EXPECT_LT(stall->waiting_ms(), 6000);
+  EXPECT_EQ(stall->partitions(), 3);
+  EXPECT_EQ(Laggards(*stall), "1:3 2:2");
+  // Not yet waited the minimum.
+  EXPECT_FALSE(gate.FindStall(parts, SteadyNowNs(), 60 * second).has_value());
+  // Everyone pushed: step 0 is done and step 1 not begun.
+  for (const auto& p : parts) PushThroughGate(gate, p, 1, 0, {1});
+  PushThroughGate(gate, parts[1], 2, 0, {1});
+  PushThroughGate(gate, parts[2], 2, 0, {1});
+  EXPECT_FALSE(gate.FindStall(parts, later, 0).has_value());
+  // Worker 1 leaves at step 1: step 1 waits only for worker 2 then.
+  ASSERT_TRUE(gate.UpdateMembership({0, 2}, 1).ok());
+  PushThroughGate(gate, parts[0], 0, 1, {1});
+  stall = gate.FindStall(parts, later, 0);
+  ASSERT_TRUE(stall.has_value());
+  EXPECT_EQ(stall->step(), 1);
+  EXPECT_EQ(Laggards(*stall), "0:2 2:3");
+}
+
+// SSP: the oldest parked pull, with the workers further behind than the staleness on it; ASP
+// never waits.
+TEST(ConsistencyGateTest, SspStallNamesTheWorkersAPulledStepWaitsFor) {
+  ConsistencyGate gate(v1::CONSISTENCY_SSP, 1, 3);
+  auto clocks = std::make_shared<WorkerClocks>(3);
+  (*clocks)[0] = 3;
+  (*clocks)[1] = 0;
+  (*clocks)[2] = 2;
+  ConsistencyGate::Wait wait;
+  wait.clocks.emplace_back(clocks, 3);  // a pull for step 3 needs every clock >= 2
+  wait.done = [](absl::Status) {};
+  gate.Park(std::move(wait));
+  const int64_t second = 1'000'000'000;
+  std::optional<v1::ShardStall> stall = gate.FindStall({}, SteadyNowNs() + 3 * second, second);
+  ASSERT_TRUE(stall.has_value());
+  EXPECT_EQ(stall->step(), 3);
+  EXPECT_GE(stall->waiting_ms(), 3000);
+  ASSERT_EQ(stall->lagging_size(), 1);
+  EXPECT_EQ(stall->lagging(0).rank(), 1);
+  EXPECT_EQ(stall->lagging(0).clock(), 0);
+  EXPECT_FALSE(gate.FindStall({}, SteadyNowNs(), 60 * second).has_value());
+  (*clocks)[1] = 2;
+  gate.Notify();
+  EXPECT_FALSE(gate.FindStall({}, SteadyNowNs() + 3 * second, 0).has_value());
+
+  ConsistencyGate asp(v1::CONSISTENCY_ASP, 0, 2);
+  EXPECT_FALSE(asp.FindStall({SgdPartition(2, 1)}, SteadyNowNs(), 0).has_value());
 }
 
 }  // namespace

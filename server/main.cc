@@ -87,6 +87,14 @@ class ShardDaemon final : public tessera::Daemon {
     options.registration.set_shard_index(flags_.server.shard_index);
     options.registration.set_hostname(Hostname());
     options.registration.set_pid(::getpid());
+    options.registration.set_identity(server_->identity());
+    // The stall inspector: what each job has waited for over a second goes with every heartbeat.
+    options.fill_heartbeat = [store = server_->store()](tessera::v1::HeartbeatRequest* request) {
+      for (tessera::v1::ShardStall& stall :
+           store->FindStalls(tessera::server::ParameterStore::kStallReportAfter)) {
+        *request->add_stalls() = std::move(stall);
+      }
+    };
     agent_ = std::make_unique<tessera::MemberAgent>(std::move(options));
     agent_->Start();
   }
@@ -140,7 +148,9 @@ int main(int argc, char** argv) {
                  "write the bound port here (atomically) once serving; empty: don't")
       ->capture_default_str();
   app.add_option("--data_dir", flags.server.data_dir,
-                 "directory for checkpoints, created when missing; empty: none")
+                 "directory for checkpoints, created when missing; empty: none. It is also the "
+                 "shard's identity (kept in DIR/identity, locked while the shard runs): restarted "
+                 "on any port with it, the shard replaces its dead instance at once")
       ->capture_default_str();
   app.add_option("--shard_index", flags.server.shard_index,
                  "index of this shard among the job's shards (logs, checkpoint names)")

@@ -462,6 +462,31 @@ ShardStats ParameterStore::GetShardStats() const {
   return stats;
 }
 
+std::vector<v1::ShardStall> ParameterStore::FindStalls(absl::Duration min_wait) const {
+  std::vector<std::shared_ptr<JobState>> jobs;
+  {
+    absl::ReaderMutexLock lock(&mu_);
+    jobs.reserve(jobs_.size());
+    for (const auto& [id, job] : jobs_) jobs.push_back(job);
+  }
+  const int64_t now_ns = SteadyNowNs();
+  const int64_t min_wait_ns = absl::ToInt64Nanoseconds(min_wait);
+  std::vector<v1::ShardStall> stalls;
+  for (const std::shared_ptr<JobState>& job : jobs) {
+    std::optional<v1::ShardStall> stall =
+        job->gate.FindStall(job->AllPartitions(), now_ns, min_wait_ns);
+    if (!stall.has_value()) continue;
+    stall->set_job_id(job->id);
+    stall->set_partitions(static_cast<int32_t>(job->num_partitions.load()));
+    stalls.push_back(*std::move(stall));
+  }
+  std::sort(stalls.begin(), stalls.end(), [](const v1::ShardStall& a, const v1::ShardStall& b) {
+    return a.waiting_ms() > b.waiting_ms();
+  });
+  if (stalls.size() > kMaxStallsReported) stalls.resize(kMaxStallsReported);
+  return stalls;
+}
+
 void ParameterStore::CloseAll(const absl::Status& status) {
   std::vector<std::shared_ptr<JobState>> jobs;
   {

@@ -50,11 +50,13 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "common/push_pull_view.h"
 #include "server/checkpoint_file.h"
 #include "server/push_pull_answer_sink.h"
 #include "server/shared_weights.h"
 #include "server/store_histogram.h"
+#include "tessera/v1/job.pb.h"
 #include "tessera/v1/parameter.pb.h"
 
 namespace tessera::server {
@@ -232,6 +234,14 @@ class ParameterStore {
   // The shard-wide counters. Takes the store's lock and each job's gate lock briefly (reader);
   // the counters themselves are relaxed atomics. Thread-safe.
   ShardStats GetShardStats() const;
+
+  // The stall inspector: every job whose step has waited at least `min_wait` for some rank
+  // (ConsistencyGate::FindStall), with its id and its number of partitions; at most
+  // kMaxStallsReported jobs, the longest waits first. What the shard's heartbeat carries.
+  static constexpr size_t kMaxStallsReported = 1024;
+  // The wait the shard's heartbeat reports a stall from (server/main.cc).
+  static constexpr absl::Duration kStallReportAfter = absl::Seconds(1);
+  std::vector<v1::ShardStall> FindStalls(absl::Duration min_wait) const;
 
   // Fails every parked pull with `status` (server shutdown). Later pulls that must wait fail too.
   // Checkpoint calls still waiting for their step fail with `status` too (a file being written

@@ -1,6 +1,7 @@
 #include "server/partition.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <utility>
@@ -10,6 +11,12 @@
 #include "kernels/schedule.h"
 
 namespace tessera::server {
+
+int64_t SteadyNowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
 namespace {
 
 constexpr double kPi = 3.14159265358979323846;

@@ -64,7 +64,13 @@ struct BspStaging {
   // The exactly-once table as it was at the step boundary (copied when the step's first push is
   // staged, so that a capture registered mid-step still gets the boundary's table).
   std::vector<AppliedSeq> boundary_seqs;
+  // Steady-clock nanoseconds (SteadyNowNs) when the step's first push was staged: how long the
+  // step has waited, for the stall inspector (ConsistencyGate::FindStall).
+  int64_t first_push_ns = 0;
 };
+
+// Nanoseconds of the steady clock (monotonic; for durations only).
+int64_t SteadyNowNs();
 
 // What a new partition shares with its job and store.
 struct PartitionSetup {

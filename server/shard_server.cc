@@ -62,8 +62,10 @@ absl::Status ShardServer::Validate(const ShardServerOptions& options) {
 absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Create(
     const ShardServerOptions& options) {
   TESSERA_RETURN_IF_ERROR(Validate(options));
+  std::unique_ptr<DataDirClaim> claim;
   if (!options.data_dir.empty()) {
     TESSERA_RETURN_IF_ERROR(MakeDirs(options.data_dir, "--data_dir"));
+    TESSERA_ASSIGN_OR_RETURN(claim, DataDirClaim::Claim(options.data_dir));
     const std::string checkpoints = options.data_dir + "/checkpoints";
     absl::Status made = MakeDurableDirs(checkpoints);
     if (!made.ok()) {
@@ -78,7 +80,9 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Create(
                    checkpoints);
     }
   }
-  return std::unique_ptr<ShardServer>(new ShardServer(options));
+  std::unique_ptr<ShardServer> server(new ShardServer(options));
+  server->claim_ = std::move(claim);
+  return server;
 }
 
 ShardServer::~ShardServer() { Stop(absl::ZeroDuration()); }

@@ -19,6 +19,7 @@
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server.h"
 #include "grpcpp/server_builder.h"
+#include "server/data_dir_claim.h"
 #include "server/grpc_parameter_service.h"
 #include "server/parameter_store.h"
 
@@ -28,7 +29,8 @@ struct ShardServerOptions {
   // host:port to bind; port 0 picks a free one (see ShardServer::port()).
   std::string listen = "127.0.0.1:0";
   // Checkpoint files go to <data_dir>/checkpoints (issue #6, docs/checkpoints.md). Created when
-  // missing; empty means none (Checkpoint and Restore answer FAILED_PRECONDITION).
+  // missing; empty means none (Checkpoint and Restore answer FAILED_PRECONDITION). The directory
+  // is also the shard's identity, and locked while the server lives (server/data_dir_claim.h).
   std::string data_dir;
   int shard_index = 0;
   // Largest message received or sent, in bytes.
@@ -75,11 +77,15 @@ class ShardServer {
   // host:port actually bound.
   std::string address() const;
   ParameterStore* store() { return store_.get(); }
+  // The data directory's identity (DataDirClaim), which the shard registers with; empty without
+  // a data_dir.
+  std::string identity() const { return claim_ != nullptr ? claim_->identity() : std::string(); }
 
  private:
   explicit ShardServer(const ShardServerOptions& options);
 
   const ShardServerOptions options_;
+  std::unique_ptr<DataDirClaim> claim_;  // held for the server's life
   std::unique_ptr<ThreadPool> pool_;
   std::unique_ptr<ParameterStore> store_;
   std::unique_ptr<GrpcParameterService> service_;

@@ -144,6 +144,20 @@ absl::Status ValidateDistributedFields(const v1::JobSpec& spec) {
     return absl::InvalidArgumentError(
         absl::StrCat("checkpoint_every_steps: must be >= 0, got ", spec.checkpoint_every_steps()));
   }
+  if (spec.stall_timeout_seconds() != 0 &&
+      (spec.stall_timeout_seconds() < kMinStallTimeoutSeconds ||
+       spec.stall_timeout_seconds() > kMaxStallTimeoutSeconds)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("stall_timeout_seconds: must be 0 (", kDefaultStallTimeoutSeconds,
+                     " s) or in [", kMinStallTimeoutSeconds, ", ", kMaxStallTimeoutSeconds,
+                     "], got ", spec.stall_timeout_seconds()));
+  }
+  const std::string policy = absl::AsciiStrToLower(spec.stall_policy());
+  if (!policy.empty() && policy != "warn" && policy != "evict") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("stall_policy: must be \"warn\" or \"evict\", got \"",
+                     absl::CEscape(spec.stall_policy()), "\""));
+  }
   if (spec.keep_checkpoints() < 0 || spec.keep_checkpoints() > 1000) {
     return absl::InvalidArgumentError(absl::StrCat(
         "keep_checkpoints: must be in [0, 1000] (0 means 3), got ", spec.keep_checkpoints()));
@@ -163,6 +177,15 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec, const ValidateOptions& opt
   TESSERA_RETURN_IF_ERROR(ValidateTraining(spec));
   if (options.distributed) TESSERA_RETURN_IF_ERROR(ValidateDistributedFields(spec));
   return absl::OkStatus();
+}
+
+absl::Duration StallTimeout(const v1::JobSpec& spec) {
+  return absl::Seconds(spec.stall_timeout_seconds() > 0 ? spec.stall_timeout_seconds()
+                                                        : kDefaultStallTimeoutSeconds);
+}
+
+bool EvictsStalledRanks(const v1::JobSpec& spec) {
+  return absl::AsciiStrToLower(spec.stall_policy()) == "evict";
 }
 
 v1::JobConfig MakeJobConfig(const v1::JobSpec& spec) {

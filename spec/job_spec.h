@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "absl/time/time.h"
 #include "tessera/v1/job_spec.pb.h"
 #include "tessera/v1/parameter.pb.h"
 
@@ -20,7 +21,8 @@ struct ValidateOptions {
   // Check that the dataset files exist and are readable.
   bool check_files = true;
   // Also check the fields of distributed runs (num_workers, consistency, staleness,
-  // partition_bytes, wire_encoding, checkpoint_every_steps). A standalone run ignores them.
+  // partition_bytes, wire_encoding, checkpoint_every_steps, stall_timeout_seconds,
+  // stall_policy). A standalone run ignores them.
   bool distributed = false;
 };
 
@@ -39,6 +41,14 @@ v1::Encoding WireEncoding(const v1::JobSpec& spec);
 int64_t PartitionBytes(const v1::JobSpec& spec);
 // spec.num_workers, 0 -> 1 (standalone specs leave it unset).
 int NumWorkers(const v1::JobSpec& spec);
+
+// The progress lease: spec.stall_timeout_seconds, 0 -> kDefaultStallTimeoutSeconds.
+inline constexpr int kDefaultStallTimeoutSeconds = 300;
+inline constexpr int kMinStallTimeoutSeconds = 5;
+inline constexpr int kMaxStallTimeoutSeconds = 7 * 24 * 3600;
+absl::Duration StallTimeout(const v1::JobSpec& spec);
+// spec.stall_policy is "evict" (a stalled rank is lost); otherwise the coordinator only warns.
+bool EvictsStalledRanks(const v1::JobSpec& spec);
 
 }  // namespace tessera::spec
 

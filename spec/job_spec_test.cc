@@ -231,8 +231,28 @@ INSTANTIATE_TEST_SUITE_P(
         BadSpec{"encoding", [](v1::JobSpec* s) { s->set_wire_encoding("int8"); },
                 "wire_encoding: must be \"fp32\", \"bf16\" or \"fp16\", got \"int8\""},
         BadSpec{"checkpoint", [](v1::JobSpec* s) { s->set_checkpoint_every_steps(-1); },
-                "checkpoint_every_steps: must be >= 0, got -1"}),
+                "checkpoint_every_steps: must be >= 0, got -1"},
+        BadSpec{"stall_timeout_short", [](v1::JobSpec* s) { s->set_stall_timeout_seconds(4); },
+                "stall_timeout_seconds: must be 0 (300 s) or in [5, 604800], got 4"},
+        BadSpec{"stall_timeout_negative", [](v1::JobSpec* s) { s->set_stall_timeout_seconds(-1); },
+                "stall_timeout_seconds: must be 0 (300 s) or in [5, 604800], got -1"},
+        BadSpec{"stall_policy", [](v1::JobSpec* s) { s->set_stall_policy("kill"); },
+                "stall_policy: must be \"warn\" or \"evict\", got \"kill\""}),
     [](const ::testing::TestParamInfo<BadSpec>& info) { return std::string(info.param.what); });
+
+TEST(JobSpecTest, StallTimeoutAndPolicyDefaults) {
+  v1::JobSpec spec = DistributedMlp();
+  EXPECT_EQ(StallTimeout(spec), absl::Seconds(300));
+  EXPECT_FALSE(EvictsStalledRanks(spec));
+  spec.set_stall_timeout_seconds(5);
+  spec.set_stall_policy("EVICT");
+  ASSERT_TRUE(ValidateJobSpec(spec, Distributed()).ok());
+  EXPECT_EQ(StallTimeout(spec), absl::Seconds(5));
+  EXPECT_TRUE(EvictsStalledRanks(spec));
+  spec.set_stall_policy("warn");
+  ASSERT_TRUE(ValidateJobSpec(spec, Distributed()).ok());
+  EXPECT_FALSE(EvictsStalledRanks(spec));
+}
 
 TEST(JobSpecTest, JobConfigFollowsTheSpec) {
   v1::JobSpec spec = DistributedMlp();

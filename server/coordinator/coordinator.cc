@@ -22,6 +22,7 @@
 #include "server/coordinator/internal/progress_reports.h"
 #include "server/coordinator/internal/recovery.h"
 #include "server/coordinator/internal/shard_drops.h"
+#include "server/coordinator/internal/stall_inspector.h"
 #include "spdlog/spdlog.h"
 
 namespace tessera::coordinator {
@@ -166,6 +167,7 @@ int AdoptJobs(ClusterState& state, StoredState& stored, int64_t now_ms)
       if (!entry.job.recovery().empty()) entry.recovery_since_ms = now_ms;
       entry.membership_dirty = true;
       entry.joins = internal::DerivedJoins(entry.job);
+      internal::ResetStalls(entry, now_ms);
       ++running;
     }
     if (entry.job.state() == v1::JOB_STATE_SUCCEEDED) {
@@ -181,6 +183,7 @@ int AdoptJobs(ClusterState& state, StoredState& stored, int64_t now_ms)
 void CheckLeases(ClusterState& state) ABSL_EXCLUSIVE_LOCKS_REQUIRED(state.mu) {
   const int64_t now = state.NowMs();
   internal::ExpireLeases(state, now);
+  internal::InspectStalls(state, now);
   for (auto& [n, entry] : state.jobs) {
     internal::EndRestartGrace(state, entry, now);
     internal::WriteThrottledRecord(state, entry, now);
@@ -423,6 +426,11 @@ CoordinatorMetricsSnapshot Coordinator::MetricsSnapshot() const {
     p.test_accuracy = job.test_accuracy();
     p.checkpoint_step = job.last_checkpoint_step();
     p.recoveries = job.recoveries();
+    if (job.state() == v1::JOB_STATE_RUNNING) {
+      for (const v1::JobWorker& worker : job.workers()) {
+        p.rank_stalled_seconds.push_back(worker.stalled_seconds());
+      }
+    }
     return p;
   };
   absl::MutexLock lock(&state_->mu);

@@ -90,6 +90,9 @@ struct CoordinatorMetricsSnapshot {
     double test_accuracy = 0;
     int64_t checkpoint_step = 0;  // the newest committed checkpoint; 0: none
     int64_t recoveries = 0;       // rewinds to a checkpoint so far
+    // RUNNING jobs, by rank: how long the job's step has waited for the rank (the stall
+    // inspector; 0: it waits for nothing of it).
+    std::vector<double> rank_stalled_seconds;
   };
   // The RUNNING jobs and the kMetricsRecentJobs newest (by creation) ended ones, oldest first.
   std::vector<JobProgress> progress;

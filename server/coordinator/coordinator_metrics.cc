@@ -64,8 +64,14 @@ class CoordinatorCollectable final : public prometheus::Collectable {
         MetricFamilyOf("tessera_job_recoveries_total",
                        "Times the job was rewound to a checkpoint after a shard was lost.",
                        prometheus::MetricType::Counter);
+    prometheus::MetricFamily stalled = Gauges(
+        "tessera_job_rank_stall_seconds",
+        "How long the job's current step has waited for the rank to push it (0: not waited for).");
     for (const CoordinatorMetricsSnapshot::JobProgress& p : s.progress) {
       const prometheus::ClientMetric::Label job{"job", p.job_id};
+      for (size_t rank = 0; rank < p.rank_stalled_seconds.size(); ++rank) {
+        Add(&stalled, {job, {"rank", std::to_string(rank)}}, p.rank_stalled_seconds[rank]);
+      }
       Add(&checkpoint, {job}, static_cast<double>(p.checkpoint_step));
       AddSample(&recoveries, static_cast<double>(p.recoveries), {job});
       Add(&step, {job}, static_cast<double>(p.step));
@@ -79,7 +85,7 @@ class CoordinatorCollectable final : public prometheus::Collectable {
     out.push_back(std::move(jobs));
     out.push_back(std::move(members));
     for (prometheus::MetricFamily* f :
-         {&step, &total, &rate, &loss, &accuracy, &checkpoint, &recoveries}) {
+         {&step, &total, &rate, &loss, &accuracy, &checkpoint, &recoveries, &stalled}) {
       if (!f->metric.empty()) out.push_back(std::move(*f));
     }
     return out;

@@ -32,147 +32,16 @@
 #include "cli/local_cluster.h"
 #include "gtest/gtest.h"
 #include "spec/job_spec_reader.h"
+#include "tests/recovery/cluster_fixture.h"
 #include "tests/testlib/fashion_mnist.h"
-
-#ifndef TESSERA_BIN_DIR
-#error "TESSERA_BIN_DIR must name the folder of the daemons"
-#endif
-#ifndef TESSERA_SOURCE_DIR
-#error "TESSERA_SOURCE_DIR must name the source tree"
-#endif
 
 namespace tessera {
 namespace {
 
-using cli::CoordinatorClient;
-using cli::LocalCluster;
-
-// Short leases, so that a lost member is noticed within seconds.
-constexpr char kLeaseSeconds[] = "2";
-constexpr char kHeartbeatSeconds[] = "0.5";
-
-int64_t NowMs() { return absl::ToUnixMillis(absl::Now()); }
-
-// The MLP of the demo, BSP, seed 1, 2 workers, `epochs` epochs (the cosine schedule spans them).
-v1::JobSpec Spec(const std::string& name, int64_t checkpoint_every, int epochs = 2) {
-  absl::StatusOr<v1::JobSpec> spec = spec::ReadJobSpecFile(
-      absl::StrCat(TESSERA_SOURCE_DIR, "/examples/fashion_mlp_2epochs.textproto"));
-  EXPECT_TRUE(spec.ok()) << spec.status();
-  v1::JobSpec s = spec.ok() ? *spec : v1::JobSpec();
-  s.set_name(name);
-  s.set_num_workers(2);
-  s.set_checkpoint_every_steps(checkpoint_every);
-  s.set_epochs(epochs);
-  s.mutable_schedule()->set_total_steps(s.schedule().total_steps() * epochs / 2);
-  return s;
-}
-
-class RecoveryE2eTest : public ::testing::Test {
- protected:
-  void StartCluster() {
-    LocalCluster::Options o;
-    o.bin_dir = TESSERA_BIN_DIR;
-    o.num_shards = 2;
-    o.num_workers = 3;  // one more than the job needs: the idle one takes over a lost rank
-    o.worker_threads = 1;
-    o.log_level = "info";
-    o.coordinator_args = {"--lease_seconds", kLeaseSeconds, "--heartbeat_seconds",
-                          kHeartbeatSeconds};
-    absl::StatusOr<std::unique_ptr<LocalCluster>> cluster = LocalCluster::Start(o);
-    ASSERT_TRUE(cluster.ok()) << cluster.status();
-    cluster_ = *std::move(cluster);
-    CoordinatorClient::Options c;
-    c.address = cluster_->coordinator_address();
-    c.rpc_timeout = absl::Seconds(10);
-    absl::StatusOr<std::unique_ptr<CoordinatorClient>> client = CoordinatorClient::Create(c);
-    ASSERT_TRUE(client.ok()) << client.status();
-    client_ = *std::move(client);
-  }
-
-  void TearDown() override {
-    if (cluster_ == nullptr) return;
-    if (HasFailure()) {
-      for (const LocalCluster::Child& child : cluster_->children()) {
-        std::fprintf(stderr, "--- %s ---\n%s\n", child.name.c_str(),
-                     LocalCluster::LogTail(child, 4000).c_str());
-      }
-    }
-    cluster_->Stop(absl::Seconds(15)).IgnoreError();
-  }
-
-  // Polls GetJob every 50 ms until `done(job)` or the timeout; `each` sees every record.
-  template <typename Pred>
-  v1::Job WaitForJob(const std::string& id, absl::Duration timeout, Pred done,
-                     const std::function<void(const v1::Job&)>& each = nullptr) {
-    const absl::Time deadline = absl::Now() + timeout;
-    v1::Job job;
-    while (absl::Now() < deadline) {
-      absl::StatusOr<v1::Job> got = client_->GetJob(id);
-      if (got.ok()) {
-        job = *got;
-        if (each) each(job);
-        if (done(job)) break;
-      }
-      absl::SleepFor(absl::Milliseconds(50));
-    }
-    return job;
-  }
-
-  static bool Ended(const v1::Job& j) {
-    return j.state() == v1::JOB_STATE_SUCCEEDED || j.state() == v1::JOB_STATE_FAILED ||
-           j.state() == v1::JOB_STATE_CANCELLED;
-  }
-
-  // Runs `spec` to its end; returns the final record.
-  v1::Job RunToEnd(const v1::JobSpec& spec) {
-    absl::StatusOr<v1::Job> created = client_->CreateJob(spec);
-    EXPECT_TRUE(created.ok()) << created.status();
-    if (!created.ok()) return v1::Job();
-    return WaitForJob(created->id(), absl::Seconds(240), Ended);
-  }
-
-  // Every event of the job, in order (the whole history, replayed from the coordinator).
-  std::vector<v1::JobEvent> Events(const std::string& id) {
-    std::vector<v1::JobEvent> events;
-    absl::Status watched = client_->WatchJob(id, [&](const v1::WatchJobResponse& r) {
-      if (r.has_event()) events.push_back(r.event());
-    });
-    EXPECT_TRUE(watched.ok()) << watched;
-    return events;
-  }
-
-  // The first event at or after `since_ms` whose message contains `text`.
-  static std::optional<v1::JobEvent> FindEvent(const std::vector<v1::JobEvent>& events,
-                                               const std::string& text, int64_t since_ms = 0) {
-    for (const v1::JobEvent& e : events) {
-      if (e.time_ms() >= since_ms && absl::StrContains(e.message(), text)) return e;
-    }
-    return std::nullopt;
-  }
-
-  // The child process running the job's rank `rank` (from ListMembers' pid).
-  std::string ChildOfRank(const std::string& job_id, int rank) {
-    absl::StatusOr<std::vector<v1::Member>> members = client_->ListMembers();
-    if (!members.ok()) return "";
-    for (const v1::Member& m : *members) {
-      if (m.role() != v1::MEMBER_ROLE_WORKER || m.job_id() != job_id || m.rank() != rank) continue;
-      for (const LocalCluster::Child& child : cluster_->children()) {
-        if (child.pid() == m.pid()) return child.name;
-      }
-    }
-    return "";
-  }
-
-  // The fault-free run every faulty run is compared with (same spec and seed).
-  double Baseline(int epochs = 2) {
-    v1::Job job = RunToEnd(Spec("baseline", 50, epochs));
-    EXPECT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.reason();
-    return job.test_accuracy();
-  }
-
-  std::unique_ptr<LocalCluster> cluster_;
-  std::unique_ptr<CoordinatorClient> client_;
-};
+using RecoveryE2eTest = ::tessera::testing::ClusterE2eTest;
+using ::tessera::testing::kLeaseSeconds;
+using ::tessera::testing::NowMs;
+using ::tessera::testing::Spec;
 
 // Test 1: a worker SIGKILLed in the middle of training.
 TEST_F(RecoveryE2eTest, WorkerKilledMidTrainingJobSucceedsAndIdleWorkerTakesTheRank) {

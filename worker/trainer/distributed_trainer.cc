@@ -8,6 +8,7 @@
 
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
+#include "common/failpoint.h"
 #include "common/status_macros.h"
 #include "kernels/schedule.h"
 #include "spec/job_spec.h"
@@ -143,6 +144,7 @@ absl::Status DistributedTrainer::Init() {
   TESSERA_RETURN_IF_ERROR(spec::ValidateJobSpec(spec, validate));
   world_ = task.world_size();
   rank_ = task.rank();
+  failpoint_ = absl::StrCat("trainer.rank", rank_, ".step");
   if (world_ != spec::NumWorkers(spec)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "task.world_size: ", world_, " does not match spec.num_workers ", spec::NumWorkers(spec)));
@@ -602,6 +604,8 @@ absl::StatusOr<v1::ProgressReport> DistributedTrainer::Run() {
     int64_t first_batch = step_in_epoch % batches_per_pass_;
     while (step_in_epoch < steps_per_epoch_ && step < total_steps_) {
       TESSERA_RETURN_IF_ERROR(CheckCancelled());
+      failpoint::MaybeHang(failpoint_, step,
+                           [this] { return cancelled_.load(std::memory_order_acquire); });
       const Clock::time_point t0 = Clock::now();
       std::optional<data::Batch> b;
       if (batches != nullptr) b = batches->Next();

@@ -188,6 +188,7 @@ class DistributedTrainer {
   DistributedOptions options_;
   int rank_ = 0;
   int world_ = 1;
+  std::string failpoint_;  // "trainer.rank<R>.step" (common/failpoint.h)
   std::unique_ptr<kernels::Backend> backend_;
   std::unique_ptr<engine::Model> model_;
   std::shared_ptr<const data::Dataset> train_;

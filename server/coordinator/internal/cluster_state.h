@@ -79,6 +79,24 @@ struct JobEntry {
   // Workers of the job whose trainer ended (they reported FAILED while the job recovered): they
   // stay BUSY for the recovery's new Task, and are released, not cancelled, if the job ends.
   std::set<std::string> stopped_members;
+  // The stall inspector (stall_inspector.h): each shard's latest report for the job, by shard
+  // index, with when it came.
+  struct ReportedStall {
+    v1::ShardStall stall;
+    int64_t received_ms = 0;
+  };
+  std::map<int, ReportedStall> shard_stalls;
+  // The stall the last STALL event named: its step (-1: none) and ranks, and the longest it had
+  // waited as last seen.
+  int64_t named_stall_step = -1;
+  std::set<int> named_stall_ranks;
+  int64_t named_stall_waited_ms = 0;
+  // The progress lease counts from no earlier than this: the last time one of the job's shards
+  // was silent or the job recovering (which stall every rank), or a rank left the job (the others
+  // may have waited for it).
+  int64_t progress_lease_floor_ms = 0;
+  // Ranks the progress lease warned about, until their step moves.
+  std::set<int> stall_warned;
 };
 
 // When an owed DropJob (ShardDrop is the store's) is tried next, and how often it was queued: a

@@ -201,6 +201,7 @@ void StartJob(ClusterState& state, JobEntry& entry, const GangPlan& plan, Assign
     worker->set_member_id(member.member.id());
     worker->set_hostname(member.member.hostname());
     worker->set_incarnation(static_cast<uint64_t>(now) * 1024 + rank);
+    worker->set_progress_ms(now);
   }
   AddEvent(state, entry, v1::JOB_EVENT_KIND_STATE,
            absl::StrCat("started on ", plan.picked.size(), " workers and ", plan.addresses.size(),

@@ -7,6 +7,7 @@
 #include "common/status_macros.h"
 #include "server/coordinator/internal/recovery.h"
 #include "server/coordinator/internal/shard_drops.h"
+#include "server/coordinator/internal/stall_inspector.h"
 #include "server/coordinator/internal/task_assignments.h"
 #include "spdlog/spdlog.h"
 
@@ -45,7 +46,8 @@ absl::Status ValidateRegistration(const v1::RegisterRequest& request,
   for (const auto& [field, value] :
        {std::pair<const char*, const std::string*>{"address", &request.address()},
         {"hostname", &request.hostname()},
-        {"device", &request.device()}}) {
+        {"device", &request.device()},
+        {"identity", &request.identity()}}) {
     if (value->size() > kMaxMemberFieldBytes) {
       return absl::InvalidArgumentError(
           absl::StrCat(field, ": at most ", kMaxMemberFieldBytes, " bytes, got ", value->size()));
@@ -96,36 +98,49 @@ void MemberGone(ClusterState& state, MemberEntry& member, v1::MemberState member
   state.Wake();
 }
 
-// A shard registering: ALREADY_EXISTS while a live shard at another address holds its index;
-// one at the same address restarted (its state is gone), so the old member is lost at once.
-absl::Status MakeRoomForShard(ClusterState& state, const v1::RegisterRequest& request)
+// A shard registering. The READY shard holding its index is its own dead instance when it had
+// the same address (a process that restarted on its port) or the same data-directory identity (a
+// restart on a new port; the directory's lock proves the old process gone): that member is lost at
+// once (its jobs recover) and its number is returned, for the new registration to take over, so
+// that `tessera cluster` shows the shard once. Any other READY shard of that index is
+// ALREADY_EXISTS. 0: no member to replace.
+absl::StatusOr<int64_t> MakeRoomForShard(ClusterState& state, const v1::RegisterRequest& request)
     ABSL_EXCLUSIVE_LOCKS_REQUIRED(state.mu) {
-  for (const auto& [id, other] : state.members) {
-    if (other.member.role() == v1::MEMBER_ROLE_SERVER &&
-        other.member.state() == v1::MEMBER_STATE_READY &&
-        other.member.shard_index() == request.shard_index() &&
-        other.member.address() != request.address()) {
+  MemberEntry* previous = nullptr;
+  for (auto& [id, other] : state.members) {
+    if (other.member.role() != v1::MEMBER_ROLE_SERVER ||
+        other.member.state() != v1::MEMBER_STATE_READY ||
+        other.member.shard_index() != request.shard_index()) {
+      continue;
+    }
+    const bool same_identity =
+        !request.identity().empty() && other.member.identity() == request.identity();
+    if (other.member.address() != request.address() && !same_identity) {
       return absl::AlreadyExistsError(absl::StrCat("shard_index: shard ", request.shard_index(),
                                                    " is already served by ", id, " at ",
                                                    other.member.address()));
     }
+    previous = &other;
   }
-  for (auto& [id, other] : state.members) {
-    if (other.member.role() == v1::MEMBER_ROLE_SERVER &&
-        other.member.state() == v1::MEMBER_STATE_READY &&
-        other.member.shard_index() == request.shard_index()) {
-      MemberGone(state, other, v1::MEMBER_STATE_LOST, "restarted (registered again)");
-    }
-  }
-  return absl::OkStatus();
+  if (previous == nullptr) return 0;
+  MemberGone(state, *previous, v1::MEMBER_STATE_LOST,
+             previous->member.address() == request.address()
+                 ? std::string("restarted (registered again)")
+                 : absl::StrCat("restarted at ", request.address(), " (registered again)"));
+  return previous->n;
 }
 
-// The new member, READY, queued for writing; its id.
-std::string AddMember(ClusterState& state, const v1::RegisterRequest& request)
+// The new member, READY, queued for writing; its id. `replaces` > 0: it takes over the number (and
+// id) of that member, which MakeRoomForShard made LOST.
+std::string AddMember(ClusterState& state, const v1::RegisterRequest& request, int64_t replaces)
     ABSL_EXCLUSIVE_LOCKS_REQUIRED(state.mu) {
   MemberEntry entry;
   const bool server = request.role() == v1::MEMBER_ROLE_SERVER;
-  entry.n = server ? state.next_shard_n++ : state.next_worker_n++;
+  if (replaces > 0) {
+    entry.n = replaces;
+  } else {
+    entry.n = server ? state.next_shard_n++ : state.next_worker_n++;
+  }
   v1::Member& member = entry.member;
   member.set_id(absl::StrCat(server ? "s-" : "w-", entry.n));
   member.set_role(request.role());
@@ -135,6 +150,7 @@ std::string AddMember(ClusterState& state, const v1::RegisterRequest& request)
   member.set_hostname(request.hostname());
   member.set_pid(request.pid());
   member.set_device(request.device());
+  member.set_identity(request.identity());
   member.set_registered_ms(state.NowMs());
   member.set_last_seen_ms(member.registered_ms());
   state.QueueMember(entry);
@@ -145,6 +161,7 @@ std::string AddMember(ClusterState& state, const v1::RegisterRequest& request)
                       : absl::StrCat("worker on ", member.hostname()),
                member.device().empty() ? "" : absl::StrCat(", ", member.device()), member.pid());
   std::string id = member.id();
+  state.members.erase(id);
   state.members.emplace(id, std::move(entry));
   state.Wake();
   return id;
@@ -159,10 +176,11 @@ absl::StatusOr<v1::RegisterResponse> RegisterMember(ClusterState& state,
   {
     absl::MutexLock lock(&state.mu);
     if (!state.store_error.ok()) return state.store_error;
+    int64_t replaces = 0;
     if (request.role() == v1::MEMBER_ROLE_SERVER) {
-      TESSERA_RETURN_IF_ERROR(MakeRoomForShard(state, request));
+      TESSERA_ASSIGN_OR_RETURN(replaces, MakeRoomForShard(state, request));
     }
-    response.set_member_id(AddMember(state, request));
+    response.set_member_id(AddMember(state, request, replaces));
   }
   response.set_lease_ms(absl::ToInt64Milliseconds(state.options.lease));
   response.set_heartbeat_interval_ms(absl::ToInt64Milliseconds(state.options.heartbeat_interval));
@@ -172,19 +190,30 @@ absl::StatusOr<v1::RegisterResponse> RegisterMember(ClusterState& state,
 
 absl::Status RenewLease(ClusterState& state, const v1::HeartbeatRequest& request) {
   if (request.member_id().empty()) return absl::InvalidArgumentError("member_id: must be set");
-  absl::MutexLock lock(&state.mu);
-  MemberEntry* member = state.FindMember(request.member_id());
-  if (member == nullptr) {
-    return absl::NotFoundError(
-        absl::StrCat("member_id: unknown member ", request.member_id(), "; register again"));
+  TESSERA_RETURN_IF_ERROR(ValidateStalls(request));
+  {
+    absl::MutexLock lock(&state.mu);
+    MemberEntry* member = state.FindMember(request.member_id());
+    if (member == nullptr) {
+      return absl::NotFoundError(
+          absl::StrCat("member_id: unknown member ", request.member_id(), "; register again"));
+    }
+    if (!IsLive(member->member)) {
+      return absl::NotFoundError(absl::StrCat("member_id: ", request.member_id(), " is ",
+                                              v1::MemberState_Name(member->member.state()),
+                                              "; register again"));
+    }
+    if (member->member.role() != v1::MEMBER_ROLE_SERVER && request.stalls_size() > 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("stalls: only shards report stalls; ", request.member_id(), " is a worker"));
+    }
+    const int64_t now = state.NowMs();
+    member->member.set_last_seen_ms(now);
+    if (member->member.role() != v1::MEMBER_ROLE_SERVER) return absl::OkStatus();
+    RecordShardStalls(state, *member, request, now);
   }
-  if (!IsLive(member->member)) {
-    return absl::NotFoundError(absl::StrCat("member_id: ", request.member_id(), " is ",
-                                            v1::MemberState_Name(member->member.state()),
-                                            "; register again"));
-  }
-  member->member.set_last_seen_ms(state.NowMs());
-  return absl::OkStatus();
+  // A stall named or over is an event.
+  return state.FlushWrites();
 }
 
 absl::Status DeregisterMember(ClusterState& state, const v1::DeregisterRequest& request) {

@@ -85,11 +85,16 @@ bool AcceptReport(ClusterState& state, JobEntry& entry, int rank, const v1::Prog
   return true;
 }
 
-// The report's numbers in the rank's and the job's record; the job's epoch before them.
-int RecordProgress(JobEntry& entry, int rank, const v1::ProgressReport& report) {
+// The report's numbers in the rank's and the job's record; the job's epoch before them. A step
+// that moved renews the rank's progress lease (stall_inspector.h).
+int RecordProgress(JobEntry& entry, int rank, const v1::ProgressReport& report, int64_t now_ms) {
   v1::Job& job = entry.job;
   v1::JobWorker& worker = *job.mutable_workers(rank);
   if (rank < static_cast<int>(entry.rank_seen.size())) entry.rank_seen[rank] = true;
+  if (report.step() != worker.step() || worker.progress_ms() == 0) {
+    worker.set_progress_ms(now_ms);
+    entry.stall_warned.erase(rank);
+  }
   worker.set_step(report.step());
   worker.set_samples_per_second(report.samples_per_second());
   if (report.total_steps() > 0) job.set_total_steps(report.total_steps());
@@ -215,9 +220,17 @@ absl::Status ApplyReport(ClusterState& state, JobEntry& entry, const v1::Progres
   const int rank = report.rank();
   if (!AcceptReport(state, entry, rank, report, member)) {
     ack->set_cancel(true);
+    // The worker of a rank it no longer holds (evicted by the progress lease, then lost or handed
+    // over) stayed BUSY with the job until its task ended: now it has.
+    const v1::JobWorker& worker = job.workers(rank);
+    if (report.phase() != v1::TASK_PHASE_TRAINING && member != nullptr &&
+        member->member.job_id() == job.id() && member->member.rank() == rank &&
+        (worker.lost() || worker.member_id() != member->member.id())) {
+      ReleaseWorker(state, *member, job.id());
+    }
     return absl::OkStatus();
   }
-  const int old_epoch = RecordProgress(entry, rank, report);
+  const int old_epoch = RecordProgress(entry, rank, report, now_ms);
   switch (report.phase()) {
     case v1::TASK_PHASE_FAILED:
       ReportFailure(state, entry, rank, report, member);

@@ -12,6 +12,7 @@
 #include "server/coordinator/internal/job_lifecycle.h"
 #include "server/coordinator/internal/job_steps.h"
 #include "server/coordinator/internal/shard_drops.h"
+#include "server/coordinator/internal/stall_inspector.h"
 #include "server/coordinator/internal/task_assignments.h"
 #include "spdlog/spdlog.h"
 
@@ -219,6 +220,7 @@ bool RewindJob(ClusterState& state, JobEntry& entry, const RecoveryPlan& plan, i
   }
   entry.checkpoint_failed_step = 0;
   entry.stopped_members.clear();
+  ResetStalls(entry, state.NowMs());
   AddEvent(state, entry, v1::JOB_EVENT_KIND_RECOVERY,
            absl::StrCat("restored checkpoint ", restored, "; workers rewound from step ", from,
                         " to ", restored));
@@ -311,6 +313,9 @@ void HandRank(ClusterState& state, JobEntry& entry, MemberEntry& member, const H
   worker.set_done(false);
   worker.set_samples_per_second(0);
   worker.set_incarnation(NextIncarnation(job, state.NowMs()));
+  worker.set_progress_ms(state.NowMs());
+  worker.set_stalled_seconds(0);
+  entry.stall_warned.erase(plan.rank);
   entry.handover_attempts = 0;
   entry.handover_floor = 0;
   // Live on the shards from start_step only, until the job gets there.
@@ -465,6 +470,7 @@ void StartRecovery(ClusterState& state, JobEntry& entry, const std::string& caus
   job.set_recovery(
       absl::StrCat(cause, ": recovering from checkpoint ", entry.checkpoints.front().step()));
   entry.recovery_since_ms = state.NowMs();
+  entry.shard_stalls.clear();
   spdlog::info("coordinator: job {}: {}", job.id(), job.recovery());
   AddEvent(state, entry, v1::JOB_EVENT_KIND_RECOVERY, job.recovery());
   state.Wake();
@@ -483,6 +489,8 @@ void LoseRank(ClusterState& state, JobEntry& entry, int rank, const std::string&
     return;
   }
   entry.membership_dirty = true;
+  // The live ranks may have waited for this one: their progress leases start again.
+  entry.progress_lease_floor_ms = state.NowMs();
   spdlog::info("coordinator: job {}: {}; continuing with {} workers", job.id(), what, live);
   AddEvent(state, entry, v1::JOB_EVENT_KIND_MEMBERSHIP,
            absl::StrCat(what, "; continuing with ", live, " workers"));
@@ -490,11 +498,20 @@ void LoseRank(ClusterState& state, JobEntry& entry, int rank, const std::string&
 }
 
 void EndRestartGrace(ClusterState& state, JobEntry& entry, int64_t now_ms) {
-  if (entry.job.state() != v1::JOB_STATE_RUNNING || entry.restart_deadline_ms <= 0 ||
-      now_ms < entry.restart_deadline_ms) {
+  if (entry.job.state() != v1::JOB_STATE_RUNNING || entry.restart_deadline_ms <= 0) return;
+  bool every_rank_back = true;
+  for (int rank = 0; rank < entry.job.workers_size(); ++rank) {
+    const v1::JobWorker& worker = entry.job.workers(rank);
+    const bool seen = rank < static_cast<int>(entry.rank_seen.size()) && entry.rank_seen[rank];
+    if (!seen && !worker.done() && !worker.lost()) every_rank_back = false;
+  }
+  if (!every_rank_back && now_ms < entry.restart_deadline_ms) return;
+  entry.restart_deadline_ms = 0;
+  if (every_rank_back) {
+    spdlog::info("coordinator: job {}: every rank is back after the restart", entry.job.id());
+    state.Wake();
     return;
   }
-  entry.restart_deadline_ms = 0;
   for (int rank = 0; rank < entry.job.workers_size(); ++rank) {
     const bool seen = rank < static_cast<int>(entry.rank_seen.size()) && entry.rank_seen[rank];
     const v1::JobWorker& worker = entry.job.workers(rank);

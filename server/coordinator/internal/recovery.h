@@ -31,8 +31,9 @@ void StartRecovery(ClusterState& state, JobEntry& entry, const std::string& caus
 void LoseRank(ClusterState& state, JobEntry& entry, int rank, const std::string& why)
     ABSL_EXCLUSIVE_LOCKS_REQUIRED(state.mu);
 
-// Once the restart grace of a RUNNING job is over (`now_ms` past restart_deadline_ms), the ranks
-// that have not reported are lost ("lost while the coordinator restarted").
+// The restart grace of a RUNNING job ends as soon as every rank that is not done or lost has
+// reported (rebound), or at restart_deadline_ms; then the ranks that have not reported are lost
+// ("lost while the coordinator restarted").
 void EndRestartGrace(ClusterState& state, JobEntry& entry, int64_t now_ms)
     ABSL_EXCLUSIVE_LOCKS_REQUIRED(state.mu);
 
