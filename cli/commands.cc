@@ -20,6 +20,7 @@
 #include "cli/job_format.h"
 #include "cli/local_cluster.h"
 #include "cli/safetensors.h"
+#include "spec/dataset_spec.h"
 #include "spec/job_spec.h"
 #include "spec/job_spec_reader.h"
 
@@ -409,6 +410,13 @@ int RunLocal(const GlobalOptions& global, const LocalOptions& options) {
   cluster_options.worker_threads = options.threads;
   cluster_options.keep_work_dir = options.keep_dir;
   cluster_options.interrupted = [&interrupted] { return interrupted.load(); };
+  // The daemons read datasets only in their --dataset_root folders: these are the spec's.
+  for (const std::string& folder : spec::DatasetFolders(spec->dataset())) {
+    for (std::vector<std::string>* args :
+         {&cluster_options.coordinator_args, &cluster_options.worker_args}) {
+      args->insert(args->end(), {"--dataset_root", folder});
+    }
+  }
   std::fprintf(progress, "tessera local: starting a coordinator, %d shards and %d workers\n",
                options.shards, spec->num_workers());
   std::fflush(progress);

@@ -3,19 +3,57 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <climits>
 #include <cmath>
+#include <cstdlib>
+#include <filesystem>
 #include <string>
 
 #include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/status_macros.h"
 
 namespace tessera::spec {
 namespace {
 
+// `path` (normalized: absolute, no "." or "..") is `root` or below it.
+bool IsUnder(const std::string& path, const std::string& root) {
+  std::string r = root;
+  while (r.size() > 1 && r.back() == '/') r.pop_back();
+  if (r == "/") return true;
+  return path == r || absl::StartsWith(path, r + "/");
+}
+
+// `path` with "." and ".." resolved (lexically), or, with `resolve_links` and when it exists,
+// its realpath(3).
+std::string Normalized(const std::string& path, bool resolve_links) {
+  if (resolve_links) {
+    char resolved[PATH_MAX];
+    if (::realpath(path.c_str(), resolved) != nullptr) return resolved;
+  }
+  return std::filesystem::path(path).lexically_normal().string();
+}
+
+absl::Status CheckRoots(const char* field, const std::string& path, const DatasetChecks& checks,
+                        bool resolve_links) {
+  const std::string normal = Normalized(path, resolve_links);
+  for (const std::string& root : checks.roots) {
+    if (IsUnder(normal, Normalized(root, resolve_links))) return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "dataset.", field, ": ", absl::CEscape(path),
+      resolve_links && normal != std::filesystem::path(path).lexically_normal().string()
+          ? absl::StrCat(" (a link to ", normal, ")")
+          : "",
+      " is outside the dataset folders this daemon reads (--dataset_root ",
+      absl::StrJoin(checks.roots, ", "), ")"));
+}
+
 absl::Status CheckFile(const char* field, const std::string& path, bool required,
-                       bool check_files) {
+                       const DatasetChecks& checks) {
   if (path.empty()) {
     if (!required) return absl::OkStatus();
     return absl::InvalidArgumentError(absl::StrCat("dataset.", field, ": must be set"));
@@ -24,10 +62,23 @@ absl::Status CheckFile(const char* field, const std::string& path, bool required
     return absl::InvalidArgumentError(absl::StrCat("dataset.", field, ": a path of ", path.size(),
                                                    " bytes, more than PATH_MAX (", PATH_MAX, ")"));
   }
-  if (!check_files) return absl::OkStatus();
+  if ((checks.absolute_paths || !checks.roots.empty()) && path[0] != '/') {
+    return absl::InvalidArgumentError(
+        absl::StrCat("dataset.", field, ": must be an absolute path (the workers read it on their ",
+                     "own hosts), got \"", absl::CEscape(path), "\""));
+  }
+  // Outside the roots as written: refused before anything is looked at.
+  if (!checks.roots.empty()) {
+    TESSERA_RETURN_IF_ERROR(CheckRoots(field, path, checks, /*resolve_links=*/false));
+  }
+  if (!checks.check_files) return absl::OkStatus();
   struct stat st;
   if (::stat(path.c_str(), &st) != 0) {
     return absl::InvalidArgumentError(absl::StrCat("dataset.", field, ": file not found: ", path));
+  }
+  // Inside as written, but a link may lead out.
+  if (!checks.roots.empty()) {
+    TESSERA_RETURN_IF_ERROR(CheckRoots(field, path, checks, /*resolve_links=*/true));
   }
   if (!S_ISREG(st.st_mode)) {
     return absl::InvalidArgumentError(
@@ -41,7 +92,7 @@ absl::Status CheckFile(const char* field, const std::string& path, bool required
 }
 
 // The files of d.format(): IDX reads image/label pairs, LIBSVM and CSV read one path per split.
-absl::Status CheckFiles(const v1::DatasetSpec& d, bool check_files) {
+absl::Status CheckFiles(const v1::DatasetSpec& d, const DatasetChecks& check_files) {
   switch (d.format()) {
     case v1::DatasetSpec::FORMAT_IDX:
       TESSERA_RETURN_IF_ERROR(CheckFile("train_images", d.train_images(), true, check_files));
@@ -102,8 +153,22 @@ absl::Status CheckNormalization(const v1::DatasetSpec& d) {
 
 }  // namespace
 
-absl::Status ValidateDataset(const v1::DatasetSpec& d, bool check_files) {
-  TESSERA_RETURN_IF_ERROR(CheckFiles(d, check_files));
+std::vector<std::string> DatasetFolders(const v1::DatasetSpec& d) {
+  std::vector<std::string> folders;
+  for (const std::string* path : {&d.train_images(), &d.train_labels(), &d.test_images(),
+                                  &d.test_labels(), &d.train_path(), &d.test_path()}) {
+    if (path->empty()) continue;
+    std::string folder = std::filesystem::path(*path).lexically_normal().parent_path().string();
+    if (folder.empty()) folder = ".";
+    if (std::find(folders.begin(), folders.end(), folder) == folders.end()) {
+      folders.push_back(std::move(folder));
+    }
+  }
+  return folders;
+}
+
+absl::Status ValidateDataset(const v1::DatasetSpec& d, const DatasetChecks& checks) {
+  TESSERA_RETURN_IF_ERROR(CheckFiles(d, checks));
   if (d.num_classes() < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("dataset.num_classes: must be >= 0, got ", d.num_classes()));

@@ -41,7 +41,11 @@ absl::Status ValidateModelAndData(const v1::JobSpec& spec, const ValidateOptions
     return absl::InvalidArgumentError(absl::StrCat("model.", model.status().message()));
   }
   if (!spec.has_dataset()) return absl::InvalidArgumentError("dataset: must be set");
-  TESSERA_RETURN_IF_ERROR(ValidateDataset(spec.dataset(), options.check_files));
+  DatasetChecks checks;
+  checks.check_files = options.check_files;
+  checks.absolute_paths = options.distributed;
+  checks.roots = options.dataset_roots;
+  TESSERA_RETURN_IF_ERROR(ValidateDataset(spec.dataset(), checks));
   const int64_t outputs = model->output_dim;
   if (spec.model().loss() == v1::LOSS_SOFTMAX_CROSS_ENTROPY &&
       spec.dataset().num_classes() != outputs) {

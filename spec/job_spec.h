@@ -9,6 +9,8 @@
 #define TESSERA_SPEC_JOB_SPEC_H_
 
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
@@ -22,8 +24,11 @@ struct ValidateOptions {
   bool check_files = true;
   // Also check the fields of distributed runs (num_workers, consistency, staleness,
   // partition_bytes, wire_encoding, checkpoint_every_steps, stall_timeout_seconds,
-  // stall_policy). A standalone run ignores them.
+  // stall_policy), and that dataset paths are absolute. A standalone run ignores them.
   bool distributed = false;
+  // When not empty, every dataset path must lie in one of these folders (DatasetChecks::roots,
+  // spec/dataset_spec.h): the daemons' --dataset_root.
+  std::vector<std::string> dataset_roots;
 };
 
 // Checks every field of `spec`. INVALID_ARGUMENT names the field and the value:

@@ -499,6 +499,10 @@ absl::StatusOr<ModelShapes> InferModelShapes(const v1::ModelSpec& spec) {
   if (spec.layers_size() == 0) {
     return absl::InvalidArgumentError("layers: a model needs at least one layer");
   }
+  if (spec.layers_size() > kMaxLayers) {
+    return absl::InvalidArgumentError(absl::StrCat("layers: a model has at most ", kMaxLayers,
+                                                   " layers, got ", spec.layers_size()));
+  }
   ModelShapes out;
   out.sparse_input = spec.layers(0).kind_case() == v1::Layer::kEmbeddingBag;
   if (!out.sparse_input) {

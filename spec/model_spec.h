@@ -73,6 +73,10 @@ struct ModelShapes {
   int64_t output_dim = 0;         // outputs per example (the last layer's elements)
 };
 
+// The deepest model a spec may declare. Deeper ones are refused here, at submission, rather than
+// failing on a worker (each layer keeps its activations for the backward pass).
+inline constexpr int kMaxLayers = 1000;
+
 // Checks `spec` and infers every layer's shapes. Pure; thread-safe. INVALID_ARGUMENT names the
 // layer or the field: "layers[3] (dense_2): dense.units must be > 0, got 0",
 // "input_shape: must have 1 to 3 dimensions ...", "loss: ...", "layers[0]: unknown field

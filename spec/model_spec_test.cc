@@ -44,6 +44,18 @@ TEST(ModelSpecTest, UnknownFieldIsRefused) {
               HasSubstr("layers[0]: unknown field number 99"));
 }
 
+// 10,000 layers are refused for their depth, at submission, not later on a worker for memory.
+TEST(ModelSpecTest, TooDeepAModelIsRefusedForItsDepth) {
+  v1::ModelSpec spec = Parse(kFashionMlp);
+  const v1::Layer relu = spec.layers(1);
+  while (spec.layers_size() < kMaxLayers) *spec.add_layers() = relu;
+  EXPECT_TRUE(InferModelShapes(spec).ok());
+  while (spec.layers_size() < 10000) *spec.add_layers() = relu;
+  auto infos = InferModelShapes(spec);
+  EXPECT_EQ(infos.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(infos.status().message(), "layers: a model has at most 1000 layers, got 10000");
+}
+
 TEST(ModelSpecTest, ShapesOfTheBenchmarkModels) {
   auto mlp = InferModelShapes(Parse(kFashionMlp));
   ASSERT_TRUE(mlp.ok()) << mlp.status();

@@ -37,6 +37,7 @@
 #include "common/status_macros.h"
 #include "kernels/backend.h"
 #include "spdlog/spdlog.h"
+#include "spec/dataset_spec.h"
 #include "spec/job_spec_reader.h"
 #include "worker/daemon/worker_daemon.h"
 #include "worker/daemon/worker_metrics.h"
@@ -66,6 +67,8 @@ struct WorkerFlags {
   // The health and reflection listener; empty: none.
   std::string listen;
   std::string port_file;
+  // The folders a task's dataset files may lie in; empty: /usr/share/datasets.
+  std::vector<std::string> dataset_roots;
 };
 
 // The daemon's checks, run by --check-config and before every daemon start (exit 78 on failure);
@@ -172,6 +175,10 @@ class WorkerDaemonRun final : public tessera::Daemon {
     options.device_name = backend_->Name();
     options.hostname = flags_.hostname;
     options.num_threads = flags_.threads;
+    options.dataset_roots = flags_.dataset_roots;
+    if (options.dataset_roots.empty()) {
+      options.dataset_roots = {tessera::spec::kDebianDatasetsFolder};
+    }
     backend_.reset();
     TESSERA_ASSIGN_OR_RETURN(daemon_, tessera::worker::WorkerDaemon::Create(options));
     metrics->AddCollectable(tessera::worker::NewWorkerCollectable(daemon_.get()));
@@ -287,6 +294,11 @@ int main(int argc, char** argv) {
                  "Daemon: the coordinator's host:port (default $TESSERA_COORDINATOR, else "
                  "127.0.0.1:7070)")
       ->capture_default_str();
+  app.add_option("--dataset_root", flags.dataset_roots,
+                 "Daemon: a folder a task's dataset files may lie in (repeat it, or separate "
+                 "folders with commas, for several); a task naming a file elsewhere fails before "
+                 "reading it. Default: /usr/share/datasets")
+      ->delimiter(',');
   app.add_option("--hostname", flags.hostname,
                  "Daemon: the host name to register with (default: this host's name)");
   app.add_option("--log_level", flags.log_level,

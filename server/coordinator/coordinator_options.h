@@ -6,6 +6,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <string>
+#include <vector>
 
 #include "absl/time/time.h"
 
@@ -24,6 +26,9 @@ struct CoordinatorOptions {
   size_t max_watch_queue = 1000;
   // Check dataset files when validating specs (tests of the state machine turn it off).
   bool check_files = true;
+  // The folders a spec's dataset files must lie in (spec::ValidateOptions::dataset_roots); empty:
+  // anywhere. tessera-coordinator's --dataset_root (default /usr/share/datasets and --data_dir).
+  std::vector<std::string> dataset_roots;
   // LOST and LEFT members kept (per role) for ListMembers; older ones are forgotten, so daemons
   // that come and go forever do not grow the member list and the database without bound.
   size_t max_departed_members = 256;

@@ -15,6 +15,7 @@
 #include "server/coordinator/coordinator_metrics.h"
 #include "server/coordinator/coordinator_server.h"
 #include "spdlog/fmt/fmt.h"
+#include "spec/dataset_spec.h"
 
 namespace {
 
@@ -60,6 +61,9 @@ class CoordinatorDaemon final : public tessera::Daemon {
     options.coordinator.lease = absl::Seconds(flags_.lease_seconds);
     options.coordinator.heartbeat_interval = absl::Seconds(flags_.heartbeat_seconds);
     options.coordinator.recovery_timeout = absl::Seconds(flags_.recovery_timeout_seconds);
+    if (options.coordinator.dataset_roots.empty()) {
+      options.coordinator.dataset_roots = {tessera::spec::kDebianDatasetsFolder, options.data_dir};
+    }
     options.credentials = security_->ServerCredentials();
     options.client_credentials = security_->Client();
     options.configure = tessera::RpcMetricsHook(metrics);
@@ -144,6 +148,11 @@ int main(int argc, char** argv) {
                  "workers, which fail the job naming the file (false: the coordinator's host does "
                  "not hold the datasets)")
       ->capture_default_str();
+  app.add_option("--dataset_root", flags.server.coordinator.dataset_roots,
+                 "a folder a job's dataset files may lie in (repeat it, or separate folders with "
+                 "commas, for several); a spec naming a file elsewhere is refused. Default: "
+                 "/usr/share/datasets and --data_dir")
+      ->delimiter(',');
   app.add_option("--recovery_timeout", flags.recovery_timeout_seconds,
                  "seconds a job whose shard was lost waits for it to come back (and for its "
                  "checkpoint to be restored) before it fails")

@@ -471,6 +471,15 @@ TEST(ClusterE2eTest, BadSpecsAreRefusedAndTheCoordinatorServesOn) {
     s.set_num_workers(0);
     cases.push_back({"num_workers 0", s, "num_workers"});
   }
+  // Issue #16: only files under the coordinator's --dataset_root (by default /usr/share/datasets
+  // and its data directory), whatever ".." says.
+  for (const char* path : {"/etc/passwd", "/usr/share/datasets/../../../etc/passwd"}) {
+    v1::JobSpec s = ExampleSpec();
+    s.set_num_workers(1);
+    s.mutable_dataset()->set_train_images(path);
+    cases.push_back(
+        {path, s, absl::StrCat("dataset.train_images: ", path, " is outside the dataset folders")});
+  }
   {
     v1::JobSpec s = ExampleSpec();
     s.set_num_workers(1);

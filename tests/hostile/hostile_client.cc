@@ -1363,7 +1363,7 @@ bool HostileRun::StartDaemons() {
   coordinator.process = testlib::SpawnChild(
       {bin("tessera-coordinator"), "--listen", "127.0.0.1:0", "--port_file",
        d + "/coordinator.port", "--data_dir", d + "/coordinator", "--num_shards", "2",
-       "--lease_seconds", "10", "--heartbeat_seconds", "1"},
+       "--lease_seconds", "10", "--heartbeat_seconds", "1", "--dataset_root", d + "/dataset"},
       d, "coordinator");
   const int coordinator_port =
       coordinator.process.WaitForPortFile(d + "/coordinator.port", absl::Seconds(30));
@@ -1385,10 +1385,11 @@ bool HostileRun::StartDaemons() {
                             d, absl::StrCat("shard-", i));
   }
   Daemon& worker = daemons_[kWorker];
-  worker.process = testlib::SpawnChild(
-      {bin("tessera-worker"), "--coordinator", coordinator.address, "--listen", "127.0.0.1:0",
-       "--port_file", d + "/worker.port", "--device", "cpu", "--threads", "1"},
-      d, "worker");
+  worker.process =
+      testlib::SpawnChild({bin("tessera-worker"), "--coordinator", coordinator.address, "--listen",
+                           "127.0.0.1:0", "--port_file", d + "/worker.port", "--device", "cpu",
+                           "--threads", "1", "--dataset_root", d + "/dataset"},
+                          d, "worker");
   for (int i = 0; i < 2; ++i) {
     Daemon& shard = daemons_[kShard0 + i];
     const int port =

@@ -480,6 +480,7 @@ void WorkerDaemon::RunTask(v1::Task task) {
   o.num_threads = options_.num_threads;
   o.progress_interval = options_.progress_interval;
   o.max_attempts = options_.data_plane_attempts;
+  o.dataset_roots = options_.dataset_roots;
   o.credentials = options_.credentials;
   o.on_progress = [this, &sender](const v1::ProgressReport& p) {
     RecordProgress(p);

@@ -33,6 +33,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -72,6 +73,9 @@ class WorkerDaemon {
     // Attempts per data-plane request (DistributedOptions::max_attempts): the default rides out
     // about 70 s of a partition before the task fails.
     int data_plane_attempts = 40;
+    // The folders a task's dataset files must lie in (DistributedOptions::dataset_roots); empty:
+    // anywhere. tessera-worker's --dataset_root (default /usr/share/datasets).
+    std::vector<std::string> dataset_roots;
     // How the channels to the coordinator and the shards are made (default: plaintext, no
     // token).
     ClientCredentials credentials;

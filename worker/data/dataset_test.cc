@@ -385,13 +385,13 @@ TEST_P(LibsvmBadLineTest, NamesFileAndLine) {
 
 INSTANTIATE_TEST_SUITE_P(
     Lines, LibsvmBadLineTest,
-    ::testing::Values(BadLine{"1 1:1\n1 2:x\n", "2: feature 1 '2:x' is not index:value", 0},
-                      BadLine{"1 1:1\nabc 2:1\n", "2: label 'abc' is not a number", 0},
+    ::testing::Values(BadLine{"1 1:1\n1 2:x\n", "2: feature 1 (3 bytes) is not index:value", 0},
+                      BadLine{"1 1:1\nabc 2:1\n", "2: label (3 bytes) is not a number", 0},
                       BadLine{"1 1:1\n\n1 3:1 2:1\n", "3: feature index 2 does not increase", 0},
                       BadLine{"1 0:1\n", "1: feature index 0 is below the first index 1", 0},
                       BadLine{"1 11:1\n", "1: feature index 11 is beyond num_features 10", 0},
                       BadLine{"1 1:1\n3 1:1\n", "2: label 3 is not a class id in [0, 2)", 2},
-                      BadLine{"1 1:1\n1 2\n", "2: feature 1 '2' is not index:value", 0},
+                      BadLine{"1 1:1\n1 2\n", "2: feature 1 (1 byte) is not index:value", 0},
                       // index - 1 would overflow.
                       BadLine{"1 -9223372036854775808:1\n",
                               "1: feature index -9223372036854775808 is below the first index 1",
@@ -439,8 +439,9 @@ TEST(CsvReaderTest, BadFieldNamesLineAndColumn) {
   WriteFile(path, "0,1,2\n1,2,oops\n");
   auto d = ReadCsvDataset(path, ReadOptions());
   EXPECT_EQ(d.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(d.status().message()),
-              HasSubstr(absl::StrCat(path, ":2, column 3: 'oops' is not a finite number")));
+  EXPECT_THAT(
+      std::string(d.status().message()),
+      HasSubstr(absl::StrCat(path, ":2, column 3: the field (4 bytes) is not a finite number")));
 }
 
 TEST(CsvReaderTest, RaggedRowNamesLine) {

@@ -43,10 +43,10 @@ absl::StatusOr<std::string> ReadText(const std::string& path) {
   return text;
 }
 
-std::string Quote(absl::string_view s) {
-  constexpr size_t kMax = 40;
-  if (s.size() > kMax) return absl::StrCat("'", s.substr(0, kMax), "...'");
-  return absl::StrCat("'", s, "'");
+// A field of the file, told by its size only: an error never echoes the file's contents (a spec
+// that names a file it should not read learns nothing from it).
+std::string Described(absl::string_view s) {
+  return absl::StrCat("(", s.size(), s.size() == 1 ? " byte)" : " bytes)");
 }
 
 float Normalize(double v, const Normalization& n) {
@@ -79,7 +79,7 @@ absl::StatusOr<std::shared_ptr<const Dataset>> ReadLibsvmDataset(const std::stri
         double label = 0;
         if (!absl::SimpleAtod(tokens[0], &label)) {
           return absl::InvalidArgumentError(
-              absl::StrCat(where, ": label ", Quote(tokens[0]), " is not a number"));
+              absl::StrCat(where, ": label ", Described(tokens[0]), " is not a number"));
         }
         float stored_label = 0;
         TESSERA_RETURN_IF_ERROR(
@@ -92,8 +92,8 @@ absl::StatusOr<std::shared_ptr<const Dataset>> ReadLibsvmDataset(const std::stri
           if (colon == absl::string_view::npos ||
               !absl::SimpleAtoi(tokens[t].substr(0, colon), &index) ||
               !absl::SimpleAtod(tokens[t].substr(colon + 1), &value)) {
-            return absl::InvalidArgumentError(
-                absl::StrCat(where, ": feature ", t, " ", Quote(tokens[t]), " is not index:value"));
+            return absl::InvalidArgumentError(absl::StrCat(
+                where, ": feature ", t, " ", Described(tokens[t]), " is not index:value"));
           }
           if (index < base) {
             return absl::InvalidArgumentError(
@@ -184,8 +184,9 @@ absl::StatusOr<std::shared_ptr<const Dataset>> ReadCsvDataset(const std::string&
         for (int64_t c = 0; c < columns; ++c) {
           double v = 0;
           if (!absl::SimpleAtod(fields[c], &v) || !std::isfinite(v)) {
-            return absl::InvalidArgumentError(absl::StrCat(
-                where, ", column ", c + 1, ": ", Quote(fields[c]), " is not a finite number"));
+            return absl::InvalidArgumentError(absl::StrCat(where, ", column ", c + 1,
+                                                           ": the field ", Described(fields[c]),
+                                                           " is not a finite number"));
           }
           if (c == options.label_column) {
             TESSERA_RETURN_IF_ERROR(internal::CheckLabel(

@@ -141,6 +141,7 @@ absl::Status DistributedTrainer::Init() {
   }
   spec::ValidateOptions validate;
   validate.distributed = true;
+  validate.dataset_roots = options_.dataset_roots;
   TESSERA_RETURN_IF_ERROR(spec::ValidateJobSpec(spec, validate));
   world_ = task.world_size();
   rank_ = task.rank();

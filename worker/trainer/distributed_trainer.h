@@ -82,6 +82,9 @@ struct DistributedOptions {
   int num_threads = 0;
   // CPU backend memory bound (0: the host's physical memory); see TrainerOptions.
   int64_t memory_limit_bytes = 0;
+  // The folders the task's dataset files must lie in (tessera-worker --dataset_root); empty:
+  // anywhere. A spec naming a file elsewhere fails the task before anything is read.
+  std::vector<std::string> dataset_roots;
   // Deadline of each data-plane call (ParameterClient::Options::call_timeout).
   absl::Duration call_timeout = absl::Seconds(30);
   // Attempts per data-plane request after UNAVAILABLE or DEADLINE_EXCEEDED, with backoff from

@@ -22,6 +22,7 @@ absl::StatusOr<v1::Job> CreateJob(ClusterState& state, const v1::JobSpec& spec) 
   spec::ValidateOptions validate;
   validate.check_files = state.options.check_files;
   validate.distributed = true;
+  validate.dataset_roots = state.options.dataset_roots;
   TESSERA_RETURN_IF_ERROR(spec::ValidateJobSpec(spec, validate));
   v1::Job created;
   {
