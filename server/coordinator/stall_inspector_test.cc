@@ -238,44 +238,38 @@ TEST_F(StallTest, EvictLosesTheStalledRankAndStopsItsWorkerWhichIsFreedOnceItsTa
 
 TEST_F(StallTest, ASilentShardHoldsTheProgressLease) {
   const std::string id = StartJob(/*stall_timeout_seconds=*/5, "evict");
+  // Seconds `from`..`to` after the start, one tick each, with a heartbeat from `members` (every
+  // live member when empty).
+  const int64_t start = now_ms_;
+  const auto seconds = [&](int from, int to, std::vector<std::string> members = {}) {
+    for (int i = from; i <= to; ++i) {
+      now_ms_ = start + i * 1000;
+      if (members.empty()) HeartbeatAll();
+      for (const std::string& member : members) {
+        v1::HeartbeatRequest beat;
+        beat.set_member_id(member);
+        ASSERT_TRUE(coordinator_->Heartbeat(beat).ok());
+      }
+      coordinator_->Tick();
+    }
+  };
   // Shard 1 says nothing for 8 s (stopped, not yet lost: the lease is 10 s); every rank waits on
   // it, and none is evicted for it.
-  const int64_t start = now_ms_;
-  for (int i = 1; i <= 8; ++i) {
-    now_ms_ = start + i * 1000;
-    for (const char* member : {"s-1", "w-1", "w-2"}) {
-      v1::HeartbeatRequest beat;
-      beat.set_member_id(member);
-      ASSERT_TRUE(coordinator_->Heartbeat(beat).ok());
-    }
-    coordinator_->Tick();
-  }
+  seconds(1, 8, {"s-1", "w-1", "w-2"});
   EXPECT_FALSE(Job(id).workers(0).lost());
   EXPECT_FALSE(Job(id).workers(1).lost());
   // It speaks again: the lease counts from then, not from the ranks' last step.
-  for (int i = 9; i <= 12; ++i) {
-    now_ms_ = start + i * 1000;
-    HeartbeatAll();
-    coordinator_->Tick();
-  }
+  seconds(9, 12);
   EXPECT_FALSE(Job(id).workers(0).lost());
   EXPECT_FALSE(Job(id).workers(1).lost());
   // Nobody is named by the shards and no rank moves for the whole timeout: both are stalled.
   // One is evicted; the other's lease starts again (it may have waited for the first), and it is
   // evicted once that runs out too.
-  for (int i = 13; i <= 17; ++i) {
-    now_ms_ = start + i * 1000;
-    HeartbeatAll();
-    coordinator_->Tick();
-  }
+  seconds(13, 17);
   EXPECT_TRUE(Job(id).workers(0).lost());
   EXPECT_FALSE(Job(id).workers(1).lost());
   EXPECT_EQ(Job(id).state(), v1::JOB_STATE_RUNNING);
-  for (int i = 18; i <= 18 + 5; ++i) {
-    now_ms_ = start + i * 1000;
-    HeartbeatAll();
-    coordinator_->Tick();
-  }
+  seconds(18, 23);
   EXPECT_EQ(Job(id).state(), v1::JOB_STATE_FAILED);
   EXPECT_NE(Job(id).reason().find("evicted: no step progress"), std::string::npos)
       << Job(id).reason();
