@@ -429,9 +429,11 @@ void ConsistencyGate::Close(const absl::Status& status) {
 std::optional<v1::ShardStall> ConsistencyGate::FindStall(
     const std::vector<std::shared_ptr<Partition>>& partitions, int64_t now_ns,
     int64_t min_wait_ns) const {
-  if (bsp()) return FindBspStall(partitions, now_ns, min_wait_ns);
-  if (ssp()) return FindSspStall(now_ns, min_wait_ns);
-  return std::nullopt;
+  std::optional<v1::ShardStall> stall;
+  if (bsp()) stall = FindBspStall(partitions, now_ns, min_wait_ns);
+  if (ssp()) stall = FindSspStall(now_ns, min_wait_ns);
+  if (stall.has_value()) stall->set_partitions(static_cast<int32_t>(partitions.size()));
+  return stall;
 }
 
 std::optional<v1::ShardStall> ConsistencyGate::FindBspStall(
@@ -470,7 +472,6 @@ std::optional<v1::ShardStall> ConsistencyGate::FindBspStall(
   v1::ShardStall stall;
   stall.set_step(oldest);
   stall.set_waiting_ms((now_ns - first_push_ns) / 1'000'000);
-  stall.set_partitions(static_cast<int32_t>(seen.size()));
   for (uint32_t w = 0; w < live.size(); ++w) {
     if (!live[w]) continue;
     int32_t missing = 0;
@@ -502,7 +503,6 @@ std::optional<v1::ShardStall> ConsistencyGate::FindSspStall(int64_t now_ns,
   v1::ShardStall stall;
   stall.set_step(step);
   stall.set_waiting_ms((now_ns - oldest->parked_ns) / 1'000'000);
-  stall.set_partitions(static_cast<int32_t>(oldest->clocks.size()));
   for (uint32_t w = 0; w < num_workers_; ++w) {
     if (!live[w]) continue;
     int32_t behind = 0;

@@ -218,8 +218,8 @@ class ConsistencyGate {
   // worker has pushed somewhere and another live worker has not pushed everywhere, counted from
   // its first push, with per live worker the partitions it has not pushed; SSP, the oldest parked
   // pull, with the live workers further behind on its partitions than the staleness allows; ASP
-  // never waits. job_id is left empty. Takes the partitions' locks one at a time (never two at
-  // once) and the gate's after each.
+  // never waits. `partitions` is the number given; job_id is left empty. Takes the partitions'
+  // locks one at a time (never two at once) and the gate's after each.
   std::optional<v1::ShardStall> FindStall(const std::vector<std::shared_ptr<Partition>>& partitions,
                                           int64_t now_ns, int64_t min_wait_ns) const;
 

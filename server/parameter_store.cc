@@ -477,7 +477,6 @@ std::vector<v1::ShardStall> ParameterStore::FindStalls(absl::Duration min_wait) 
         job->gate.FindStall(job->AllPartitions(), now_ns, min_wait_ns);
     if (!stall.has_value()) continue;
     stall->set_job_id(job->id);
-    stall->set_partitions(static_cast<int32_t>(job->num_partitions.load()));
     stalls.push_back(*std::move(stall));
   }
   std::sort(stalls.begin(), stalls.end(), [](const v1::ShardStall& a, const v1::ShardStall& b) {

@@ -236,7 +236,7 @@ class ParameterStore {
   ShardStats GetShardStats() const;
 
   // The stall inspector: every job whose step has waited at least `min_wait` for some rank
-  // (ConsistencyGate::FindStall), with its id and its number of partitions; at most
+  // (ConsistencyGate::FindStall over all its partitions), with its id; at most
   // kMaxStallsReported jobs, the longest waits first. What the shard's heartbeat carries.
   static constexpr size_t kMaxStallsReported = 1024;
   // The wait the shard's heartbeat reports a stall from (server/main.cc).

@@ -332,10 +332,10 @@ TEST_F(CoordinatorTest, TheRestartGraceEndsOnceEveryRankIsBack) {
   now_ms_ += 1000;
   const std::string w3 = RegisterWorker("host-0");
   const std::string w4 = RegisterWorker("host-1");
+  const size_t calls = shards_.checkpoints.size();
   EXPECT_FALSE(Report(w3, id, 0, v1::TASK_PHASE_TRAINING, 12).cancel());
   coordinator_->Tick();
   // One rank back: still in the grace, no checkpoint yet.
-  const size_t calls = shards_.checkpoints.size();
   EXPECT_EQ(shards_.checkpoints.size(), calls);
   EXPECT_FALSE(Report(w4, id, 1, v1::TASK_PHASE_TRAINING, 12).cancel());
   coordinator_->Tick();
