@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/encoding.h"
+#include "kernels/row_table.h"
 #include "kernels/schedule.h"
 
 namespace tessera::server {
@@ -17,48 +18,8 @@ int64_t SteadyNowNs() {
              std::chrono::steady_clock::now().time_since_epoch())
       .count();
 }
+
 namespace {
-
-constexpr double kPi = 3.14159265358979323846;
-
-// SplitMix64: a small, portable generator so row r of a table initialises the same everywhere.
-uint64_t SplitMix(uint64_t* state) {
-  uint64_t z = (*state += 0x9e3779b97f4a7c15ull);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
-// Uniform in [0, 1) with 24 random bits.
-float UnitFloat(uint64_t* state) {
-  return static_cast<float>(SplitMix(state) >> 40) * (1.0f / 16777216.0f);
-}
-
-// Row `row` of a table with initializer `init`: the same values on every shard and every run.
-void InitRow(const v1::Initializer& init, int64_t row, float* out, uint32_t dim) {
-  uint64_t state = init.seed() ^ (static_cast<uint64_t>(row) * 0xd1b54a32d192ed03ull);
-  switch (init.kind()) {
-    case v1::Initializer::KIND_CONSTANT:
-      std::fill(out, out + dim, init.value());
-      return;
-    case v1::Initializer::KIND_UNIFORM:
-      for (uint32_t i = 0; i < dim; ++i) out[i] = (2.0f * UnitFloat(&state) - 1.0f) * init.scale();
-      return;
-    case v1::Initializer::KIND_NORMAL:
-      for (uint32_t i = 0; i < dim; i += 2) {
-        // Box-Muller; 1 - u keeps the logarithm finite.
-        const double u1 = 1.0 - UnitFloat(&state);
-        const double u2 = UnitFloat(&state);
-        const double r = std::sqrt(-2.0 * std::log(u1));
-        out[i] = static_cast<float>(r * std::cos(2.0 * kPi * u2)) * init.scale();
-        if (i + 1 < dim)
-          out[i + 1] = static_cast<float>(r * std::sin(2.0 * kPi * u2)) * init.scale();
-      }
-      return;
-    default:
-      std::fill(out, out + dim, 0.0f);
-  }
-}
 
 // The fields every partition sets the same way.
 std::shared_ptr<Partition> NewPartition(const kernels::OptimizerParams& params,
@@ -171,7 +132,7 @@ Partition::Row& Partition::RowLocked(int64_t id) {
     budget->ForceReserve(RowBytes());
     charged.fetch_add(RowBytes(), std::memory_order_relaxed);
     it->second.values.resize(static_cast<size_t>(dim) * (1 + num_slots));
-    InitRow(initializer, id, it->second.values.data(), dim);
+    kernels::InitializeRow(initializer, id, it->second.values.data(), dim);
     for (int s = 0; s < num_slots; ++s) {
       float* slot = it->second.values.data() + static_cast<size_t>(dim) * (1 + s);
       std::fill(slot, slot + dim, kernels::SlotInitialValue(params, s));
@@ -263,7 +224,7 @@ void Partition::ReadInto(const std::vector<int64_t>& row_ids, v1::Encoding encod
     if (it != rows.end()) {
       std::copy_n(it->second.values.data(), dim, out.data() + i * dim);
     } else {
-      InitRow(initializer, row_ids[i], out.data() + i * dim, dim);
+      kernels::InitializeRow(initializer, row_ids[i], out.data() + i * dim, dim);
     }
   }
   for (int64_t id : row_ids) slice->add_row_ids(id);

@@ -62,6 +62,15 @@ absl::Status ValidateModelAndData(const v1::JobSpec& spec, const ValidateOptions
                      : "dataset.format: FORMAT_LIBSVM examples are sparse, so the model must "
                        "start with an embedding_bag layer");
   }
+  if (sparse_model && spec.has_optimizer()) {
+    // The shards apply the job's optimizer to the table's rows too.
+    absl::Status sparse_optimizer = ValidateOptimizer(spec.optimizer(), /*sparse=*/true);
+    if (!sparse_optimizer.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(sparse_optimizer.message(),
+                                                     " (the model's table ", model->layers[0].name,
+                                                     "/embeddings is a sparse table)"));
+    }
+  }
   if (spec.model().loss() != v1::LOSS_SOFTMAX_CROSS_ENTROPY && outputs != 1) {
     return absl::InvalidArgumentError(absl::StrCat(
         "model.loss: ", v1::Loss_Name(spec.model().loss()),

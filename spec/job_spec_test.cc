@@ -1,5 +1,6 @@
 #include "spec/job_spec.h"
 
+#include <algorithm>
 #include <functional>
 #include <string>
 #include <utility>
@@ -164,6 +165,30 @@ INSTANTIATE_TEST_SUITE_P(
                   d->clear_test_labels();
                 },
                 "dataset.format: FORMAT_LIBSVM examples are sparse"},
+        BadSpec{"sparse_optimizer",
+                [](v1::JobSpec* s) {
+                  // A hashed embedding table in front, LIBSVM data, and an optimizer the shards
+                  // cannot apply to sparse rows.
+                  v1::ModelSpec* m = s->mutable_model();
+                  m->clear_input_shape();
+                  v1::Layer bag;
+                  bag.set_name("bag");
+                  bag.mutable_embedding_bag()->set_dim(8);
+                  m->mutable_layers()->Add(std::move(bag));
+                  std::rotate(m->mutable_layers()->rbegin(), m->mutable_layers()->rbegin() + 1,
+                              m->mutable_layers()->rend());
+                  v1::DatasetSpec* d = s->mutable_dataset();
+                  d->set_format(v1::DatasetSpec::FORMAT_LIBSVM);
+                  d->set_train_path(d->train_images());
+                  d->clear_train_images();
+                  d->clear_train_labels();
+                  d->clear_test_images();
+                  d->clear_test_labels();
+                  s->mutable_optimizer()->set_kind(v1::OPTIMIZER_KIND_MOMENTUM);
+                },
+                "optimizer.kind: OPTIMIZER_KIND_MOMENTUM is for dense tensors only; sparse tables "
+                "take SGD, ADAGRAD, ADAM or FTRL (the model's table bag/embeddings is a sparse "
+                "table)"},
         BadSpec{"device", [](v1::JobSpec* s) { s->set_device("tpu"); },
                 "device: must be \"auto\", \"cuda\" or \"cpu\", got \"tpu\""},
         BadSpec{"length", [](v1::JobSpec* s) { s->set_epochs(0); },

@@ -346,23 +346,37 @@ absl::Status InferEmbeddingBag(const v1::EmbeddingBag& e, int index, LayerInfo* 
                       "embedding_bag must be the first layer (it reads the "
                       "sparse input)");
   }
-  TESSERA_RETURN_IF_ERROR(CheckSize(index, name, "embedding_bag.num_rows", e.num_rows()));
+  // num_rows 0: hashed ids, any int64 value; the rows exist only on the shards.
+  if (e.num_rows() != 0) {
+    TESSERA_RETURN_IF_ERROR(CheckSize(index, name, "embedding_bag.num_rows", e.num_rows()));
+  }
   TESSERA_RETURN_IF_ERROR(CheckSize(index, name, "embedding_bag.dim", e.dim()));
+  if (e.dim() > kMaxRowWidth) {
+    return LayerError(
+        index, name,
+        absl::StrCat("embedding_bag.dim must be <= ", kMaxRowWidth, ", got ", e.dim()));
+  }
   if (!v1::EmbeddingBag::Combiner_IsValid(e.combiner())) {
     return LayerError(index, name,
                       absl::StrCat("embedding_bag.combiner: unknown value ", e.combiner()));
   }
   TESSERA_RETURN_IF_ERROR(CheckInitializer(index, name, "embedding_bag.embeddings_initializer",
                                            e.embeddings_initializer()));
-  if (e.num_rows() * e.dim() > kMaxElements * 4) {
-    return LayerError(index, name, "embedding_bag table is too large");
-  }
   info->input_shape = {e.num_rows()};
   info->output_shape = {e.dim()};
   v1::WeightInitializer init = e.embeddings_initializer();
   if (init.kind() == v1::WeightInitializer::KIND_UNSPECIFIED) {
     init.set_kind(v1::WeightInitializer::KIND_NORMAL);
     init.set_stddev(0.01f);
+  }
+  if (e.num_rows() == 0 && (init.kind() == v1::WeightInitializer::KIND_GLOROT_UNIFORM ||
+                            init.kind() == v1::WeightInitializer::KIND_HE_NORMAL)) {
+    return LayerError(
+        index, name,
+        absl::StrCat("embedding_bag.embeddings_initializer.kind: ",
+                     v1::WeightInitializer::Kind_Name(init.kind()),
+                     " needs the table's row count; a hashed table (num_rows 0) takes KIND_NORMAL, "
+                     "KIND_ZEROS or KIND_CONSTANT"));
   }
   ParameterShape table{"embeddings", {e.num_rows(), e.dim()}, init, e.num_rows(), e.dim()};
   table.sparse = true;
@@ -522,6 +536,42 @@ absl::StatusOr<ModelShapes> InferModelShapes(const v1::ModelSpec& spec) {
         "loss: LOSS_SOFTMAX_CROSS_ENTROPY needs at least 2 outputs, but the last layer (",
         out.layers.back().name, ") gives ", out.output_dim));
   }
+  return out;
+}
+
+v1::Initializer RowInitializer(const ParameterShape& table, uint64_t model_seed,
+                               absl::string_view name) {
+  v1::Initializer out;
+  const double rows = static_cast<double>(table.fan_in > 0 ? table.fan_in : 1);
+  const double width = static_cast<double>(table.fan_out > 0 ? table.fan_out : 1);
+  switch (table.init.kind()) {
+    case v1::WeightInitializer::KIND_GLOROT_UNIFORM:
+      out.set_kind(v1::Initializer::KIND_UNIFORM);
+      out.set_scale(static_cast<float>(std::sqrt(6.0 / (rows + width))));
+      break;
+    case v1::WeightInitializer::KIND_HE_NORMAL:
+      out.set_kind(v1::Initializer::KIND_NORMAL);
+      out.set_scale(static_cast<float>(std::sqrt(2.0 / rows)));
+      break;
+    case v1::WeightInitializer::KIND_NORMAL:
+      out.set_kind(v1::Initializer::KIND_NORMAL);
+      out.set_scale(table.init.stddev() > 0 ? table.init.stddev() : 0.01f);
+      break;
+    case v1::WeightInitializer::KIND_CONSTANT:
+      out.set_kind(v1::Initializer::KIND_CONSTANT);
+      out.set_value(table.init.value());
+      break;
+    default:
+      out.set_kind(v1::Initializer::KIND_ZEROS);
+      break;
+  }
+  // FNV-1a of the name, mixed with the seed: each table of each job draws its own rows.
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (const char c : name) h = (h ^ static_cast<uint8_t>(c)) * 0x100000001b3ull;
+  uint64_t z = model_seed + 0x9e3779b97f4a7c15ull * (h | 1);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  out.set_seed(z ^ (z >> 31));
   return out;
 }
 

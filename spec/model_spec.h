@@ -14,7 +14,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "tessera/v1/model.pb.h"
+#include "tessera/v1/parameter.pb.h"
 
 namespace tessera::spec {
 
@@ -73,6 +75,10 @@ struct ModelShapes {
   int64_t output_dim = 0;         // outputs per example (the last layer's elements)
 };
 
+// The widest embedding row a table may declare (SparseTableDecl.dim is 32 bits; a row of 64 Ki
+// floats is 256 KiB, far beyond any embedding in use).
+inline constexpr int64_t kMaxRowWidth = 65536;
+
 // The deepest model a spec may declare. Deeper ones are refused here, at submission, rather than
 // failing on a worker (each layer keeps its activations for the backward pass).
 inline constexpr int kMaxLayers = 1000;
@@ -82,6 +88,16 @@ inline constexpr int kMaxLayers = 1000;
 // "input_shape: must have 1 to 3 dimensions ...", "loss: ...", "layers[0]: unknown field
 // number 99".
 absl::StatusOr<ModelShapes> InferModelShapes(const v1::ModelSpec& spec);
+
+// How the rows of the sparse table `table` (a ParameterShape with sparse set, as
+// InferModelShapes gave it) named `name` ("embedding_bag_1/embeddings") are initialised on
+// first touch, wherever they live: the shards (SparseTableDecl.initializer) and the standalone
+// trainer's row table draw row r from (initializer, r) alike. NORMAL keeps its stddev,
+// ZEROS and CONSTANT stay; a table with a row count maps GLOROT_UNIFORM to
+// U(-sqrt(6 / (rows + dim)), +...) and HE_NORMAL to N(0, 2 / rows). The seed is a function of
+// `model_seed` and `name`. Pure.
+v1::Initializer RowInitializer(const ParameterShape& table, uint64_t model_seed,
+                               absl::string_view name);
 
 }  // namespace tessera::spec
 

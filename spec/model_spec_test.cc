@@ -3,6 +3,7 @@
 // check that Model::Create refuses the same specs with the same status.
 #include "spec/model_spec.h"
 
+#include <cmath>
 #include <string>
 
 #include "gmock/gmock.h"
@@ -146,6 +147,46 @@ TEST(ModelSpecTest, ParametersOfEachKind) {
   EXPECT_TRUE(table.sparse);
   EXPECT_EQ(table.init.kind(), v1::WeightInitializer::KIND_NORMAL);
   EXPECT_EQ(table.init.stddev(), 0.01f);
+}
+
+// A hashed table (num_rows 0) has no row count: any id, and its rows start from NORMAL, ZEROS
+// or CONSTANT, which the shards and the standalone trainer draw alike.
+TEST(ModelSpecTest, HashedTablesAndTheirRowInitializer) {
+  auto hashed = InferModelShapes(Parse(R"pb(layers { embedding_bag { dim: 8 } }
+                                            layers { dense { units: 1 } }
+                                            loss: LOSS_MEAN_SQUARED_ERROR)pb"));
+  ASSERT_TRUE(hashed.ok()) << hashed.status();
+  EXPECT_TRUE(hashed->sparse_input);
+  EXPECT_THAT(hashed->input_shape, ElementsAre(0));
+  const ParameterShape& table = hashed->layers[0].parameters.at(0);
+  const v1::Initializer init = RowInitializer(table, 7, "embedding_bag_1/embeddings");
+  EXPECT_EQ(init.kind(), v1::Initializer::KIND_NORMAL);
+  EXPECT_EQ(init.scale(), 0.01f);
+  EXPECT_EQ(init.seed(), RowInitializer(table, 7, "embedding_bag_1/embeddings").seed());
+  EXPECT_NE(init.seed(), RowInitializer(table, 8, "embedding_bag_1/embeddings").seed());
+  EXPECT_NE(init.seed(), RowInitializer(table, 7, "other/embeddings").seed());
+
+  auto bounded =
+      InferModelShapes(Parse(R"pb(layers {
+                                    embedding_bag {
+                                      num_rows: 94
+                                      dim: 6
+                                      embeddings_initializer { kind: KIND_GLOROT_UNIFORM }
+                                    }
+                                  }
+                                  layers { dense { units: 1 } }
+                                  loss: LOSS_MEAN_SQUARED_ERROR)pb"));
+  ASSERT_TRUE(bounded.ok()) << bounded.status();
+  const v1::Initializer glorot = RowInitializer(bounded->layers[0].parameters.at(0), 1, "t");
+  EXPECT_EQ(glorot.kind(), v1::Initializer::KIND_UNIFORM);
+  EXPECT_FLOAT_EQ(glorot.scale(), std::sqrt(6.0f / 100.0f));
+
+  auto wide = InferModelShapes(Parse(R"pb(layers { embedding_bag { dim: 65537 } }
+                                          layers { dense { units: 1 } }
+                                          loss: LOSS_MEAN_SQUARED_ERROR)pb"));
+  EXPECT_EQ(wide.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(wide.status().message()),
+              HasSubstr("embedding_bag.dim must be <= 65536"));
 }
 
 // Defaults of model.proto: conv2d strides 1; pool windows 2, strides the window; a rank-2

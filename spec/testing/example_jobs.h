@@ -8,7 +8,9 @@
 #include <cstdint>
 #include <fstream>
 #include <random>
+#include <set>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/text_format.h"
@@ -29,6 +31,50 @@ inline void WriteBlobsCsv(const std::string& path, int n, uint32_t seed) {
     out << k << "," << 3 * std::cos(angle) + noise(rng) << "," << 3 * std::sin(angle) + noise(rng)
         << "\n";
   }
+}
+
+// A hashed-id CTR-like task in LIBSVM form (0-based): each example holds 3 to 6 of 400 ids
+// spread over the int64 range; its label is 1 when it holds more "positive" ids (a fixed half
+// of them) than not. The same `seed`, the same file; every seed draws from the same 400 ids.
+inline void WriteHashedLibsvm(const std::string& path, int examples, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<int64_t> vocabulary(400);
+  std::mt19937_64 ids(99);  // the same vocabulary in every file
+  for (int64_t& id : vocabulary) id = static_cast<int64_t>(ids() >> 2);
+  std::ofstream out(path);
+  for (int e = 0; e < examples; ++e) {
+    const int count = 3 + static_cast<int>(rng() % 4);
+    std::set<int64_t> chosen;
+    int positive = 0;
+    while (static_cast<int>(chosen.size()) < count) {
+      const size_t k = rng() % vocabulary.size();
+      if (chosen.insert(vocabulary[k]).second) positive += k % 2 == 0 ? 1 : -1;
+    }
+    out << (positive > 0 ? 1 : 0);
+    for (int64_t id : chosen) out << " " << id << ":1";
+    out << "\n";
+  }
+}
+
+// The JobSpec text of a hashed embedding table (dim 4, sum) -> 8 -> tanh -> 1 model with sigmoid
+// cross-entropy on `dir`/train.svm and `dir`/test.svm (WriteHashedLibsvm), on the CPU: name,
+// model, dataset and device only.
+inline std::string HashedJobText(const std::string& dir) {
+  return absl::StrCat("name: \"hashed\"\n",                       //
+                      "model {\n",                                //
+                      "  layers { embedding_bag { dim: 4 } }\n",  //
+                      "  layers { dense { units: 8 } }\n",        //
+                      "  layers { tanh {} }\n",                   //
+                      "  layers { dense { units: 1 } }\n",        //
+                      "  loss: LOSS_SIGMOID_CROSS_ENTROPY\n",     //
+                      "}\n",                                      //
+                      "dataset {\n",                              //
+                      "  format: FORMAT_LIBSVM\n",                //
+                      "  zero_based: true\n",                     //
+                      "  train_path: \"", dir, "/train.svm\"\n",  //
+                      "  test_path: \"", dir, "/test.svm\"\n",    //
+                      "}\n",                                      //
+                      "device: \"cpu\"\n");
 }
 
 // The JobSpec text of an MLP 2 -> `hidden_units` -> 3 (ReLU, softmax cross-entropy) on the blobs

@@ -734,9 +734,10 @@ void ParameterClient::PushPullSparseAsync(absl::string_view table, int64_t step,
     return done(absl::InvalidArgumentError(
         absl::StrCat("PushPullSparse table '", table, "': step must be >= 0, got ", step)));
   }
-  if (rows.empty()) return done(PushPullResult{});
-  // One request per shard: the shard deduplicates per (worker, table), so two requests for the
-  // same table on one shard must never be in flight at once.
+  // One request per shard, rows or none: a table's clock on a shard advances with every push to
+  // it, so under BSP and SSP a worker whose batch touches no row there still counts for the step.
+  // The shard deduplicates per (worker, table), so two requests for the same table on one shard
+  // must never be in flight at once.
   std::vector<std::vector<size_t>> positions(shards_.size());
   for (size_t i = 0; i < rows.size(); ++i) {
     positions[ShardOfSparseRow(options_.job_id, t.name, rows[i], num_shards())].push_back(i);
@@ -751,8 +752,7 @@ void ParameterClient::PushPullSparseAsync(absl::string_view table, int64_t step,
   }
   auto op = std::make_shared<Op>();
   op->done = std::move(done);
-  int used = 0;
-  for (const auto& pos : positions) used += pos.empty() ? 0 : 1;
+  const int used = num_shards();
   op->remaining.store(used);
   {
     absl::MutexLock lock(&op->mu);
@@ -761,7 +761,6 @@ void ParameterClient::PushPullSparseAsync(absl::string_view table, int64_t step,
   OpStarted();
   const bool want = !weights_out.empty();
   for (int s = 0; s < num_shards(); ++s) {
-    if (positions[s].empty()) continue;
     auto pos = std::make_shared<std::vector<size_t>>(std::move(positions[s]));
     std::shared_ptr<v1::PushPullRequest> request = NewRequest(step);
     v1::Slice* slice = request->add_push();
@@ -799,6 +798,75 @@ void ParameterClient::PushPullSparseAsync(absl::string_view table, int64_t step,
             absl::StrCat("response has no weights for sparse table '", name, "'"));
       };
     }
+    Send(std::move(attempt));
+  }
+}
+
+void ParameterClient::PullSparseAsync(absl::string_view table, int64_t step,
+                                      absl::Span<const int64_t> rows, absl::Span<float> out,
+                                      PushPullCallback done) {
+  absl::StatusOr<SparseTable> found = FindTable(table);
+  if (!found.ok()) return done(found.status());
+  const SparseTable t = *std::move(found);
+  const size_t dim = t.dim;
+  if (out.size() != rows.size() * dim) {
+    return done(absl::InvalidArgumentError(
+        absl::StrCat("PullSparseAsync table '", table, "': out has ", out.size(), " values, ",
+                     rows.size(), " rows of dim ", dim, " need ", rows.size() * dim)));
+  }
+  if (step < 0) {
+    return done(absl::InvalidArgumentError(
+        absl::StrCat("PullSparseAsync table '", table, "': step must be >= 0, got ", step)));
+  }
+  std::vector<std::vector<size_t>> positions(shards_.size());
+  for (size_t i = 0; i < rows.size(); ++i) {
+    positions[ShardOfSparseRow(options_.job_id, t.name, rows[i], num_shards())].push_back(i);
+  }
+  int used = 0;
+  for (const auto& pos : positions) used += pos.empty() ? 0 : 1;
+  if (used == 0) return done(PushPullResult{});
+  auto op = std::make_shared<Op>();
+  op->done = std::move(done);
+  op->remaining.store(used);
+  {
+    absl::MutexLock lock(&op->mu);
+    op->result.requests = static_cast<uint32_t>(used);
+  }
+  OpStarted();
+  for (int s = 0; s < num_shards(); ++s) {
+    if (positions[s].empty()) continue;
+    auto pos = std::make_shared<std::vector<size_t>>(std::move(positions[s]));
+    // A request without push slices: only its pull, gated for `step`.
+    std::shared_ptr<v1::PushPullRequest> request = NewRequest(step);
+    v1::Slice* key = request->add_pull();
+    key->mutable_key()->set_tensor(t.name);
+    key->mutable_key()->set_index(0);
+    for (size_t i : *pos) key->add_row_ids(rows[i]);
+    auto attempt = std::make_shared<Attempt>();
+    attempt->op = op;
+    attempt->shard = s;
+    attempt->call.request = std::move(request);
+    attempt->what = absl::StrCat("PullSparse table '", table, "' step ", step, " (", pos->size(),
+                                 " rows) on shard ", s);
+    float* dst = out.data();
+    const std::string name = t.name;
+    attempt->accept = [dst, dim, pos, name](const v1::PushPullResponse& r) -> absl::Status {
+      for (const v1::Slice& w : r.weights()) {
+        if (w.key().tensor() != name) continue;
+        if (static_cast<size_t>(w.row_ids_size()) != pos->size()) {
+          return absl::InternalError(absl::StrCat("sparse table '", name, "': ", w.row_ids_size(),
+                                                  " rows came back for ", pos->size(), " asked"));
+        }
+        std::vector<float> values(pos->size() * dim);
+        TESSERA_RETURN_IF_ERROR(DecodeValues(w.encoding(), w.data(), values.data(), values.size()));
+        for (size_t j = 0; j < pos->size(); ++j) {
+          std::copy_n(values.data() + j * dim, dim, dst + (*pos)[j] * dim);
+        }
+        return absl::OkStatus();
+      }
+      return absl::InternalError(
+          absl::StrCat("response has no rows for sparse table '", name, "'"));
+    };
     Send(std::move(attempt));
   }
 }

@@ -162,8 +162,10 @@ class ParameterClient {
                     int64_t* min_version = nullptr);
 
   // Sparse tables: rows[i]'s gradient is gradient[i*dim, (i+1)*dim). Each row goes to
-  // ShardOfSparseRow(job, table, row). Weights come back into weights_out in the same layout.
-  // Same REQUIREs as PushPullAsync; sizes are rows.size() * dim.
+  // ShardOfSparseRow(job, table, row), and every shard gets one request, rows or none (its clock
+  // for the table advances: a BSP step there does not wait for this worker). Weights come back
+  // into weights_out in the same layout. Same REQUIREs as PushPullAsync; sizes are
+  // rows.size() * dim; the rows are distinct.
   void PushPullSparseAsync(absl::string_view table, int64_t step, absl::Span<const int64_t> rows,
                            absl::Span<const float> gradient, absl::Span<float> weights_out,
                            PushPullCallback done);
@@ -173,6 +175,13 @@ class ParameterClient {
                                                              absl::Span<float> weights_out);
   absl::Status PullSparse(absl::string_view table, int64_t step, absl::Span<const int64_t> rows,
                           absl::Span<float> out);
+  // The rows `rows` of a table into out[i * dim ...] once the shards' consistency gate for
+  // `step` opens (>= 0; BSP: once step - 1 is applied), each shard holding some of them asked in
+  // one request on its PushPull stream, under the retry policy. Does not block: a pull for the
+  // next step can be parked on the shards while this one computes. `done` runs once.
+  // REQUIRES: out stays valid until `done` runs; out.size() == rows.size() * dim.
+  void PullSparseAsync(absl::string_view table, int64_t step, absl::Span<const int64_t> rows,
+                       absl::Span<float> out, PushPullCallback done);
 
   // Control calls, sent to every shard. Block.
   absl::Status UpdateMembership(const std::vector<uint32_t>& live_workers, int64_t effective_step);

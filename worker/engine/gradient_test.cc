@@ -395,6 +395,12 @@ TEST_P(EmbeddingGradientTest, MatchesFiniteDifferences) {
   auto model = Model::Create(spec, backend.get(), 80);
   ASSERT_TRUE(model.ok()) << model.status();
   ASSERT_TRUE((*model)->sparse_input());
+  // The table's rows live outside the model: install all 9 (ids are positions among them).
+  std::mt19937 rng(79);
+  std::normal_distribution<float> normal(0.0f, 0.5f);
+  std::vector<float> rows(9 * 4);
+  for (float& v : rows) v = normal(rng);
+  ASSERT_TRUE((*model)->SetRows(0, 9, rows).ok());
   OwnedBatch b;
   b.size = 4;
   // Bags: {1, 3, 3}, {}, {0, 8}, {5}: a repeated id, an empty bag, the last row.

@@ -113,6 +113,7 @@ absl::Status Model::Build(const v1::ModelSpec& spec) {
   parameter_bytes_ = 0;
   for (const spec::LayerInfo& info : layer_infos_) {
     for (const spec::ParameterShape& d : info.parameters) {
+      if (d.sparse) continue;  // rows installed per batch (SetRows)
       const int64_t bytes = SaturatingProduct(kernels::CheckedNumElements(d.shape), 4);
       largest = std::max(largest, bytes);
       parameter_bytes_ =
@@ -138,6 +139,25 @@ absl::Status Model::Build(const v1::ModelSpec& spec) {
         p.shape = d.shape;
         p.trainable = d.trainable;
         p.sparse = d.sparse;
+        if (d.sparse) {
+          // No rows until SetRows; the ids a batch reads are positions among those rows.
+          p.shape = {0, d.shape[1]};
+          SparseTableInfo info;
+          info.name = p.name;
+          info.parameter = static_cast<int>(parameters_.size());
+          info.dim = d.shape[1];
+          info.num_rows = d.shape[0];
+          sparse_tables_.push_back(std::move(info));
+          TableState table;
+          table.layer = static_cast<int>(i);
+          table.position = static_cast<int>(j);
+          tables_.push_back(std::move(table));
+          layer_parameters_[i].push_back(static_cast<int>(parameters_.size()));
+          index[i][j] = static_cast<int>(parameters_.size());
+          parameter_index_[p.name] = static_cast<int>(parameters_.size());
+          parameters_.push_back(std::move(p));
+          continue;
+        }
         TESSERA_ASSIGN_OR_RETURN(p.value, backend_->Allocate(d.shape));
         if (d.trainable) {
           TESSERA_ASSIGN_OR_RETURN(p.grad, backend_->Allocate(d.shape));
@@ -174,9 +194,51 @@ const Parameter* Model::FindParameter(const std::string& name) const {
 int64_t Model::num_trainable_values() const {
   int64_t total = 0;
   for (const Parameter& p : parameters_) {
-    if (p.trainable) total += kernels::NumElements(p.shape);
+    if (p.trainable && !p.sparse) total += kernels::NumElements(p.shape);
   }
   return total;
+}
+
+absl::Status Model::SetRows(int table, int64_t count, absl::Span<const float> values) {
+  if (table < 0 || table >= static_cast<int>(tables_.size())) {
+    return absl::InvalidArgumentError(absl::StrCat("SetRows: the model has ", tables_.size(),
+                                                   " sparse tables, got table ", table));
+  }
+  const SparseTableInfo& info = sparse_tables_[table];
+  TableState& t = tables_[table];
+  if (count < 0 || static_cast<int64_t>(values.size()) != SaturatingProduct(count, info.dim)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("SetRows ", info.name, ": ", count, " rows of dim ", info.dim, " need ",
+                     SaturatingProduct(count, info.dim), " values, got ", values.size()));
+  }
+  const int64_t capacity = std::max<int64_t>(count, 1);
+  if (t.values.empty() || t.values.dim(0) < capacity) {
+    const int64_t grown = std::max<int64_t>(capacity, t.values.empty() ? 0 : 2 * t.values.dim(0));
+    const int64_t bytes = SaturatingProduct(SaturatingProduct(grown, info.dim), 8);
+    if (bytes > backend_->MemoryCapacityBytes()) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat(info.name, ": ", grown, " rows of dim ", info.dim, " and their gradients ",
+                       "need ", bytes, " bytes, more than the memory of ", backend_->Name()));
+    }
+    // Drop the old buffers first: both sets are never held at once.
+    t.values = Tensor();
+    t.grads = Tensor();
+    layers_[t.layer]->Rebind(t.position, Tensor(), Tensor());
+    TESSERA_ASSIGN_OR_RETURN(t.values, backend_->Allocate({grown, info.dim}));
+    TESSERA_ASSIGN_OR_RETURN(t.grads, backend_->Allocate({grown, info.dim}));
+    TESSERA_RETURN_IF_ERROR(backend_->Fill(t.grads, 0.0f));
+  }
+  // The layer always sees at least one row, so its kernels never get an empty table.
+  const Tensor bound_values = t.values.LeadingRows(capacity);
+  const Tensor bound_grads = t.grads.LeadingRows(capacity);
+  if (count > 0) TESSERA_RETURN_IF_ERROR(backend_->CopyToDevice(values.data(), bound_values));
+  layers_[t.layer]->Rebind(t.position, bound_values, bound_grads);
+  t.rows = count;
+  Parameter& p = parameters_[info.parameter];
+  p.shape = {count, info.dim};
+  p.value = count > 0 ? bound_values : Tensor();
+  p.grad = count > 0 ? bound_grads : Tensor();
+  return absl::OkStatus();
 }
 
 int64_t Model::ActivationBytes(int64_t n) const {
@@ -312,13 +374,13 @@ absl::Status Model::LoadBatch(const BatchView& batch, bool need_labels, Activati
                                                      base + nnz, " values, got ",
                                                      batch.sparse_values.size()));
     }
-    const int64_t rows = input_dim_;
+    const int64_t rows = tables_[0].rows;
     for (int64_t j = base; j < base + nnz; ++j) {
       const int64_t id = batch.sparse_ids[j];
       if (id < 0 || id >= rows) {
-        return absl::InvalidArgumentError(absl::StrCat("batch.sparse_ids[", j, "]: id ", id,
-                                                       " is outside [0, ", rows, ") of ",
-                                                       layer_infos_[0].name));
+        return absl::InvalidArgumentError(
+            absl::StrCat("batch.sparse_ids[", j, "]: position ", id, " is outside the ", rows,
+                         " rows of ", sparse_tables_[0].name, " installed by SetRows"));
       }
     }
     const int64_t capacity = std::max<int64_t>(nnz, 1);
@@ -466,12 +528,14 @@ absl::Status CheckSize(const Parameter& p, size_t size) {
 absl::Status Model::CopyValueToHost(const std::string& name, std::vector<float>* values) const {
   TESSERA_ASSIGN_OR_RETURN(const Parameter* p, Lookup(*this, name));
   values->resize(static_cast<size_t>(kernels::NumElements(p->shape)));
+  if (values->empty()) return absl::OkStatus();  // a sparse table without rows
   return backend_->CopyToHost(p->value, values->data());
 }
 
 absl::Status Model::CopyValueFromHost(const std::string& name, absl::Span<const float> values) {
   TESSERA_ASSIGN_OR_RETURN(const Parameter* p, Lookup(*this, name));
   TESSERA_RETURN_IF_ERROR(CheckSize(*p, values.size()));
+  if (values.empty()) return absl::OkStatus();
   return backend_->CopyToDevice(values.data(), p->value);
 }
 
@@ -482,6 +546,7 @@ absl::Status Model::CopyGradToHost(const std::string& name, std::vector<float>* 
         absl::StrCat("parameter \"", name, "\" is not trainable and has no gradient"));
   }
   values->resize(static_cast<size_t>(kernels::NumElements(p->shape)));
+  if (values->empty()) return absl::OkStatus();
   return backend_->CopyToHost(p->grad, values->data());
 }
 
@@ -492,6 +557,7 @@ absl::Status Model::CopyGradFromHost(const std::string& name, absl::Span<const f
         absl::StrCat("parameter \"", name, "\" is not trainable and has no gradient"));
   }
   TESSERA_RETURN_IF_ERROR(CheckSize(*p, values.size()));
+  if (values.empty()) return absl::OkStatus();
   return backend_->CopyToDevice(values.data(), p->grad);
 }
 

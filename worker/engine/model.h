@@ -38,13 +38,27 @@ struct Parameter {
   kernels::Tensor value;  // on the backend's device
   kernels::Tensor grad;   // same shape; written by TrainStep (empty for non-trainable state)
   bool trainable = true;
-  // True for EmbeddingBag tables (sparse rows on the shards, DESIGN.md §2).
+  // True for EmbeddingBag tables (sparse rows on the shards, DESIGN.md §2). Such a parameter
+  // holds only the rows SetRows installed: shape [rows, dim], value and grad views of them (empty
+  // while no row is installed), the gradient of row i being the sum over the batch of every use
+  // of row i.
   bool sparse = false;
+};
+
+// A sparse table of a model: an embedding_bag layer's "embeddings". Its rows live outside the
+// model (on the shards, or in the standalone trainer's row table); see Model::SetRows.
+struct SparseTableInfo {
+  std::string name;      // the parameter's, "embedding_bag_1/embeddings"
+  int parameter = 0;     // index into Model::parameters()
+  int64_t dim = 0;       // values per row
+  int64_t num_rows = 0;  // the spec's bound on the ids (0: hashed, any int64)
 };
 
 // One batch in host memory, as the data readers lay it out. Dense models read `features`
 // (size x NumElements(input_shape) floats); models that start with an EmbeddingBag read the CSR
-// triple (offsets has size + 1 entries starting at 0; values may be empty, meaning all ones).
+// triple (offsets has size + 1 entries starting at 0; values may be empty, meaning all ones),
+// whose ids are positions among the rows SetRows installed, not the table's row ids (the
+// trainers map them with trainer::internal::BatchRows).
 // Softmax cross-entropy reads `labels` (class ids); the other losses read `targets`
 // (size x output_dim floats).
 struct BatchView {
@@ -77,7 +91,8 @@ class Model {
   Model& operator=(const Model&) = delete;
 
   // Trainable parameters first (in layer order: kernel, bias, gamma, beta, embeddings), then
-  // non-trainable state (batch-norm moving statistics). Stable across calls and backends.
+  // non-trainable state (batch-norm moving statistics). Stable across calls and backends; a
+  // sparse table's entry changes shape with SetRows.
   const std::vector<Parameter>& parameters() const { return parameters_; }
   // The parameter called `name`, or nullptr.
   const Parameter* FindParameter(const std::string& name) const;
@@ -86,10 +101,22 @@ class Model {
   const kernels::Shape& input_shape() const { return input_shape_; }
   // True when the first layer is an EmbeddingBag (the model reads sparse batches).
   bool sparse_input() const { return sparse_input_; }
-  // Features per example (dense), or the number of embedding rows (sparse).
+  // Features per example (dense), or the spec's bound on the row ids (sparse; 0: hashed ids).
   int64_t input_dim() const { return input_dim_; }
+  // The sparse tables, in layer order (today at most one: the first layer's).
+  const std::vector<SparseTableInfo>& sparse_tables() const { return sparse_tables_; }
+  // Installs the rows of sparse table `table` that the next batches read: row i's dim values are
+  // values[i * dim, (i + 1) * dim), and a batch's sparse id i means that row. The rows' gradients
+  // come back through CopyGradToHost(name) after TrainStep, in the same order. Grows the table's
+  // device buffers when needed (to twice their size), so steady-state steps allocate nothing.
+  // INVALID_ARGUMENT for an unknown table or a size that is not count * dim; RESOURCE_EXHAUSTED
+  // when the rows do not fit in the backend's memory.
+  absl::Status SetRows(int table, int64_t count, absl::Span<const float> values);
+  // The number of rows SetRows last installed for `table` (0 before).
+  int64_t rows_installed(int table) const { return tables_[table].rows; }
   // Outputs per example (the loss's K).
   int64_t output_dim() const { return output_dim_; }
+  // Values of the dense trainable parameters (sparse tables have no fixed size).
   int64_t num_trainable_values() const;
   // RESOURCE_EXHAUSTED when the parameters, their gradients, the activations of a batch of
   // `batch_size` and `extra_bytes` more (optimizer state) would not fit in the backend's memory.
@@ -156,6 +183,15 @@ class Model {
   // Indices into parameters_ of each layer's trainable parameters.
   std::vector<std::vector<int>> layer_parameters_;
   std::vector<Parameter> parameters_;
+  // Per sparse table: where its parameter is bound, and its device buffers.
+  struct TableState {
+    int layer = 0;                  // index into layers_
+    int position = 0;               // the parameter's position among the layer's parameters
+    int64_t rows = 0;               // installed
+    kernels::Tensor values, grads;  // [capacity, dim]
+  };
+  std::vector<SparseTableInfo> sparse_tables_;
+  std::vector<TableState> tables_;
   std::map<std::string, int> parameter_index_;
   std::map<int64_t, std::unique_ptr<Activations>> activations_;
   uint64_t activation_clock_ = 0;

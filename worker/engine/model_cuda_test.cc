@@ -148,6 +148,15 @@ TEST_P(ModelCudaTest, TrainStepMatchesCpu) {
   batch.labels = labels;
   batch.targets = targets;
 
+  // A sparse table's rows live outside the model: the same rows installed on both devices, the
+  // ids being positions among them.
+  if (cm.sparse_input()) {
+    std::vector<float> rows(static_cast<size_t>(cm.input_dim() * cm.sparse_tables()[0].dim));
+    for (float& v : rows) v = 0.1f * normal(rng);
+    ASSERT_TRUE(cm.SetRows(0, cm.input_dim(), rows).ok());
+    ASSERT_TRUE(gm.SetRows(0, gm.input_dim(), rows).ok());
+  }
+
   // Same seed, same initial weights on both devices.
   for (const Parameter& p : cm.parameters()) {
     std::vector<float> cv(static_cast<size_t>(kernels::NumElements(p.shape)));

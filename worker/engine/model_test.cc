@@ -120,10 +120,21 @@ INSTANTIATE_TEST_SUITE_P(
                      loss: LOSS_SOFTMAX_CROSS_ENTROPY)pb",
                 "layers[1] (embedding_bag_1): embedding_bag must be the first layer"},
         BadSpec{"EmbeddingRows",
-                R"pb(layers { embedding_bag { num_rows: 0 dim: 2 } }
+                R"pb(layers { embedding_bag { num_rows: -1 dim: 2 } }
                      layers { dense { units: 3 } }
                      loss: LOSS_SOFTMAX_CROSS_ENTROPY)pb",
-                "layers[0] (embedding_bag_1): embedding_bag.num_rows must be > 0, got 0"},
+                "layers[0] (embedding_bag_1): embedding_bag.num_rows must be > 0, got -1"},
+        BadSpec{"HashedTableWithGlorot",
+                R"pb(layers {
+                       embedding_bag {
+                         dim: 2
+                         embeddings_initializer { kind: KIND_GLOROT_UNIFORM }
+                       }
+                     }
+                     layers { dense { units: 3 } }
+                     loss: LOSS_SOFTMAX_CROSS_ENTROPY)pb",
+                "layers[0] (embedding_bag_1): embedding_bag.embeddings_initializer.kind: "
+                "KIND_GLOROT_UNIFORM needs the table's row count"},
         BadSpec{"BatchNormMomentum",
                 R"pb(input_shape: [ 4 ]
                      layers { batch_norm { momentum: 1.5 } }
@@ -629,7 +640,12 @@ TEST(ForwardTest, EmbeddingBagSumAndMean) {
             (mean ? "COMBINER_MEAN" : "COMBINER_SUM") + R"pb(}
                                                              }
                  loss: LOSS_MEAN_SQUARED_ERROR)pb");
-    auto table = f.Value("embedding_bag_1/embeddings");
+    // The model holds only the rows SetRows installs; a batch's ids are positions among them.
+    EXPECT_TRUE(f.Value("embedding_bag_1/embeddings").empty());
+    std::vector<float> table(15);
+    for (size_t i = 0; i < table.size(); ++i) table[i] = 0.1f * static_cast<float>(i) - 0.6f;
+    ASSERT_TRUE(f.model->SetRows(0, 5, table).ok());
+    EXPECT_EQ(f.Value("embedding_bag_1/embeddings"), table);
     std::vector<int64_t> offsets = {0, 2, 2, 5}, ids = {4, 1, 0, 0, 3};
     std::vector<float> values = {2.0f, -1.0f, 1.0f, 0.5f, 3.0f};
     BatchView b;
@@ -647,13 +663,55 @@ TEST(ForwardTest, EmbeddingBagSumAndMean) {
       EXPECT_EQ(out[3 + d], 0.0f);
       EXPECT_NEAR(out[6 + d], mean ? bag2 / 3 : bag2, 1e-5);
     }
-    // Ids outside the table are refused.
+    // Positions outside the installed rows are refused.
     std::vector<int64_t> bad_ids = {4, 1, 0, 0, 5};
     b.sparse_ids = bad_ids;
     absl::Status s = f.model->Predict(b, &out);
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-    EXPECT_THAT(std::string(s.message()), HasSubstr("batch.sparse_ids[4]: id 5"));
+    EXPECT_THAT(std::string(s.message()),
+                HasSubstr("batch.sparse_ids[4]: position 5 is outside the 5 rows"));
+    // Fewer rows installed later: the same buffers, a smaller view.
+    ASSERT_TRUE(f.model->SetRows(0, 2, absl::MakeConstSpan(table.data() + 9, 6)).ok());
+    std::vector<int64_t> two = {1, 0, 0, 0, 1};
+    b.sparse_ids = two;
+    ASSERT_TRUE(f.model->Predict(b, &out).ok());
+    for (int d = 0; d < 3; ++d) {
+      const double bag2 = 1.5 * table[9 + d] + 3.0 * table[12 + d];
+      EXPECT_NEAR(out[6 + d], mean ? bag2 / 3 : bag2, 1e-5);
+    }
+    EXPECT_EQ(f.model->SetRows(0, 2, table).code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(f.model->SetRows(1, 0, {}).code(), absl::StatusCode::kInvalidArgument);
   }
+}
+
+TEST(ForwardTest, HashedTableRowGradientsAreSummedPerRow) {
+  Fixture f;
+  f.Build(R"pb(layers { embedding_bag { dim: 2 } }
+               loss: LOSS_MEAN_SQUARED_ERROR)pb");
+  EXPECT_EQ(f.model->input_dim(), 0);
+  ASSERT_EQ(f.model->sparse_tables().size(), 1u);
+  EXPECT_EQ(f.model->sparse_tables()[0].num_rows, 0);
+  EXPECT_EQ(f.model->num_trainable_values(), 0);
+  // Two rows; row 0 is used by both examples, row 1 by the second only.
+  std::vector<float> rows = {1, 2, 3, 4};
+  ASSERT_TRUE(f.model->SetRows(0, 2, rows).ok());
+  std::vector<int64_t> offsets = {0, 1, 3}, ids = {0, 0, 1};
+  std::vector<float> targets = {0, 0, 0, 0};
+  BatchView b;
+  b.size = 2;
+  b.sparse_offsets = offsets;
+  b.sparse_ids = ids;
+  b.targets = targets;
+  ASSERT_TRUE(f.model->TrainStep(b).ok());
+  std::vector<float> g;
+  ASSERT_TRUE(f.model->CopyGradToHost("embedding_bag_1/embeddings", &g).ok());
+  // Outputs: example 0 = (1, 2), example 1 = (4, 6); MSE over 4 values: dy = y / 2.
+  // Row 0 gets both examples' dy, row 1 the second's.
+  ASSERT_EQ(g.size(), 4u);
+  EXPECT_NEAR(g[0], 0.5 + 2.0, 1e-5);
+  EXPECT_NEAR(g[1], 1.0 + 3.0, 1e-5);
+  EXPECT_NEAR(g[2], 2.0, 1e-5);
+  EXPECT_NEAR(g[3], 3.0, 1e-5);
 }
 
 TEST(ModelTest, BadBatchesAreRefused) {

@@ -13,6 +13,7 @@
 #include "kernels/schedule.h"
 #include "spec/job_spec.h"
 #include "worker/data/batch_prefetcher.h"
+#include "worker/trainer/internal/row_exchange.h"
 #include "worker/trainer/internal/splits.h"
 #include "worker/trainer/job_spec.h"
 
@@ -130,15 +131,6 @@ absl::Status DistributedTrainer::Init() {
     return absl::InvalidArgumentError(
         absl::StrCat("threads: must be >= 0, got ", options_.num_threads));
   }
-  for (int i = 0; i < spec.model().layers_size(); ++i) {
-    const v1::Layer& layer = spec.model().layers(i);
-    if (layer.has_embedding_bag()) {
-      return absl::UnimplementedError(absl::StrCat(
-          "model.layers[", i, "] (", layer.name(),
-          "): embedding_bag is not supported in distributed training yet (sparse pushes are not "
-          "wired to the engine); train it with tessera-worker --standalone"));
-    }
-  }
   spec::ValidateOptions validate;
   validate.distributed = true;
   validate.dataset_roots = options_.dataset_roots;
@@ -190,7 +182,11 @@ absl::Status DistributedTrainer::Init() {
   dropout_base_ = model_->dropout_seed() + 0x9E3779B97F4A7C15ULL * static_cast<uint64_t>(rank_);
   for (const auto& split : {train_, test_}) {
     if (split == nullptr) continue;
-    if (split->feature_dim() != model_->input_dim()) {
+    // A sparse model takes ids below its table's bound (any id when hashed, input_dim 0).
+    const bool fits = model_->sparse_input()
+                          ? model_->input_dim() == 0 || split->feature_dim() <= model_->input_dim()
+                          : split->feature_dim() == model_->input_dim();
+    if (!fits) {
       return absl::InvalidArgumentError(absl::StrCat(
           "model.input_shape: ", kernels::ShapeString(model_->input_shape()), " takes ",
           model_->input_dim(), " features but the ", split == train_ ? "training" : "test",
@@ -205,8 +201,11 @@ absl::Status DistributedTrainer::Init() {
   TESSERA_RETURN_IF_ERROR(model_->CheckMemory(std::max<int64_t>(largest_batch, 1), 0));
 
   const std::vector<engine::Parameter>& params = model_->parameters();
+  slot_of_.assign(params.size(), -1);
   for (int i = 0; i < static_cast<int>(params.size()); ++i) {
-    if (!params[i].trainable) continue;  // BatchNorm moving statistics: local to this rank
+    // BatchNorm moving statistics stay local to this rank; sparse tables travel by row.
+    if (!params[i].trainable || params[i].sparse) continue;
+    slot_of_[i] = static_cast<int>(trainable_.size());
     trainable_.push_back(i);
     const size_t n = static_cast<size_t>(kernels::NumElements(params[i].shape));
     grads_.emplace_back(n);
@@ -316,7 +315,12 @@ absl::Status DistributedTrainer::Connect() {
   // Additive and idempotent on the shards: whichever rank comes first declares, and the others'
   // initial values (identical anyway) change nothing. A resumed rank declares too: the state the
   // shards hold (restored or trained on) is left as it is.
-  TESSERA_RETURN_IF_ERROR(ShardStatus(client_->DeclareJob(spec::MakeJobConfig(spec), tensors, {})));
+  tables_ = internal::SparseTableDecls(*model_, spec);
+  TESSERA_RETURN_IF_ERROR(
+      ShardStatus(client_->DeclareJob(spec::MakeJobConfig(spec), tensors, tables_)));
+  if (!tables_.empty()) {
+    rows_ = std::make_unique<internal::RowExchange>(client_.get(), model_.get());
+  }
   TESSERA_RETURN_IF_ERROR(CheckCancelled());
   if (start_step_ > 0) return PullGated(start_step_);
   return PullAll();
@@ -355,7 +359,7 @@ absl::Status DistributedTrainer::PullGated(int64_t step) {
     const engine::Parameter& p = params[index];
     tensors.push_back({p.name, std::vector<int64_t>(p.shape.begin(), p.shape.end()), {}});
   }
-  TESSERA_RETURN_IF_ERROR(gate->AttachJob(tensors, {}));
+  TESSERA_RETURN_IF_ERROR(gate->AttachJob(tensors, tables_));
   for (size_t k = 0; k < trainable_.size(); ++k) {
     // BSP: -1 first (ungated, reads the versions); then one step above the smallest version.
     int64_t gate_step = bsp ? -1 : step;
@@ -422,7 +426,7 @@ namespace {
 constexpr size_t kBatchBytes = size_t{4} << 20;
 }  // namespace
 
-absl::StatusOr<engine::StepResult> DistributedTrainer::Step(const data::Batch& batch,
+absl::StatusOr<engine::StepResult> DistributedTrainer::Step(const engine::BatchView& batch,
                                                             int64_t step) {
   const v1::JobSpec& spec = options_.task.spec();
   const bool clip = spec.clipping().max_global_norm() > 0;
@@ -471,25 +475,37 @@ absl::StatusOr<engine::StepResult> DistributedTrainer::Step(const data::Batch& b
     }
     client_->PushPullAsync(name, step, grads_[k], absl::MakeSpan(weights_[k]), on_done);
   };
-  // Trainable parameters come first in parameters(), so index p is trainable slot p.
   const auto on_grad_ready = [&](int p) {
-    if (!copy_error.ok() || p < 0 || static_cast<size_t>(p) >= trainable_.size()) return;
-    copy_error = model_->CopyGradToHost(params[p].name, &grads_[p]);
-    if (copy_error.ok() && !clip) push(static_cast<size_t>(p));
+    if (!copy_error.ok() || p < 0 || static_cast<size_t>(p) >= slot_of_.size()) return;
+    const int k = slot_of_[p];
+    if (k < 0) return;  // a sparse table: pushed by rows below
+    copy_error = model_->CopyGradToHost(params[p].name, &grads_[k]);
+    if (copy_error.ok() && !clip) push(static_cast<size_t>(k));
   };
-  absl::StatusOr<engine::StepResult> r = model_->TrainStep(ViewOf(batch), on_grad_ready);
+  absl::StatusOr<engine::StepResult> r = model_->TrainStep(batch, on_grad_ready);
   if (!r.ok() || !copy_error.ok()) {
     // Pushes already under way still complete on their own; wait for them so that nothing
     // writes into the buffers of a later step.
     WaitExchange().IgnoreError();
     return r.ok() ? copy_error : r.status();
   }
+  double row_norm = 0;
+  if (rows_ != nullptr) {
+    absl::StatusOr<double> copied = rows_->CopyGrads();
+    if (!copied.ok()) {
+      push_small();
+      WaitExchange().IgnoreError();
+      return copied.status();
+    }
+    row_norm = *copied;
+  }
+  float scale = 1.0f;
   if (clip) {
-    double sum = 0;
+    double sum = row_norm;
     for (const std::vector<float>& g : grads_) {
       sum += kernels::SumOfSquares(g.data(), static_cast<int64_t>(g.size()));
     }
-    const float scale = kernels::ClipScale(sum, spec.clipping().max_global_norm());
+    scale = kernels::ClipScale(sum, spec.clipping().max_global_norm());
     for (size_t k = 0; k < grads_.size(); ++k) {
       if (scale != 1.0f) {
         for (float& v : grads_[k]) v *= scale;
@@ -498,12 +514,28 @@ absl::StatusOr<engine::StepResult> DistributedTrainer::Step(const data::Batch& b
     }
   }
   push_small();
+  if (rows_ != nullptr) {
+    {
+      absl::MutexLock lock(&exchange_mu_);
+      ++pending_;
+    }
+    rows_->Push(step, scale, on_done);
+  }
   return r;
 }
 
 absl::StatusOr<engine::StepResult> DistributedTrainer::Evaluate() {
-  return EvaluateSplit(*model_, test_, EvalBatchSize(options_.task.spec()),
-                       [this] { return CheckCancelled(); });
+  internal::PrepareBatch prepare;
+  if (rows_ != nullptr) {
+    prepare = [this](const data::Batch& b) -> absl::StatusOr<engine::BatchView> {
+      absl::StatusOr<engine::BatchView> v = rows_->FetchNow(b);
+      if (!v.ok()) return ShardStatus(v.status());
+      return v;
+    };
+  }
+  return EvaluateSplit(
+      *model_, test_, EvalBatchSize(options_.task.spec()), [this] { return CheckCancelled(); },
+      prepare);
 }
 
 absl::Status DistributedTrainer::WaitAllWorkersDone(const v1::ProgressReport& done) {
@@ -603,13 +635,20 @@ absl::StatusOr<v1::ProgressReport> DistributedTrainer::Run() {
     int64_t step_in_epoch = epoch == first_epoch ? step % steps_per_epoch_ : 0;
     int64_t pass = step_in_epoch / batches_per_pass_;
     int64_t first_batch = step_in_epoch % batches_per_pass_;
+    // Sparse models: the batch after this one, taken early so that its rows travel meanwhile.
+    std::optional<data::Batch> next;
     while (step_in_epoch < steps_per_epoch_ && step < total_steps_) {
       TESSERA_RETURN_IF_ERROR(CheckCancelled());
       failpoint::MaybeHang(failpoint_, step,
                            [this] { return cancelled_.load(std::memory_order_acquire); });
       const Clock::time_point t0 = Clock::now();
       std::optional<data::Batch> b;
-      if (batches != nullptr) b = batches->Next();
+      if (next.has_value()) {
+        b = std::move(next);
+        next.reset();
+      } else if (batches != nullptr) {
+        b = batches->Next();
+      }
       if (!b.has_value()) {
         data::BatchPrefetcher::Options o;
         o.batch_size = spec.batch_size();
@@ -625,10 +664,28 @@ absl::StatusOr<v1::ProgressReport> DistributedTrainer::Run() {
               absl::StrCat("data: rank ", rank_, " has no training examples"));
         }
       }
+      engine::BatchView view = ViewOf(*b);
+      if (rows_ != nullptr) {
+        // The rows of this batch (fetched during the last step, or now), then the next batch's.
+        if (!rows_->fetching()) {
+          TESSERA_RETURN_IF_ERROR(Prefixed("data: ", rows_->Start(*b, step)));
+        }
+        absl::StatusOr<engine::BatchView> v = rows_->Finish(*b, [this] { return cancelled(); });
+        if (!v.ok())
+          return v.status().code() == absl::StatusCode::kCancelled ? v.status()
+                                                                   : ShardStatus(v.status());
+        view = *v;
+        if (step + 1 < total_steps_ && step_in_epoch + 1 < steps_per_epoch_) {
+          next = batches->Next();
+          if (next.has_value()) {
+            TESSERA_RETURN_IF_ERROR(Prefixed("data: ", rows_->Start(*next, step + 1)));
+          }
+        }
+      }
       const Clock::time_point t1 = Clock::now();
       if (options_.on_batch) options_.on_batch(step, *b);
       SetDropoutSeed(step);
-      absl::StatusOr<engine::StepResult> r = Step(*b, step);
+      absl::StatusOr<engine::StepResult> r = Step(view, step);
       const Clock::time_point t2 = Clock::now();
       TESSERA_RETURN_IF_ERROR(r.status());
       if (!std::isfinite(r->loss)) {

@@ -28,8 +28,12 @@
 //
 // Non-trainable state (BatchNorm moving statistics) stays local to each rank: it is never pushed,
 // and rank 0's copy is what its evaluations use. Exporting such models is a known gap.
-// EmbeddingBag (sparse) models are refused with UNIMPLEMENTED: the engine's sparse gradients are
-// not wired to ParameterClient's sparse pushes yet.
+//
+// Sparse tables (an EmbeddingBag's) are declared on the shards with their row initializer and
+// travel by row (internal/row_exchange.h): each step fetches the rows its batch touches, gated
+// for the step, and pushes one gradient per touched row; the next batch's fetch starts before the
+// step computes. The worker never holds a whole table. Evaluation pulls each test batch's rows
+// ungated.
 //
 // Life cycle: Create() validates the task, loads the data, builds the backend and the model
 // (kNew -> kReady); Run() trains (kReady -> kDone) and may be called once. Cancel() may be called
@@ -56,6 +60,7 @@
 #include "worker/data/batch.h"
 #include "worker/data/dataset.h"
 #include "worker/engine/model.h"
+#include "worker/trainer/internal/row_exchange.h"
 
 namespace tessera::trainer {
 
@@ -122,7 +127,7 @@ class DistributedTrainer {
   // task.data_position is unset or differs from DataPositionAt(start_step): epoch and
   // batch_offset must match; pass and seed must match too unless they are 0 / unset, or pass 0
   // with seed spec.seed, which a coordinator that does not know the rank's split sends);
-  // UNIMPLEMENTED naming the layer for EmbeddingBag models; the readers' errors
+  // the readers' errors
   // prefixed "data: "; FAILED_PRECONDITION when CUDA is forced and absent. No RPC is made.
   static absl::StatusOr<std::unique_ptr<DistributedTrainer>> Create(DistributedOptions options);
   // Blocks until every data-plane call in flight has ended (at most the call deadline, sooner
@@ -170,7 +175,7 @@ class DistributedTrainer {
   absl::Status CheckStart();
   absl::Status Connect();
   // One training step: TrainStep with pipelined pushes, wait for every weight, install.
-  absl::StatusOr<engine::StepResult> Step(const data::Batch& batch, int64_t step);
+  absl::StatusOr<engine::StepResult> Step(const engine::BatchView& batch, int64_t step);
   // Waits until every PushPull of the step has answered; CANCELLED on Cancel().
   absl::Status WaitExchange();
   bool ExchangeDone() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(exchange_mu_);
@@ -196,7 +201,9 @@ class DistributedTrainer {
   std::unique_ptr<engine::Model> model_;
   std::shared_ptr<const data::Dataset> train_;
   std::shared_ptr<const data::Dataset> test_;  // rank 0 only
-  std::vector<int> trainable_;                 // indices into model_->parameters()
+  std::vector<int> trainable_;                 // indices into model_->parameters(): dense ones
+  std::vector<int> slot_of_;  // per parameter, its index into trainable_ (-1: not pushed dense)
+  std::vector<v1::SparseTableDecl> tables_;
   int64_t steps_per_epoch_ = 0;
   int64_t batches_per_pass_ = 0;
   int64_t total_steps_ = 0;
@@ -216,6 +223,9 @@ class DistributedTrainer {
   absl::Mutex exchange_mu_;
   int pending_ ABSL_GUARDED_BY(exchange_mu_) = 0;
   absl::Status exchange_error_ ABSL_GUARDED_BY(exchange_mu_);
+
+  // The sparse tables' rows (null for a dense model); outlives client_, whose calls fill it.
+  std::unique_ptr<internal::RowExchange> rows_;
 
   // Last member: destroyed first, which waits for its calls in flight.
   std::unique_ptr<client::ParameterClient> client_;

@@ -11,6 +11,7 @@
 #include "common/status_macros.h"
 #include "kernels/schedule.h"
 #include "spec/job_spec.h"
+#include "spec/model_spec.h"
 #include "worker/data/batch_prefetcher.h"
 #include "worker/trainer/internal/splits.h"
 #include "worker/trainer/job_spec.h"
@@ -74,8 +75,10 @@ absl::Status StandaloneTrainer::Init() {
 
   for (const auto& split : {train_, test_}) {
     if (split == nullptr) continue;
-    const bool fits = model_->sparse_input() ? split->feature_dim() <= model_->input_dim()
-                                             : split->feature_dim() == model_->input_dim();
+    // A hashed table (input_dim 0) takes any id.
+    const bool fits = model_->sparse_input()
+                          ? model_->input_dim() == 0 || split->feature_dim() <= model_->input_dim()
+                          : split->feature_dim() == model_->input_dim();
     if (!fits) {
       return absl::InvalidArgumentError(absl::StrCat(
           "model.input_shape: ", kernels::ShapeString(model_->input_shape()), " takes ",
@@ -98,8 +101,13 @@ absl::Status StandaloneTrainer::Init() {
       model_->CheckMemory(std::max<int64_t>(largest_batch, 1),
                           slot_values < 0 ? INT64_MAX : kernels::CheckedProduct(slot_values, 4)));
   const std::vector<engine::Parameter>& params = model_->parameters();
+  for (const engine::SparseTableInfo& t : model_->sparse_tables()) {
+    const spec::ParameterShape& shape = model_->layers()[0].parameters[0];
+    tables_.emplace_back(static_cast<uint32_t>(t.dim),
+                         spec::RowInitializer(shape, spec.seed(), t.name), optimizer_);
+  }
   for (int i = 0; i < static_cast<int>(params.size()); ++i) {
-    if (!params[i].trainable) continue;
+    if (!params[i].trainable || params[i].sparse) continue;
     trainable_.push_back(i);
     std::vector<kernels::Tensor> slots;
     for (int s = 0; s < num_slots; ++s) {
@@ -122,6 +130,11 @@ absl::Status StandaloneTrainer::ApplyOptimizer() {
       TESSERA_ASSIGN_OR_RETURN(double s, backend_->SquaredNorm(params[i].grad));
       sum += s;
     }
+    for (const engine::SparseTableInfo& t : model_->sparse_tables()) {
+      if (params[t.parameter].grad.empty()) continue;  // no row this batch
+      TESSERA_ASSIGN_OR_RETURN(double s, backend_->SquaredNorm(params[t.parameter].grad));
+      sum += s;
+    }
     scale = kernels::ClipScale(sum, spec.clipping().max_global_norm());
   }
   const float lr =
@@ -132,14 +145,32 @@ absl::Status StandaloneTrainer::ApplyOptimizer() {
     TESSERA_RETURN_IF_ERROR(
         backend_->ApplyUpdate(optimizer_, lr, updates_, scale, p.grad, p.value, slots_[k]));
   }
+  // The rows the batch touched, each once, with the sum of its uses' gradients.
+  for (size_t t = 0; t < tables_.size(); ++t) {
+    const engine::SparseTableInfo& info = model_->sparse_tables()[t];
+    TESSERA_RETURN_IF_ERROR(model_->CopyGradToHost(info.name, &row_values_));
+    tables_[t].Apply(lr, scale, batch_rows_.rows, row_values_);
+  }
   return absl::OkStatus();
+}
+
+absl::StatusOr<engine::BatchView> StandaloneTrainer::Prepare(const data::Batch& batch) {
+  if (tables_.empty()) return ViewOf(batch);
+  const engine::SparseTableInfo& info = model_->sparse_tables()[0];
+  TESSERA_RETURN_IF_ERROR(mapper_.Map(batch, info, &batch_rows_));
+  const int64_t count = static_cast<int64_t>(batch_rows_.rows.size());
+  row_values_.resize(static_cast<size_t>(count * info.dim));
+  tables_[0].Gather(batch_rows_.rows, absl::MakeSpan(row_values_));
+  TESSERA_RETURN_IF_ERROR(model_->SetRows(0, count, row_values_));
+  return internal::ViewWithRows(batch, batch_rows_);
 }
 
 absl::StatusOr<engine::StepResult> StandaloneTrainer::Evaluate() {
   if (test_ == nullptr) {
     return absl::FailedPreconditionError("the job spec has no test split to evaluate");
   }
-  return EvaluateSplit(*model_, test_, EvalBatchSize(options_.spec));
+  return EvaluateSplit(*model_, test_, EvalBatchSize(options_.spec), {},
+                       [this](const data::Batch& b) { return Prepare(b); });
 }
 
 absl::StatusOr<TrainResult> StandaloneTrainer::Run() {
@@ -184,7 +215,8 @@ absl::StatusOr<TrainResult> StandaloneTrainer::Run() {
     while (step < total_steps) {
       std::optional<data::Batch> b = batches->Next();
       if (!b.has_value()) break;
-      TESSERA_ASSIGN_OR_RETURN(engine::StepResult r, model_->TrainStep(ViewOf(*b)));
+      TESSERA_ASSIGN_OR_RETURN(const engine::BatchView view, Prepare(*b));
+      TESSERA_ASSIGN_OR_RETURN(engine::StepResult r, model_->TrainStep(view));
       if (!std::isfinite(r.loss)) {
         return absl::FailedPreconditionError(
             absl::StrCat("training diverged: the loss is ", r.loss, " at step ", step + 1,

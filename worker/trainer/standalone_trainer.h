@@ -1,7 +1,9 @@
 // Standalone training: one process, one device, the whole job spec (issue #3). The optimizer is
 // the servers' own (kernels/optimizer.h through Backend::ApplyUpdate, kernels/schedule.h for the
 // learning rate and global-norm clipping), so a standalone run is the single-device baseline for
-// the distributed ones.
+// the distributed ones. A sparse table (an embedding_bag's) lives in a host row table
+// (kernels/row_table.h) as it would on a shard: each step installs in the model only the rows its
+// batch touches, and applies the sparse optimizer to those rows alone.
 //
 // Life cycle: Create() validates the spec, loads both splits, builds the backend and the model
 // (kNew -> kReady); Run() trains and evaluates (kReady -> kDone). Run() may be called once.
@@ -17,9 +19,11 @@
 #include "absl/status/statusor.h"
 #include "kernels/backend.h"
 #include "kernels/optimizer.h"
+#include "kernels/row_table.h"
 #include "tessera/v1/job_spec.pb.h"
 #include "worker/data/dataset.h"
 #include "worker/engine/model.h"
+#include "worker/trainer/internal/batch_rows.h"
 #include "worker/trainer/progress.h"
 
 namespace tessera::trainer {
@@ -85,6 +89,8 @@ class StandaloneTrainer {
   const engine::Model& model() const { return *model_; }
   const kernels::Backend& backend() const { return *backend_; }
   const data::Dataset& train_data() const { return *train_; }
+  // The rows of the model's sparse tables (model().sparse_tables() order).
+  const std::vector<kernels::RowTable>& tables() const { return tables_; }
 
   // Test loss and accuracy of the current weights (the whole test split).
   // FAILED_PRECONDITION when the spec has no test split.
@@ -94,6 +100,9 @@ class StandaloneTrainer {
   explicit StandaloneTrainer(TrainerOptions options) : options_(std::move(options)) {}
   absl::Status Init();
   absl::Status ApplyOptimizer();
+  // Installs the rows `batch` touches in the model and returns its view with mapped ids (the
+  // plain view for a dense model).
+  absl::StatusOr<engine::BatchView> Prepare(const data::Batch& batch);
 
   TrainerOptions options_;
   std::unique_ptr<kernels::Backend> backend_;
@@ -104,6 +113,11 @@ class StandaloneTrainer {
   // Per trainable parameter (index into model_->parameters()), its optimizer slots.
   std::vector<int> trainable_;
   std::vector<std::vector<kernels::Tensor>> slots_;
+  // Sparse tables: their rows, and the rows of the batch in flight.
+  std::vector<kernels::RowTable> tables_;
+  internal::RowMapper mapper_;
+  internal::BatchRows batch_rows_;
+  std::vector<float> row_values_;
   int64_t updates_ = 0;
   bool ran_ = false;
 };

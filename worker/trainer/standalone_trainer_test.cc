@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -297,6 +298,50 @@ TEST(ProgressPrinterTest, DurationFormat) {
   EXPECT_EQ(FormatDuration(65), "1:05");
   EXPECT_EQ(FormatDuration(3 * 3600 + 61), "3:01:01");
   EXPECT_EQ(FormatDuration(-1), "?");
+}
+
+// A hashed table standalone: the rows live in the trainer's row table, created only for the ids
+// a batch touched, and the model holds only the last batch's rows.
+TEST_F(BlobsTest, HashedEmbeddingsKeepOnlyTouchedRows) {
+  spec::examples::WriteHashedLibsvm(dir_ + "/train.svm", 2000, 5);
+  spec::examples::WriteHashedLibsvm(dir_ + "/test.svm", 200, 6);
+  TrainerOptions options;
+  const std::string text = absl::StrCat(spec::examples::HashedJobText(dir_), R"pb(
+    optimizer { kind: OPTIMIZER_KIND_ADAGRAD learning_rate: 0.2 }
+    batch_size: 16
+    epochs: 3
+    seed: 11
+  )pb");
+  ASSERT_TRUE(google::protobuf::TextFormat::ParseFromString(text, &options.spec));
+  std::unique_ptr<StandaloneTrainer> t = Make(options);
+  ASSERT_NE(t, nullptr);
+  ASSERT_EQ(t->tables().size(), 1u);
+  EXPECT_EQ(t->tables()[0].size(), 0);
+  absl::StatusOr<TrainResult> r = t->Run();
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_GT(r->test_accuracy, 0.85);
+  // The training split's distinct ids, each a row now; evaluation created none.
+  std::set<int64_t> train_ids;
+  std::ifstream in(dir_ + "/train.svm");
+  std::string token;
+  while (in >> token) {
+    const size_t colon = token.find(':');
+    if (colon != std::string::npos) train_ids.insert(std::stoll(token.substr(0, colon)));
+  }
+  EXPECT_EQ(t->tables()[0].size(), static_cast<int64_t>(train_ids.size()));
+  std::set<int64_t> held;
+  t->tables()[0].ForEach([&](int64_t id, absl::Span<const float>) { held.insert(id); });
+  EXPECT_EQ(held, train_ids);
+  // The model's copy: the last evaluation batch's rows only (at most 6 per example).
+  const engine::Parameter* table = t->model().FindParameter("embedding_bag_1/embeddings");
+  ASSERT_NE(table, nullptr);
+  std::set<int64_t> test_ids;  // the last evaluation batch is the whole test split
+  std::ifstream test_in(dir_ + "/test.svm");
+  while (test_in >> token) {
+    const size_t colon = token.find(':');
+    if (colon != std::string::npos) test_ids.insert(std::stoll(token.substr(0, colon)));
+  }
+  EXPECT_EQ(table->shape[0], static_cast<int64_t>(test_ids.size()));
 }
 
 }  // namespace

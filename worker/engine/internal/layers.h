@@ -61,6 +61,11 @@ class Model::Layer {
     values_ = std::move(values);
     grads_ = std::move(grads);
   }
+  // Replaces the tensors of parameter `position` (a sparse table's rows, after SetRows).
+  void Rebind(size_t position, kernels::Tensor value, kernels::Tensor grad) {
+    values_[position] = std::move(value);
+    grads_[position] = std::move(grad);
+  }
   // Per-batch-size buffers the layer keeps between forward and backward.
   virtual absl::StatusOr<std::vector<kernels::Tensor>> Scratch(kernels::Backend* backend,
                                                                int64_t n) {

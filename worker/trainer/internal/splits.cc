@@ -47,7 +47,8 @@ int64_t EvalBatchSize(const v1::JobSpec& spec) {
 absl::StatusOr<engine::StepResult> EvaluateSplit(engine::Model& model,
                                                  std::shared_ptr<const data::Dataset> split,
                                                  int64_t batch_size,
-                                                 const std::function<absl::Status()>& check) {
+                                                 const std::function<absl::Status()>& check,
+                                                 const PrepareBatch& prepare) {
   data::BatchPrefetcher::Options o;
   o.batch_size = batch_size;
   o.shuffle = false;
@@ -57,7 +58,13 @@ absl::StatusOr<engine::StepResult> EvaluateSplit(engine::Model& model,
   double loss_sum = 0;
   while (std::optional<data::Batch> b = batches->Next()) {
     if (check) TESSERA_RETURN_IF_ERROR(check());
-    TESSERA_ASSIGN_OR_RETURN(engine::StepResult r, model.Evaluate(ViewOf(*b)));
+    engine::BatchView view;
+    if (prepare) {
+      TESSERA_ASSIGN_OR_RETURN(view, prepare(*b));
+    } else {
+      view = ViewOf(*b);
+    }
+    TESSERA_ASSIGN_OR_RETURN(engine::StepResult r, model.Evaluate(view));
     loss_sum += r.loss * static_cast<double>(r.examples);
     total.correct += r.correct;
     total.examples += r.examples;

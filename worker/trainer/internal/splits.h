@@ -28,12 +28,19 @@ bool HasTestSplit(const v1::DatasetSpec& d);
 // spec.eval.batch_size, 0 -> 1000.
 int64_t EvalBatchSize(const v1::JobSpec& spec);
 
+// Makes the engine's view of a batch about to be scored; for a model with a sparse table it
+// installs the rows the batch touches (engine::Model::SetRows) and maps its ids. The view may
+// point into buffers of the function's own, valid until its next call.
+using PrepareBatch = std::function<absl::StatusOr<engine::BatchView>(const data::Batch&)>;
+
 // Mean loss and the correct count of `model` over the whole of `split`, in order, in batches of
 // `batch_size`. `check` (optional) runs before each batch; its error ends the scoring (cancel).
+// `prepare` (optional; ViewOf when empty) makes each batch's view.
 absl::StatusOr<engine::StepResult> EvaluateSplit(engine::Model& model,
                                                  std::shared_ptr<const data::Dataset> split,
                                                  int64_t batch_size,
-                                                 const std::function<absl::Status()>& check = {});
+                                                 const std::function<absl::Status()>& check = {},
+                                                 const PrepareBatch& prepare = {});
 
 }  // namespace tessera::trainer::internal
 
