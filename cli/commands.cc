@@ -16,6 +16,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "cli/coordinator_client.h"
+#include "cli/criteo_datagen.h"
 #include "cli/exporter.h"
 #include "cli/job_format.h"
 #include "cli/local_cluster.h"
@@ -361,6 +362,38 @@ int RunExport(const GlobalOptions& global, const ExportOptionsFlags& options) {
     std::fflush(stdout);
   }
   return code;
+}
+
+int RunDatagenCriteo(const GlobalOptions& global, const CriteoDatagenFlags& options) {
+  CriteoDatagenOptions o;
+  o.out_dir = options.out;
+  o.train_rows = options.rows;
+  o.test_rows = options.test_rows;
+  o.seed = options.seed;
+  o.factorization_machine = options.model == "fm";
+  const bool tty = isatty(fileno(stderr)) == 1;
+  o.progress = [tty](int64_t written, int64_t total) {
+    std::fprintf(stderr, "%swrote %lld of %lld rows (%.0f%%)%s", tty ? "\r" : "",
+                 static_cast<long long>(written), static_cast<long long>(total),
+                 100.0 * static_cast<double>(written) / static_cast<double>(total),
+                 tty ? "" : "\n");
+    std::fflush(stderr);
+  };
+  absl::StatusOr<CriteoDatagenResult> r = GenerateCriteo(o);
+  if (tty) std::fprintf(stderr, "\n");
+  if (!r.ok()) return Fail(global, r.status(), "datagen criteo");
+  if (global.json) {
+    std::printf("%s", PlantedJson(*r, o).c_str());
+  } else {
+    std::printf(
+        "wrote %lld training rows to %s and %lld test rows to %s\n"
+        "planted %s model: best test log loss %.4f, best test AUC %.4f, positive rate %.3f (%s)\n",
+        static_cast<long long>(r->train_rows), r->train_path.c_str(),
+        static_cast<long long>(r->test_rows), r->test_path.c_str(), options.model.c_str(),
+        r->best_test_log_loss, r->best_test_auc, r->positive_rate, r->planted_path.c_str());
+  }
+  std::fflush(stdout);
+  return kExitOk;
 }
 
 int RunLocal(const GlobalOptions& global, const LocalOptions& options) {

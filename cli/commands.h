@@ -58,6 +58,14 @@ struct LocalOptions {
   bool keep_dir = false;
 };
 
+struct CriteoDatagenFlags {
+  int64_t rows = 0;
+  std::string out;
+  int64_t test_rows = -1;  // -1: the default (criteo_datagen.h)
+  uint64_t seed = 1;
+  std::string model = "logistic";
+};
+
 // The exit status for a failed request: 69 for UNAVAILABLE and DEADLINE_EXCEEDED, 64 for
 // INVALID_ARGUMENT, 77 for UNAUTHENTICATED and PERMISSION_DENIED, 1 otherwise.
 int ExitCodeFor(const absl::Status& status);
@@ -72,6 +80,9 @@ int RunCancel(const GlobalOptions& global, const std::string& job_id);
 int RunCheckpoint(const GlobalOptions& global, const std::string& job_id);
 int RunCluster(const GlobalOptions& global);
 int RunExport(const GlobalOptions& global, const ExportOptionsFlags& options);
+// `tessera datagen criteo`: writes the files, progress on stderr, and prints the planted model's
+// best test log loss and AUC (the planted.json line with --output json).
+int RunDatagenCriteo(const GlobalOptions& global, const CriteoDatagenFlags& options);
 // REQUIRES: SIGINT and SIGTERM blocked in every thread (BlockShutdownSignals() first thing in
 // main), so that this command's own signal thread receives them.
 int RunLocal(const GlobalOptions& global, const LocalOptions& options);

@@ -185,7 +185,8 @@ std::string JobDetails(const v1::Job& job, absl::Time now) {
   }
   if (job.evaluated()) {
     absl::StrAppend(&out, "test:       accuracy ", absl::StrFormat("%.4f", job.test_accuracy()),
-                    ", loss ", absl::StrFormat("%.4f", job.test_loss()), "\n");
+                    ", loss ", absl::StrFormat("%.4f", job.test_loss()),
+                    job.has_test_auc() ? absl::StrFormat(", AUC %.4f", job.test_auc()) : "", "\n");
   }
   if (job.has_step_times()) {
     const v1::StepTimes& t = job.step_times();
@@ -258,6 +259,7 @@ std::string JobResultLine(const v1::Job& job) {
   if (job.evaluated()) {
     parts.push_back(absl::StrFormat("test accuracy %.4f", job.test_accuracy()));
     parts.push_back(absl::StrFormat("test loss %.4f", job.test_loss()));
+    if (job.has_test_auc()) parts.push_back(absl::StrFormat("test AUC %.4f", job.test_auc()));
   }
   if (job.samples_per_second() > 0) {
     parts.push_back(absl::StrFormat("%.0f samples/s", job.samples_per_second()));

@@ -99,6 +99,15 @@ TEST(JobFormatTest, TextForPeople) {
   EXPECT_EQ(JobResultLine(FinishedJob()),
             "job fashion-mlp-3 SUCCEEDED: 938 steps, 2 epochs, test accuracy 0.8625, test loss "
             "0.3875, 5120 samples/s, 0:23");
+  // A binary task shows its AUC, in the result line and in `get`.
+  v1::Job ctr = FinishedJob();
+  ctr.set_test_auc(0.79125);
+  EXPECT_EQ(JobResultLine(ctr),
+            "job fashion-mlp-3 SUCCEEDED: 938 steps, 2 epochs, test accuracy 0.8625, test loss "
+            "0.3875, test AUC 0.7913, 5120 samples/s, 0:23");
+  EXPECT_NE(JobDetails(ctr, now).find("test:       accuracy 0.8625, loss 0.3875, AUC 0.7913\n"),
+            std::string::npos)
+      << JobDetails(ctr, now);
   v1::Job pending;
   pending.set_id("p-1");
   pending.set_state(v1::JOB_STATE_PENDING);

@@ -29,6 +29,7 @@ constexpr char kDescription[] =
     "  tessera checkpoint fashion-mlp-1\n"
     "  tessera cluster\n"
     "  tessera export fashion-mlp-1 --out model.safetensors\n"
+    "  tessera datagen criteo --rows 1000000 --out /var/tmp/criteo\n"
     "  TESSERA_COORDINATOR=10.0.0.5:7070 tessera list\n"
     "  tessera list --coordinator 10.0.0.5:7070 --tls_ca ca.pem --auth_token_file "
     "~/.tessera-token\n"
@@ -149,8 +150,30 @@ int main(int argc, char** argv) {
   local_cmd->add_flag("--keep_dir", local.keep_dir,
                       "Keep the temporary directory (logs, the coordinator's database)");
 
+  tessera::cli::CriteoDatagenFlags datagen;
+  CLI::App* datagen_cmd =
+      app.add_subcommand("datagen", "Generate data sets with known best results");
+  datagen_cmd->require_subcommand(1);
+  CLI::App* criteo_cmd = datagen_cmd->add_subcommand(
+      "criteo",
+      "Write Criteo-format click logs (train.tsv, test.tsv) drawn from a planted model, and\n"
+      "planted.json with the best test log loss and AUC any model can reach on them. Field Ck\n"
+      "has a vocabulary from 10 (C1) to 10^7 (C26), Zipf-distributed; labels come from a\n"
+      "logistic model over the fields, or a factorisation machine (--model fm).");
+  criteo_cmd->add_option("--rows", datagen.rows, "Training rows")
+      ->required()
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
+  criteo_cmd->add_option("--out", datagen.out, "Output folder (created when absent)")->required();
+  criteo_cmd
+      ->add_option("--test_rows", datagen.test_rows,
+                   "Test rows (default: rows / 10, at least 1000, at most rows)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
+  criteo_cmd->add_option("--seed", datagen.seed, "Seed of the planted model and the draws (1)");
+  criteo_cmd->add_option("--model", datagen.model, "logistic (default) or fm")
+      ->check(CLI::IsMember({"logistic", "fm"}));
+
   for (CLI::App* sub : {submit_cmd, list_cmd, get_cmd, watch_cmd, cancel_cmd, checkpoint_cmd,
-                        cluster_cmd, export_cmd, local_cmd}) {
+                        cluster_cmd, export_cmd, local_cmd, datagen_cmd, criteo_cmd}) {
     sub->fallthrough();
   }
 
@@ -166,9 +189,10 @@ int main(int argc, char** argv) {
   }
   global.json = output == "json";
 
-  // `tessera local` runs its own plaintext loopback cluster and dials nothing else.
+  // `tessera local` runs its own plaintext loopback cluster and dials nothing else; datagen
+  // dials nothing.
   std::unique_ptr<tessera::Security> security;
-  if (!*local_cmd) {
+  if (!*local_cmd && !*datagen_cmd) {
     // This process only dials: a certificate or a token without a CA to verify the server
     // would go unused, or (the token) travel in plaintext.
     if (security_options.tls_ca.empty() &&
@@ -205,6 +229,7 @@ int main(int argc, char** argv) {
   if (*checkpoint_cmd) return tessera::cli::RunCheckpoint(global, job_id);
   if (*cluster_cmd) return tessera::cli::RunCluster(global);
   if (*export_cmd) return tessera::cli::RunExport(global, export_flags);
+  if (*criteo_cmd) return tessera::cli::RunDatagenCriteo(global, datagen);
   std::fprintf(stderr, "tessera: no command given; run `tessera --help`\n");
   return tessera::cli::kExitUsage;
 }

@@ -112,18 +112,20 @@ absl::Status CheckFiles(const v1::DatasetSpec& d, const DatasetChecks& check_fil
       return absl::OkStatus();
     case v1::DatasetSpec::FORMAT_LIBSVM:
     case v1::DatasetSpec::FORMAT_CSV:
+    case v1::DatasetSpec::FORMAT_CRITEO:
       TESSERA_RETURN_IF_ERROR(CheckFile("train_path", d.train_path(), true, check_files));
       TESSERA_RETURN_IF_ERROR(CheckFile("test_path", d.test_path(), false, check_files));
       if (!d.train_images().empty() || !d.train_labels().empty() || !d.test_images().empty() ||
           !d.test_labels().empty()) {
         return absl::InvalidArgumentError(
-            "dataset.train_images: only FORMAT_IDX reads image/label files; LIBSVM and CSV read "
-            "train_path/test_path");
+            "dataset.train_images: only FORMAT_IDX reads image/label files; LIBSVM, CSV and "
+            "CRITEO read train_path/test_path");
       }
       return absl::OkStatus();
     default:
       return absl::InvalidArgumentError(
-          absl::StrCat("dataset.format: must be FORMAT_IDX, FORMAT_LIBSVM or FORMAT_CSV, got ",
+          absl::StrCat("dataset.format: must be FORMAT_IDX, FORMAT_LIBSVM, FORMAT_CSV or "
+                       "FORMAT_CRITEO, got ",
                        v1::DatasetSpec::Format_Name(d.format()).empty()
                            ? std::to_string(d.format())
                            : v1::DatasetSpec::Format_Name(d.format())));
@@ -143,6 +145,12 @@ absl::Status CheckNormalization(const v1::DatasetSpec& d) {
   if (!std::isfinite(n.stddev()) || n.stddev() < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "dataset.normalization.stddev: must be a finite number > 0 (0 means 1), got ", n.stddev()));
+  }
+  if (d.format() == v1::DatasetSpec::FORMAT_CRITEO &&
+      (n.divide_by() != 0.0f || n.mean() != 0.0f || n.stddev() != 0.0f)) {
+    return absl::InvalidArgumentError(
+        "dataset.normalization: FORMAT_CRITEO values are log(1 + x) of the integer features and 1 "
+        "for the categories; set no normalization");
   }
   if (d.format() == v1::DatasetSpec::FORMAT_LIBSVM && n.mean() != 0.0f) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -54,13 +54,24 @@ absl::Status ValidateModelAndData(const v1::JobSpec& spec, const ValidateOptions
         "), got ", spec.dataset().num_classes()));
   }
   const bool sparse_model = model->sparse_input;
-  const bool sparse_data = spec.dataset().format() == v1::DatasetSpec::FORMAT_LIBSVM;
+  const v1::DatasetSpec::Format format = spec.dataset().format();
+  const bool sparse_data =
+      format == v1::DatasetSpec::FORMAT_LIBSVM || format == v1::DatasetSpec::FORMAT_CRITEO;
   if (sparse_model != sparse_data) {
-    return absl::InvalidArgumentError(
+    return absl::InvalidArgumentError(absl::StrCat(
         sparse_model ? "dataset.format: a model that starts with an embedding_bag reads sparse "
-                       "examples, so the dataset must be FORMAT_LIBSVM"
-                     : "dataset.format: FORMAT_LIBSVM examples are sparse, so the model must "
-                       "start with an embedding_bag layer");
+                       "examples, so the dataset must be FORMAT_LIBSVM or FORMAT_CRITEO"
+                     : absl::StrCat("dataset.format: ", v1::DatasetSpec::Format_Name(format),
+                                    " examples are sparse, so the model must start with an "
+                                    "embedding_bag layer")));
+  }
+  if (format == v1::DatasetSpec::FORMAT_CRITEO &&
+      spec.model().layers(0).embedding_bag().num_rows() != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model.layers[0] (", model->layers[0].name,
+                     "): embedding_bag.num_rows must be 0 (hashed "
+                     "ids) for FORMAT_CRITEO data, whose ids are 63-bit hashes, got ",
+                     spec.model().layers(0).embedding_bag().num_rows()));
   }
   if (sparse_model && spec.has_optimizer()) {
     // The shards apply the job's optimizer to the table's rows too.

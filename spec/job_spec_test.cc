@@ -39,6 +39,29 @@ TEST(JobSpecTest, ExamplesParseAndValidate) {
     EXPECT_EQ(spec->optimizer().kind(), v1::OPTIMIZER_KIND_ADAM);
     EXPECT_EQ(spec->dataset().num_classes(), 10);
   }
+  // The click-log example: its data is generated (tessera datagen), so files are not checked.
+  absl::StatusOr<v1::JobSpec> ctr = ReadJobSpecFile(Example("criteo_hashed.textproto"));
+  ASSERT_TRUE(ctr.ok()) << ctr.status();
+  ValidateOptions no_files;
+  no_files.check_files = false;
+  no_files.distributed = true;
+  EXPECT_TRUE(ValidateJobSpec(*ctr, no_files).ok()) << ValidateJobSpec(*ctr, no_files);
+  // Criteo data needs a hashed table and takes no normalization.
+  v1::JobSpec bounded = *ctr;
+  bounded.mutable_model()->mutable_layers(0)->mutable_embedding_bag()->set_num_rows(1000);
+  EXPECT_THAT(std::string(ValidateJobSpec(bounded, no_files).message()),
+              HasSubstr("model.layers[0] (embedding_bag_1): embedding_bag.num_rows must be 0"));
+  v1::JobSpec normalized = *ctr;
+  normalized.mutable_dataset()->mutable_normalization()->set_divide_by(2);
+  EXPECT_THAT(std::string(ValidateJobSpec(normalized, no_files).message()),
+              HasSubstr("dataset.normalization: FORMAT_CRITEO values are log(1 + x)"));
+  v1::JobSpec dense_model = *ctr;
+  dense_model.mutable_model()->mutable_layers()->erase(
+      dense_model.mutable_model()->mutable_layers()->begin());
+  dense_model.mutable_model()->add_input_shape(16);
+  EXPECT_THAT(std::string(ValidateJobSpec(dense_model, no_files).message()),
+              HasSubstr("dataset.format: FORMAT_CRITEO examples are sparse"));
+
   v1::JobSpec mlp = Mlp();
   ASSERT_EQ(mlp.model().layers_size(), 7);
   EXPECT_EQ(mlp.model().layers(0).dense().units(), 256);
@@ -153,7 +176,7 @@ INSTANTIATE_TEST_SUITE_P(
                 [](v1::JobSpec* s) {
                   s->mutable_dataset()->set_format(v1::DatasetSpec::FORMAT_UNSPECIFIED);
                 },
-                "dataset.format: must be FORMAT_IDX, FORMAT_LIBSVM or FORMAT_CSV"},
+                "dataset.format: must be FORMAT_IDX, FORMAT_LIBSVM, FORMAT_CSV or FORMAT_CRITEO"},
         BadSpec{"sparse",
                 [](v1::JobSpec* s) {
                   v1::DatasetSpec* d = s->mutable_dataset();

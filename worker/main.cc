@@ -150,6 +150,7 @@ int RunStandalone(const WorkerFlags& flags) {
                 result->device.c_str());
     if (result->evaluated) {
       std::printf(", test loss %.4f, test accuracy %.4f", result->test_loss, result->test_accuracy);
+      if (result->test_auc.has_value()) std::printf(", test AUC %.4f", *result->test_auc);
     }
     std::printf("\n");
   }

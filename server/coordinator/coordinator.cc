@@ -424,6 +424,7 @@ CoordinatorMetricsSnapshot Coordinator::MetricsSnapshot() const {
     p.train_accuracy = job.train_accuracy();
     p.evaluated = job.evaluated();
     p.test_accuracy = job.test_accuracy();
+    if (job.has_test_auc()) p.test_auc = job.test_auc();
     p.checkpoint_step = job.last_checkpoint_step();
     p.recoveries = job.recoveries();
     if (job.state() == v1::JOB_STATE_RUNNING) {

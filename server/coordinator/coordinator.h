@@ -45,6 +45,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -88,8 +89,9 @@ struct CoordinatorMetricsSnapshot {
     double train_accuracy = 0;
     bool evaluated = false;
     double test_accuracy = 0;
-    int64_t checkpoint_step = 0;  // the newest committed checkpoint; 0: none
-    int64_t recoveries = 0;       // rewinds to a checkpoint so far
+    std::optional<double> test_auc;  // binary tasks, once evaluated
+    int64_t checkpoint_step = 0;     // the newest committed checkpoint; 0: none
+    int64_t recoveries = 0;          // rewinds to a checkpoint so far
     // RUNNING jobs, by rank: how long the job's step has waited for the rank (the stall
     // inspector; 0: it waits for nothing of it).
     std::vector<double> rank_stalled_seconds;

@@ -58,6 +58,8 @@ class CoordinatorCollectable final : public prometheus::Collectable {
         Gauges("tessera_job_accuracy",
                "Accuracy: split=train over the last interval, split=test at "
                "the last evaluation.");
+    prometheus::MetricFamily auc = Gauges(
+        "tessera_job_auc", "Binary tasks: the ROC AUC of the test split at the last evaluation.");
     prometheus::MetricFamily checkpoint = Gauges(
         "tessera_job_checkpoint_step", "Step of the job's newest committed checkpoint (0: none).");
     prometheus::MetricFamily recoveries =
@@ -80,12 +82,13 @@ class CoordinatorCollectable final : public prometheus::Collectable {
       Add(&loss, {job}, p.loss);
       Add(&accuracy, {job, {"split", "train"}}, p.train_accuracy);
       if (p.evaluated) Add(&accuracy, {job, {"split", "test"}}, p.test_accuracy);
+      if (p.test_auc.has_value()) Add(&auc, {job, {"split", "test"}}, *p.test_auc);
     }
     std::vector<prometheus::MetricFamily> out;
     out.push_back(std::move(jobs));
     out.push_back(std::move(members));
     for (prometheus::MetricFamily* f :
-         {&step, &total, &rate, &loss, &accuracy, &checkpoint, &recoveries, &stalled}) {
+         {&step, &total, &rate, &loss, &accuracy, &auc, &checkpoint, &recoveries, &stalled}) {
       if (!f->metric.empty()) out.push_back(std::move(*f));
     }
     return out;

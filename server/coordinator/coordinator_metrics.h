@@ -8,6 +8,7 @@
 //   tessera_job_step_rate{job}           gauge  steps per second (0 once ended)
 //   tessera_job_loss{job}                gauge  rank 0's training loss over its last interval
 //   tessera_job_accuracy{job,split}      gauge  train accuracy; test accuracy once evaluated
+//   tessera_job_auc{job,split="test"}    gauge  binary tasks: test ROC AUC once evaluated
 //   tessera_job_rank_stall_seconds{job,rank}  gauge  RUNNING jobs: how long the step has waited
 //                                                    for the rank (0: not waited for)
 //

@@ -160,6 +160,7 @@ TEST_F(CoordinatorTest, ProgressAggregationAndSuccess) {
   ASSERT_EQ(Events(id).size(), 4u);
   EXPECT_EQ(Events(id)[2], "epoch 1 of 2");  // rank 0's first report
   EXPECT_EQ(Events(id)[3], "epoch 1: test accuracy 0.8300, test loss 0.4700");
+  EXPECT_FALSE(Job(id).has_test_auc()) << "no AUC reported: none shown";
   now_ms_ += 1000;
   Report(w2, id, 1, v1::TASK_PHASE_TRAINING, 50, 600);
   ASSERT_EQ(Events(id).size(), 5u);
@@ -181,14 +182,18 @@ TEST_F(CoordinatorTest, ProgressAggregationAndSuccess) {
   report.set_step(100);
   report.set_test_accuracy(0.86);
   report.set_test_loss(0.4);
+  report.set_test_auc(0.7812);  // a binary task's final AUC reaches the record and the event
   ASSERT_TRUE(coordinator_->ReportProgress(report).ok());
   job = Job(id);
   EXPECT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED);
   EXPECT_TRUE(job.evaluated());
   EXPECT_DOUBLE_EQ(job.test_accuracy(), 0.86);
+  ASSERT_TRUE(job.has_test_auc());
+  EXPECT_DOUBLE_EQ(job.test_auc(), 0.7812);
   EXPECT_EQ(job.end_time_ms(), now_ms_);
   EXPECT_EQ(Member(w1).state(), v1::MEMBER_STATE_READY);
-  EXPECT_EQ(Events(id).back(), "succeeded: test accuracy 0.8600, test loss 0.4000");
+  EXPECT_EQ(Events(id).back(),
+            "succeeded: test accuracy 0.8600, test loss 0.4000, test AUC 0.7812");
   EXPECT_EQ(Kinds(id).back(), v1::JOB_EVENT_KIND_STATE);
   coordinator_->Tick();
   EXPECT_TRUE(shards_.dropped.empty());  // the weights stay for export

@@ -9,6 +9,7 @@
 //   ReadIdxDataset     IDX image and label files (MNIST, Fashion-MNIST), gzip or plain.
 //   ReadLibsvmDataset  LIBSVM sparse text: "label index:value index:value ...".
 //   ReadCsvDataset     CSV with one label column, every other column a dense feature.
+//   ReadCriteoDataset  Criteo TSV click logs, as one bag of hashed ids per example.
 // Errors name the file and the place: a byte offset for IDX ("at byte 16"), a line (and column for
 // CSV) for text. A missing file is NOT_FOUND, a file that ends early or fails its gzip check is
 // DATA_LOSS, and anything else malformed is INVALID_ARGUMENT.
@@ -123,6 +124,25 @@ absl::StatusOr<std::shared_ptr<const Dataset>> ReadIdxDataset(const std::string&
 // strictly increasing within a line.
 absl::StatusOr<std::shared_ptr<const Dataset>> ReadLibsvmDataset(const std::string& path,
                                                                  const ReadOptions& options);
+
+// Criteo TSV: a label, 13 integer features (I1..I13) and 26 categorical fields (C1..C26, hex
+// strings), tab-separated, any of the 39 features empty. Each example is one bag of hashed ids:
+// categorical field C_c with value v gives id CriteoFeatureId(12 + c, v) with value 1; integer
+// feature I_i with value x > 0 gives id CriteoFeatureId(i - 1, 0) with value log(1 + x) (the
+// DLRM reference's transform; x <= 0 and empty features add nothing). feature_dim() is 0 (hashed
+// ids). Unlike the other readers, a worker parses only its own byte range of the file,
+// [rank * size / world, (rank + 1) * size / world), each line belonging to the range its first
+// byte lies in, so its shard is a contiguous run of lines; the whole file is only scanned for
+// newlines, so total_examples() is the file's line count on every rank. Errors name the line
+// (lines outside the range are not checked). A gzip file is decompressed whole first.
+inline constexpr int kCriteoIntegerFields = 13;
+inline constexpr int kCriteoCategoricalFields = 26;
+inline constexpr int kCriteoFields = 1 + kCriteoIntegerFields + kCriteoCategoricalFields;
+absl::StatusOr<std::shared_ptr<const Dataset>> ReadCriteoDataset(const std::string& path,
+                                                                 const ReadOptions& options);
+// The row id of feature `field` (0-12: I1..I13, 13-38: C1..C26) with value `value`: a SplitMix64
+// mix of both, in [0, 2^63). Stable across builds and hosts.
+int64_t CriteoFeatureId(int field, uint64_t value);
 
 // Reads a CSV file (plain or gzip); every row must have the same number of fields.
 absl::StatusOr<std::shared_ptr<const Dataset>> ReadCsvDataset(const std::string& path,

@@ -20,6 +20,7 @@ namespace {
 
 using ::testing::AllOf;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 constexpr char kFashionDir[] = "/usr/share/datasets/fashion-mnist/";
 
@@ -521,6 +522,108 @@ TEST(ReadOptionsTest, BadOptionsNameTheField) {
   o.normalization.divide_by = 0;
   EXPECT_EQ(ValidateReadOptions(o).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(ValidateReadOptions(ReadOptions()).ok());
+}
+
+// ------------------------------------------------------------------------------------------------
+// Criteo TSV.
+
+// A Criteo line: label, 13 integers, 26 categories (empty strings stay empty).
+std::string CriteoLine(int label, const std::vector<std::string>& ints,
+                       const std::vector<std::string>& cats) {
+  std::string line = std::to_string(label);
+  for (int i = 0; i < kCriteoIntegerFields; ++i) {
+    line += "\t" + (i < static_cast<int>(ints.size()) ? ints[i] : std::string());
+  }
+  for (int c = 0; c < kCriteoCategoricalFields; ++c) {
+    line += "\t" + (c < static_cast<int>(cats.size()) ? cats[c] : std::string());
+  }
+  return line + "\n";
+}
+
+TEST(CriteoReaderTest, EachExampleIsOneBagOfHashedFieldIds) {
+  TempDir dir;
+  WriteFile(dir.File("c.tsv"), CriteoLine(1, {"3", "", "-1", "0", "7"}, {"68fd1e64", "", "0aF"}) +
+                                   CriteoLine(0, {}, {}));
+  auto d = ReadCriteoDataset(dir.File("c.tsv"), ReadOptions{});
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ((*d)->size(), 2);
+  EXPECT_EQ((*d)->total_examples(), 2);
+  EXPECT_TRUE((*d)->sparse());
+  EXPECT_EQ((*d)->feature_dim(), 0) << "hashed ids";
+  Batch b;
+  (*d)->Gather({0, 1}, &b);
+  // I1 = 3 and I5 = 7 (empty, -1 and 0 add nothing), then C1 and C3.
+  EXPECT_EQ(b.sparse_offsets, (std::vector<int64_t>{0, 4, 4}));
+  EXPECT_EQ(b.sparse_ids,
+            (std::vector<int64_t>{CriteoFeatureId(0, 0), CriteoFeatureId(4, 0),
+                                  CriteoFeatureId(13, 0x68fd1e64), CriteoFeatureId(15, 0xaf)}));
+  ASSERT_EQ(b.sparse_values.size(), 4u);
+  EXPECT_FLOAT_EQ(b.sparse_values[0], std::log1p(3.0f));
+  EXPECT_FLOAT_EQ(b.sparse_values[1], std::log1p(7.0f));
+  EXPECT_EQ(b.sparse_values[2], 1.0f);
+  EXPECT_EQ(b.targets, (std::vector<float>{1, 0}));
+  // The same value in two fields is two features.
+  EXPECT_NE(CriteoFeatureId(13, 5), CriteoFeatureId(14, 5));
+  for (int64_t id : b.sparse_ids) EXPECT_GE(id, 0);
+}
+
+TEST(CriteoReaderTest, RanksReadDisjointByteRangesThatCoverTheFile) {
+  TempDir dir;
+  std::string text;
+  for (int i = 0; i < 101; ++i) {
+    text += CriteoLine(i % 2, {std::to_string(i + 1)},
+                       {absl::StrCat(absl::Hex(i * 7919 + (i % 3 == 0 ? 123456789 : 0)))});
+  }
+  WriteFile(dir.File("c.tsv"), text);
+  WriteGzip(dir.File("c.tsv.gz"), text);
+  for (const std::string name : {"c.tsv", "c.tsv.gz"}) {
+    std::vector<float> seen;  // I1 - 1 = the line number, in the order the ranks hold them
+    for (int rank = 0; rank < 3; ++rank) {
+      ReadOptions o;
+      o.rank = rank;
+      o.world = 3;
+      auto d = ReadCriteoDataset(dir.File(name), o);
+      ASSERT_TRUE(d.ok()) << d.status();
+      EXPECT_EQ((*d)->total_examples(), 101);
+      EXPECT_GT((*d)->size(), 25) << "about a third each";
+      std::vector<int64_t> all((*d)->size());
+      for (size_t i = 0; i < all.size(); ++i) all[i] = static_cast<int64_t>(i);
+      Batch b;
+      (*d)->Gather(all, &b);
+      for (int64_t e = 0; e < b.size; ++e) {
+        seen.push_back(std::round(std::expm1(b.sparse_values[b.sparse_offsets[e]])) - 1);
+      }
+    }
+    ASSERT_EQ(seen.size(), 101u) << name;
+    for (int i = 0; i < 101; ++i) EXPECT_EQ(seen[i], i) << name;
+  }
+}
+
+TEST(CriteoReaderTest, MalformedLinesAreRefusedByLineWithoutEchoingThem) {
+  TempDir dir;
+  const std::string good = CriteoLine(1, {"1"}, {"ab"});
+  const struct {
+    std::string text, want;
+  } cases[] = {
+      {good + "1\t2\t3\n", "c.tsv:2: 3 tab-separated fields, Criteo TSV has 40"},
+      {good + CriteoLine(1, {"x1"}, {}), "c.tsv:2: integer feature I1 (2 bytes) is not an integer"},
+      {CriteoLine(1, {}, {"", "zz"}), "c.tsv:1: categorical field C2 (2 bytes) is not 1 to 16"},
+      {CriteoLine(1, {}, {"0123456789abcdef0"}), "categorical field C1 (17 bytes)"},
+      {good + "\n" + good, "c.tsv:2: empty line"},
+      {CriteoLine(3, {}, {}), "c.tsv:1: label 3 is not a class id in [0, 2)"},
+  };
+  for (const auto& c : cases) {
+    WriteFile(dir.File("c.tsv"), c.text);
+    ReadOptions o;
+    o.num_classes = 2;
+    auto d = ReadCriteoDataset(dir.File("c.tsv"), o);
+    ASSERT_FALSE(d.ok()) << c.want;
+    EXPECT_EQ(d.status().code(), absl::StatusCode::kInvalidArgument) << d.status();
+    EXPECT_THAT(std::string(d.status().message()), HasSubstr(c.want));
+    EXPECT_THAT(std::string(d.status().message()), Not(HasSubstr("zz")));
+  }
+  EXPECT_EQ(ReadCriteoDataset(dir.File("absent.tsv"), ReadOptions{}).status().code(),
+            absl::StatusCode::kNotFound);
 }
 
 }  // namespace

@@ -480,7 +480,7 @@ absl::StatusOr<StepResult> Model::TrainStep(const BatchView& batch,
   return StepResult{host_metrics_[0], static_cast<int64_t>(host_metrics_[1]), batch.size};
 }
 
-absl::StatusOr<StepResult> Model::Evaluate(const BatchView& batch) {
+absl::StatusOr<StepResult> Model::Evaluate(const BatchView& batch, std::vector<float>* outputs) {
   if (batch.size <= 0) {
     return absl::InvalidArgumentError(absl::StrCat("batch.size: must be > 0, got ", batch.size));
   }
@@ -489,6 +489,10 @@ absl::StatusOr<StepResult> Model::Evaluate(const BatchView& batch) {
   TESSERA_RETURN_IF_ERROR(RunForward(a, /*training=*/false));
   TESSERA_RETURN_IF_ERROR(
       backend_->LossForwardBackward(loss_, a->y.back(), a->labels, nullptr, metrics_));
+  if (outputs != nullptr) {
+    outputs->resize(static_cast<size_t>(batch.size * output_dim_));
+    TESSERA_RETURN_IF_ERROR(backend_->CopyToHost(a->y.back(), outputs->data()));
+  }
   TESSERA_RETURN_IF_ERROR(backend_->CopyToHost(metrics_, host_metrics_.data()));
   return StepResult{host_metrics_[0], static_cast<int64_t>(host_metrics_[1]), batch.size};
 }

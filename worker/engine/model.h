@@ -116,6 +116,7 @@ class Model {
   int64_t rows_installed(int table) const { return tables_[table].rows; }
   // Outputs per example (the loss's K).
   int64_t output_dim() const { return output_dim_; }
+  kernels::LossKind loss() const { return loss_; }
   // Values of the dense trainable parameters (sparse tables have no fixed size).
   int64_t num_trainable_values() const;
   // RESOURCE_EXHAUSTED when the parameters, their gradients, the activations of a batch of
@@ -132,8 +133,10 @@ class Model {
   absl::StatusOr<StepResult> TrainStep(const BatchView& batch,
                                        const std::function<void(int)>& on_grad_ready = {});
 
-  // Forward in evaluation mode and the loss; no gradients.
-  absl::StatusOr<StepResult> Evaluate(const BatchView& batch);
+  // Forward in evaluation mode and the loss; no gradients. With `outputs`, the last layer's
+  // outputs ([size, output_dim], before the loss) are copied there too.
+  absl::StatusOr<StepResult> Evaluate(const BatchView& batch,
+                                      std::vector<float>* outputs = nullptr);
 
   // Forward only; copies the last layer's outputs ([size, output_dim] floats, before the loss)
   // to `out`. Training mode uses batch statistics (and updates the moving ones) and the current

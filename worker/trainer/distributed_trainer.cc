@@ -524,7 +524,7 @@ absl::StatusOr<engine::StepResult> DistributedTrainer::Step(const engine::BatchV
   return r;
 }
 
-absl::StatusOr<engine::StepResult> DistributedTrainer::Evaluate() {
+absl::StatusOr<internal::SplitScore> DistributedTrainer::Evaluate() {
   internal::PrepareBatch prepare;
   if (rows_ != nullptr) {
     prepare = [this](const data::Batch& b) -> absl::StatusOr<engine::BatchView> {
@@ -719,7 +719,9 @@ absl::StatusOr<v1::ProgressReport> DistributedTrainer::Run() {
     v1::ProgressReport p = make_report(step, epochs_done, epochs_done);
     // The last epoch's evaluation is the final one below, of the weights every rank ended with.
     if (test_ != nullptr && !last && epochs_done % eval_every == 0) {
-      TESSERA_ASSIGN_OR_RETURN(engine::StepResult e, Evaluate());
+      TESSERA_ASSIGN_OR_RETURN(internal::SplitScore score, Evaluate());
+      const engine::StepResult& e = score.result;
+      if (score.auc.has_value()) p.set_test_auc(*score.auc);
       p.set_evaluated(true);
       p.set_test_loss(e.loss);
       p.set_test_accuracy(e.examples > 0 ? static_cast<double>(e.correct) / e.examples : 0);
@@ -737,7 +739,9 @@ absl::StatusOr<v1::ProgressReport> DistributedTrainer::Run() {
   v1::ProgressReport final_report = done;
   final_report.set_phase(v1::TASK_PHASE_SUCCEEDED);
   if (test_ != nullptr) {
-    TESSERA_ASSIGN_OR_RETURN(engine::StepResult e, Evaluate());
+    TESSERA_ASSIGN_OR_RETURN(internal::SplitScore score, Evaluate());
+    const engine::StepResult& e = score.result;
+    if (score.auc.has_value()) final_report.set_test_auc(*score.auc);
     final_report.set_evaluated(true);
     final_report.set_test_loss(e.loss);
     final_report.set_test_accuracy(e.examples > 0 ? static_cast<double>(e.correct) / e.examples

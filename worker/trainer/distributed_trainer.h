@@ -61,6 +61,7 @@
 #include "worker/data/dataset.h"
 #include "worker/engine/model.h"
 #include "worker/trainer/internal/row_exchange.h"
+#include "worker/trainer/internal/splits.h"
 
 namespace tessera::trainer {
 
@@ -189,7 +190,7 @@ class DistributedTrainer {
   // Dropout masks of `step`: a function of (spec.seed, rank, step) only.
   void SetDropoutSeed(int64_t step);
   absl::Status InstallWeights();
-  absl::StatusOr<engine::StepResult> Evaluate();
+  absl::StatusOr<internal::SplitScore> Evaluate();
   // CANCELLED "cancelled" when Cancel() was called, otherwise OK.
   absl::Status CheckCancelled() const;
 

@@ -263,6 +263,7 @@ TEST_F(DistributedTrainerTest, BspRanksEndWithIdenticalWeightsEqualToTheShards) 
   // Rank 0's final evaluation; the blobs are easy.
   EXPECT_TRUE(results[0]->evaluated());
   EXPECT_GT(results[0]->test_accuracy(), 0.9);
+  EXPECT_FALSE(results[0]->has_test_auc()) << "three classes: no AUC";
   EXPECT_FALSE(results[1]->evaluated());
 
   // Progress: steps only grow, one report per epoch end, rank 0 evaluates epoch 1 (not the last,
@@ -853,6 +854,8 @@ TEST_F(DistributedTrainerTest, SparseBspMatchesASingleProcessReferenceRowForRow)
   // Rank 0 scored the test split with rows pulled per batch; the task is learnable.
   EXPECT_TRUE(results[0]->evaluated());
   EXPECT_GT(results[0]->test_accuracy(), 0.85) << "test loss " << results[0]->test_loss();
+  ASSERT_TRUE(results[0]->has_test_auc()) << "a binary task reports its AUC";
+  EXPECT_GT(results[0]->test_auc(), 0.9);
   DropJob(job);
 }
 

@@ -26,6 +26,7 @@ std::string EpochLine(const Progress& p) {
                                      p.loss, p.accuracy);
   if (p.evaluated) {
     line += absl::StrFormat(", test loss %.4f acc %.4f", p.test_loss, p.test_accuracy);
+    if (p.test_auc.has_value()) line += absl::StrFormat(" auc %.4f", *p.test_auc);
   }
   line += absl::StrFormat(", %.1f s, %s samples/s, step %d/%d", p.epoch_seconds,
                           Rate(p.samples_per_second), p.step, p.total_steps);

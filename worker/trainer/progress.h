@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <optional>
 #include <string>
 
 namespace tessera::trainer {
@@ -26,6 +27,7 @@ struct Progress {
   bool evaluated = false;
   double test_loss = 0;
   double test_accuracy = 0;
+  std::optional<double> test_auc;  // binary tasks
   double epoch_seconds = 0;
 };
 

@@ -165,7 +165,7 @@ absl::StatusOr<engine::BatchView> StandaloneTrainer::Prepare(const data::Batch& 
   return internal::ViewWithRows(batch, batch_rows_);
 }
 
-absl::StatusOr<engine::StepResult> StandaloneTrainer::Evaluate() {
+absl::StatusOr<internal::SplitScore> StandaloneTrainer::Evaluate() {
   if (test_ == nullptr) {
     return absl::FailedPreconditionError("the job spec has no test split to evaluate");
   }
@@ -255,7 +255,9 @@ absl::StatusOr<TrainResult> StandaloneTrainer::Run() {
     summary.train_accuracy = seen > 0 ? static_cast<double>(correct) / seen : 0;
     const bool last = epoch + 1 == epochs || step >= total_steps;
     if (test_ != nullptr && ((epoch + 1) % eval_every == 0 || last)) {
-      TESSERA_ASSIGN_OR_RETURN(engine::StepResult eval, Evaluate());
+      TESSERA_ASSIGN_OR_RETURN(internal::SplitScore score, Evaluate());
+      const engine::StepResult& eval = score.result;
+      summary.test_auc = score.auc;
       summary.evaluated = true;
       summary.test_loss = eval.loss;
       summary.test_accuracy =
@@ -281,6 +283,7 @@ absl::StatusOr<TrainResult> StandaloneTrainer::Run() {
       p.evaluated = summary.evaluated;
       p.test_loss = summary.test_loss;
       p.test_accuracy = summary.test_accuracy;
+      p.test_auc = summary.test_auc;
       p.epoch_seconds = Seconds(Clock::now() - epoch_start);
       options_.on_progress(p);
     }
@@ -304,6 +307,7 @@ absl::StatusOr<TrainResult> StandaloneTrainer::Run() {
       result.evaluated = true;
       result.test_loss = it->test_loss;
       result.test_accuracy = it->test_accuracy;
+      result.test_auc = it->test_auc;
       break;
     }
   }
@@ -349,6 +353,7 @@ std::string TrainResultJson(const TrainResult& r, const v1::JobSpec& spec) {
       "{\"job\":", JsonString(spec.name()), ",\"device\":", JsonString(r.device),
       ",\"test_accuracy\":", r.evaluated ? Num(r.test_accuracy) : "null",
       ",\"test_loss\":", r.evaluated ? Num(r.test_loss) : "null",
+      ",\"test_auc\":", r.test_auc.has_value() ? Num(*r.test_auc) : "null",
       ",\"train_loss\":", Num(r.train_loss), ",\"train_accuracy\":", Num(r.train_accuracy),
       ",\"epochs\":", r.epochs, ",\"steps\":", r.steps, ",\"batch_size\":", spec.batch_size(),
       ",\"train_samples\":", r.train_samples, ",\"samples_per_second\":", Num(r.samples_per_second),
@@ -361,6 +366,7 @@ std::string TrainResultJson(const TrainResult& r, const v1::JobSpec& spec) {
                     ",\"train_accuracy\":", Num(e.train_accuracy),
                     ",\"test_loss\":", e.evaluated ? Num(e.test_loss) : "null",
                     ",\"test_accuracy\":", e.evaluated ? Num(e.test_accuracy) : "null",
+                    ",\"test_auc\":", e.test_auc.has_value() ? Num(*e.test_auc) : "null",
                     ",\"train_seconds\":", Num(e.train_seconds),
                     ",\"elapsed_seconds\":", Num(e.elapsed_seconds), "}");
   }

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -24,6 +25,7 @@
 #include "worker/data/dataset.h"
 #include "worker/engine/model.h"
 #include "worker/trainer/internal/batch_rows.h"
+#include "worker/trainer/internal/splits.h"
 #include "worker/trainer/progress.h"
 
 namespace tessera::trainer {
@@ -53,8 +55,9 @@ struct EpochSummary {
   bool evaluated = false;
   double test_loss = 0;
   double test_accuracy = 0;
-  double train_seconds = 0;    // training time of the run so far, without evaluation
-  double elapsed_seconds = 0;  // wall time of the run so far, with evaluation
+  std::optional<double> test_auc;  // binary tasks (one sigmoid output)
+  double train_seconds = 0;        // training time of the run so far, without evaluation
+  double elapsed_seconds = 0;      // wall time of the run so far, with evaluation
 };
 
 struct TrainResult {
@@ -70,6 +73,7 @@ struct TrainResult {
   bool evaluated = false;  // false when the spec has no test split
   double test_loss = 0;
   double test_accuracy = 0;
+  std::optional<double> test_auc;
   std::vector<EpochSummary> history;
 };
 
@@ -92,9 +96,9 @@ class StandaloneTrainer {
   // The rows of the model's sparse tables (model().sparse_tables() order).
   const std::vector<kernels::RowTable>& tables() const { return tables_; }
 
-  // Test loss and accuracy of the current weights (the whole test split).
+  // Test loss, accuracy (and AUC for binary tasks) of the current weights (the whole test split).
   // FAILED_PRECONDITION when the spec has no test split.
-  absl::StatusOr<engine::StepResult> Evaluate();
+  absl::StatusOr<internal::SplitScore> Evaluate();
 
  private:
   explicit StandaloneTrainer(TrainerOptions options) : options_(std::move(options)) {}
@@ -122,9 +126,10 @@ class StandaloneTrainer {
   bool ran_ = false;
 };
 
-// One line of JSON (no newline) with the run's results: test_accuracy, test_loss (null when
-// nothing was evaluated), train_loss, train_accuracy, epochs, steps, samples_per_second,
-// train_seconds, elapsed_seconds, device, job, batch_size, and per-epoch history.
+// One line of JSON (no newline) with the run's results: test_accuracy, test_loss, test_auc (null
+// when nothing was evaluated, or not a binary task), train_loss, train_accuracy, epochs, steps,
+// samples_per_second, train_seconds, elapsed_seconds, device, job, batch_size, and per-epoch
+// history.
 std::string TrainResultJson(const TrainResult& result, const v1::JobSpec& spec);
 
 }  // namespace tessera::trainer

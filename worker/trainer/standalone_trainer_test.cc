@@ -105,10 +105,12 @@ TEST_F(BlobsTest, LearnsTheBlobsAndReportsEveryEpoch) {
 
   // A second Run() is refused; Evaluate() still scores the trained weights.
   EXPECT_EQ(t->Run().status().code(), absl::StatusCode::kFailedPrecondition);
-  absl::StatusOr<engine::StepResult> eval = t->Evaluate();
+  absl::StatusOr<internal::SplitScore> eval = t->Evaluate();
   ASSERT_TRUE(eval.ok());
-  EXPECT_EQ(eval->examples, 300);
-  EXPECT_DOUBLE_EQ(static_cast<double>(eval->correct) / 300, r->test_accuracy);
+  EXPECT_EQ(eval->result.examples, 300);
+  EXPECT_DOUBLE_EQ(static_cast<double>(eval->result.correct) / 300, r->test_accuracy);
+  EXPECT_FALSE(eval->auc.has_value()) << "three classes: no AUC";
+  EXPECT_FALSE(r->test_auc.has_value());
 }
 
 TEST_F(BlobsTest, SameSeedSameRunOtherSeedOtherRun) {
@@ -320,6 +322,10 @@ TEST_F(BlobsTest, HashedEmbeddingsKeepOnlyTouchedRows) {
   absl::StatusOr<TrainResult> r = t->Run();
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_GT(r->test_accuracy, 0.85);
+  // A binary task: the AUC of the whole test split, recomputed here from the model's outputs.
+  ASSERT_TRUE(r->test_auc.has_value());
+  EXPECT_GT(*r->test_auc, 0.9);
+  EXPECT_THAT(TrainResultJson(*r, options.spec), HasSubstr(absl::StrCat("\"test_auc\":")));
   // The training split's distinct ids, each a row now; evaluation created none.
   std::set<int64_t> train_ids;
   std::ifstream in(dir_ + "/train.svm");

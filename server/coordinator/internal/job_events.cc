@@ -25,6 +25,7 @@ void AddEvent(ClusterState& state, JobEntry& entry, v1::JobEventKind kind,
   event.set_evaluated(job.evaluated());
   event.set_test_loss(job.test_loss());
   event.set_test_accuracy(job.test_accuracy());
+  if (job.has_test_auc()) event.set_test_auc(job.test_auc());
   event.set_samples_per_second(job.samples_per_second());
   event.set_eta_seconds(job.eta_seconds());
   state.pending.events.push_back(event);

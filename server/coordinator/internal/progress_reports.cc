@@ -16,6 +16,23 @@
 namespace tessera::coordinator::internal {
 namespace {
 
+// The evaluation's binary AUC, when the report has one (a task without it clears the job's).
+void SetAuc(const v1::ProgressReport& report, v1::Job* job) {
+  if (report.has_test_auc()) {
+    job->set_test_auc(report.test_auc());
+  } else {
+    job->clear_test_auc();
+  }
+}
+
+// "test accuracy 0.8312, test loss 0.4421" (", test AUC 0.7902" for binary tasks).
+std::string EvaluationText(const v1::Job& job) {
+  std::string text =
+      absl::StrFormat("test accuracy %.4f, test loss %.4f", job.test_accuracy(), job.test_loss());
+  if (job.has_test_auc()) absl::StrAppendFormat(&text, ", test AUC %.4f", job.test_auc());
+  return text;
+}
+
 constexpr int64_t kProgressEventIntervalMs = 1000;
 constexpr int64_t kRecordWriteIntervalMs = 500;
 
@@ -119,6 +136,7 @@ int RecordProgress(JobEntry& entry, int rank, const v1::ProgressReport& report, 
     job.set_evaluated(true);
     job.set_test_loss(report.test_loss());
     job.set_test_accuracy(report.test_accuracy());
+    SetAuc(report, &job);
   }
   int64_t min_step = worker.step();
   double samples_per_second = 0;
@@ -163,11 +181,11 @@ void ReportSuccess(ClusterState& state, JobEntry& entry, int rank, const v1::Pro
   job.set_evaluated(true);
   job.set_test_loss(report.test_loss());
   job.set_test_accuracy(report.test_accuracy());
+  SetAuc(report, &job);
   entry.weights_on_shards = true;
   entry.restart_deadline_ms = 0;
   AddEvent(state, entry, v1::JOB_EVENT_KIND_STATE,
-           absl::StrFormat("succeeded: test accuracy %.4f, test loss %.4f", job.test_accuracy(),
-                           job.test_loss()));
+           absl::StrCat("succeeded: ", EvaluationText(job)));
   spdlog::info("coordinator: job {} succeeded (test accuracy {:.4f})", job.id(),
                job.test_accuracy());
   if (member != nullptr) ReleaseWorker(state, *member, job.id());
@@ -186,8 +204,7 @@ void ReportTraining(ClusterState& state, JobEntry& entry, int rank,
   }
   if (report.evaluated()) {
     AddEvent(state, entry, v1::JOB_EVENT_KIND_EVALUATION,
-             absl::StrFormat("epoch %d: test accuracy %.4f, test loss %.4f", job.epochs(),
-                             job.test_accuracy(), job.test_loss()));
+             absl::StrCat("epoch ", job.epochs(), ": ", EvaluationText(job)));
   } else if (rank == 0 && job.epoch() != old_epoch) {
     AddEvent(state, entry, v1::JOB_EVENT_KIND_EPOCH,
              absl::StrFormat("epoch %d of %d", job.epoch(), job.spec().epochs()));

@@ -1,8 +1,11 @@
 #include "worker/trainer/internal/splits.h"
 
+#include <cmath>
 #include <optional>
 #include <utility>
+#include <vector>
 
+#include "common/binary_metrics.h"
 #include "common/status_macros.h"
 #include "worker/data/batch_prefetcher.h"
 #include "worker/trainer/job_spec.h"
@@ -30,6 +33,8 @@ absl::StatusOr<std::shared_ptr<const data::Dataset>> ReadSplit(const v1::Dataset
                    : data::ReadIdxDataset(d.test_images(), d.test_labels(), options);
     case v1::DatasetSpec::FORMAT_LIBSVM:
       return data::ReadLibsvmDataset(train ? d.train_path() : d.test_path(), options);
+    case v1::DatasetSpec::FORMAT_CRITEO:
+      return data::ReadCriteoDataset(train ? d.train_path() : d.test_path(), options);
     default:
       return data::ReadCsvDataset(train ? d.train_path() : d.test_path(), options);
   }
@@ -44,11 +49,11 @@ int64_t EvalBatchSize(const v1::JobSpec& spec) {
   return spec.eval().batch_size() > 0 ? spec.eval().batch_size() : 1000;
 }
 
-absl::StatusOr<engine::StepResult> EvaluateSplit(engine::Model& model,
-                                                 std::shared_ptr<const data::Dataset> split,
-                                                 int64_t batch_size,
-                                                 const std::function<absl::Status()>& check,
-                                                 const PrepareBatch& prepare) {
+absl::StatusOr<SplitScore> EvaluateSplit(engine::Model& model,
+                                         std::shared_ptr<const data::Dataset> split,
+                                         int64_t batch_size,
+                                         const std::function<absl::Status()>& check,
+                                         const PrepareBatch& prepare) {
   data::BatchPrefetcher::Options o;
   o.batch_size = batch_size;
   o.shuffle = false;
@@ -56,6 +61,9 @@ absl::StatusOr<engine::StepResult> EvaluateSplit(engine::Model& model,
                            data::BatchPrefetcher::Create(std::move(split), o));
   engine::StepResult total;
   double loss_sum = 0;
+  const bool binary =
+      model.output_dim() == 1 && model.loss() == kernels::LossKind::kSigmoidCrossEntropy;
+  std::vector<float> outputs, scores, labels;
   while (std::optional<data::Batch> b = batches->Next()) {
     if (check) TESSERA_RETURN_IF_ERROR(check());
     engine::BatchView view;
@@ -64,14 +72,26 @@ absl::StatusOr<engine::StepResult> EvaluateSplit(engine::Model& model,
     } else {
       view = ViewOf(*b);
     }
-    TESSERA_ASSIGN_OR_RETURN(engine::StepResult r, model.Evaluate(view));
+    TESSERA_ASSIGN_OR_RETURN(engine::StepResult r,
+                             model.Evaluate(view, binary ? &outputs : nullptr));
+    if (binary) {
+      scores.insert(scores.end(), outputs.begin(), outputs.end());
+      labels.insert(labels.end(), b->targets.begin(), b->targets.end());
+    }
     loss_sum += r.loss * static_cast<double>(r.examples);
     total.correct += r.correct;
     total.examples += r.examples;
     batches->Recycle(std::move(*b));
   }
   total.loss = total.examples > 0 ? loss_sum / static_cast<double>(total.examples) : 0;
-  return total;
+  SplitScore score;
+  score.result = total;
+  if (binary) {
+    // The logits rank the examples as the probabilities do.
+    const double auc = RocAuc(scores, labels);
+    if (std::isfinite(auc)) score.auc = auc;
+  }
+  return score;
 }
 
 }  // namespace tessera::trainer::internal

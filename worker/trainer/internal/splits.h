@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -33,14 +34,21 @@ int64_t EvalBatchSize(const v1::JobSpec& spec);
 // point into buffers of the function's own, valid until its next call.
 using PrepareBatch = std::function<absl::StatusOr<engine::BatchView>(const data::Batch&)>;
 
-// Mean loss and the correct count of `model` over the whole of `split`, in order, in batches of
-// `batch_size`. `check` (optional) runs before each batch; its error ends the scoring (cancel).
-// `prepare` (optional; ViewOf when empty) makes each batch's view.
-absl::StatusOr<engine::StepResult> EvaluateSplit(engine::Model& model,
-                                                 std::shared_ptr<const data::Dataset> split,
-                                                 int64_t batch_size,
-                                                 const std::function<absl::Status()>& check = {},
-                                                 const PrepareBatch& prepare = {});
+// A split's score: the mean loss and the correct count, and for a binary task (sigmoid
+// cross-entropy with one output, whose loss is then the log loss) the ROC AUC.
+struct SplitScore {
+  engine::StepResult result;
+  std::optional<double> auc;
+};
+
+// Scores `model` over the whole of `split`, in order, in batches of `batch_size`. `check`
+// (optional) runs before each batch; its error ends the scoring (cancel). `prepare` (optional;
+// ViewOf when empty) makes each batch's view.
+absl::StatusOr<SplitScore> EvaluateSplit(engine::Model& model,
+                                         std::shared_ptr<const data::Dataset> split,
+                                         int64_t batch_size,
+                                         const std::function<absl::Status()>& check = {},
+                                         const PrepareBatch& prepare = {});
 
 }  // namespace tessera::trainer::internal
 
