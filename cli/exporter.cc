@@ -64,21 +64,38 @@ absl::StatusOr<std::vector<NamedTensor>> PullJobWeights(const v1::Job& job,
                            client::ParameterClient::Create(client_options));
 
   std::vector<client::DenseTensorSpec> dense;
+  std::vector<v1::SparseTableDecl> tables;
   for (const engine::Parameter& p : (*model)->parameters()) {
     if (!p.trainable) continue;
     if (p.sparse) {
-      // Distributed training refuses EmbeddingBag models (worker/trainer/distributed_trainer.h).
-      return absl::UnimplementedError(
-          absl::StrCat("job '", job.id(), "': exporting the embedding table '", p.name,
-                       "' is not supported (distributed jobs have no sparse tables yet)"));
+      v1::SparseTableDecl table;
+      table.set_name(p.name);
+      table.set_dim(static_cast<uint32_t>(p.shape[1]));
+      tables.push_back(std::move(table));
+      continue;
     }
     dense.push_back({p.name, std::vector<int64_t>(p.shape.begin(), p.shape.end()), {}});
   }
-  TESSERA_RETURN_IF_ERROR(client->AttachJob(dense, {}));
+  TESSERA_RETURN_IF_ERROR(client->AttachJob(dense, tables));
 
   std::vector<NamedTensor> out;
   for (const engine::Parameter& p : (*model)->parameters()) {
     if (!p.trainable) continue;
+    if (p.sparse) {
+      // A table: the rows the shards hold, as "<name>.ids" (int64 [n]) and "<name>" ([n, dim]).
+      NamedTensor ids;
+      ids.name = absl::StrCat(p.name, ".ids");
+      ids.int64 = true;
+      NamedTensor rows;
+      rows.name = p.name;
+      absl::Status pulled = client->PullAllRows(p.name, &ids.ids, &rows.values);
+      if (!pulled.ok()) return Explain(pulled, job, p.name);
+      ids.shape = {static_cast<int64_t>(ids.ids.size())};
+      rows.shape = {static_cast<int64_t>(ids.ids.size()), p.shape[1]};
+      out.push_back(std::move(ids));
+      out.push_back(std::move(rows));
+      continue;
+    }
     NamedTensor t;
     t.name = p.name;
     t.shape.assign(p.shape.begin(), p.shape.end());
@@ -110,6 +127,7 @@ absl::StatusOr<int64_t> ExportJob(const v1::Job& job, const std::string& out_pat
       {"shards", absl::StrCat(job.shard_addresses_size())},
   };
   if (job.evaluated()) metadata["test_accuracy"] = absl::StrCat(job.test_accuracy());
+  if (job.has_test_auc()) metadata["test_auc"] = absl::StrCat(job.test_auc());
   TESSERA_RETURN_IF_ERROR(WriteSafetensorsFile(out_path, tensors, metadata));
   return values;
 }

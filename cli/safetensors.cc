@@ -75,15 +75,16 @@ absl::StatusOr<std::string> EncodeSafetensors(const std::vector<NamedTensor>& te
       }
       elements *= static_cast<uint64_t>(d);
     }
-    if (elements != t.values.size()) {
+    const size_t count = t.int64 ? t.ids.size() : t.values.size();
+    if (elements != count) {
       return absl::InvalidArgumentError(absl::StrCat("tensor \"", t.name, "\": shape [",
                                                      absl::StrJoin(t.shape, ","), "] needs ",
-                                                     elements, " values, got ", t.values.size()));
+                                                     elements, " values, got ", count));
     }
-    const uint64_t end = offset + elements * sizeof(float);
-    entries.push_back(absl::StrCat(JsonQuote(t.name), ":{\"dtype\":\"F32\",\"shape\":[",
-                                   absl::StrJoin(t.shape, ","), "],\"data_offsets\":[", offset, ",",
-                                   end, "]}"));
+    const uint64_t end = offset + elements * (t.int64 ? sizeof(int64_t) : sizeof(float));
+    entries.push_back(absl::StrCat(JsonQuote(t.name), ":{\"dtype\":\"", t.int64 ? "I64" : "F32",
+                                   "\",\"shape\":[", absl::StrJoin(t.shape, ","),
+                                   "],\"data_offsets\":[", offset, ",", end, "]}"));
     offset = end;
   }
   std::vector<std::string> meta;
@@ -101,7 +102,11 @@ absl::StatusOr<std::string> EncodeSafetensors(const std::vector<NamedTensor>& te
   static_assert(sizeof(float) == 4, "float32 expected");
   for (const NamedTensor& t : tensors) {
     // x86-64 and aarch64 are little-endian, as safetensors is.
-    out.append(reinterpret_cast<const char*>(t.values.data()), t.values.size() * sizeof(float));
+    if (t.int64) {
+      out.append(reinterpret_cast<const char*>(t.ids.data()), t.ids.size() * sizeof(int64_t));
+    } else {
+      out.append(reinterpret_cast<const char*>(t.values.data()), t.values.size() * sizeof(float));
+    }
   }
   return out;
 }

@@ -5,7 +5,8 @@
 //   {"<name>": {"dtype": "F32", "shape": [...], "data_offsets": [begin, end]}, ...,
 //    "__metadata__": {"<key>": "<value>", ...}}
 // padded with spaces to a multiple of 8; then every tensor's raw little-endian float32 values,
-// back to back, in the order given (offsets are relative to the end of the header).
+// back to back, in the order given (offsets are relative to the end of the header); int64
+// tensors ("I64") are raw little-endian int64 values.
 #ifndef TESSERA_CLI_SAFETENSORS_H_
 #define TESSERA_CLI_SAFETENSORS_H_
 
@@ -19,11 +20,13 @@
 
 namespace tessera::cli {
 
-// One float32 tensor, row-major.
+// One tensor, row-major: float32 ("F32"), or int64 ("I64": a sparse table's row ids).
 struct NamedTensor {
   std::string name;
   std::vector<int64_t> shape;
-  std::vector<float> values;  // NumElements(shape) values
+  std::vector<float> values;  // F32: NumElements(shape) values
+  bool int64 = false;
+  std::vector<int64_t> ids = {};  // I64: NumElements(shape) values
 };
 
 // The whole file as bytes. INVALID_ARGUMENT naming the tensor for an empty or duplicate name, a

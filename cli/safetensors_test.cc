@@ -54,6 +54,31 @@ TEST(SafetensorsTest, EncodesHeaderOffsetsAndLittleEndianValues) {
   EXPECT_EQ(ReadFloat(*bytes, data + 28), -1.0f);
 }
 
+// A sparse table exports as its row ids (I64) next to its rows (F32).
+TEST(SafetensorsTest, Int64TensorsHoldRowIds) {
+  NamedTensor ids;
+  ids.name = "bag/embeddings.ids";
+  ids.shape = {2};
+  ids.int64 = true;
+  ids.ids = {-2, int64_t{1} << 62};
+  std::vector<NamedTensor> tensors = {ids, {"bag/embeddings", {2, 1}, {0.5f, 3}}};
+  absl::StatusOr<std::string> bytes = EncodeSafetensors(tensors, {});
+  ASSERT_TRUE(bytes.ok()) << bytes.status();
+  const uint64_t n = ReadU64(*bytes);
+  ASSERT_EQ(bytes->size(), 8 + n + 16 + 8);
+  std::string header = bytes->substr(8, n);
+  while (!header.empty() && header.back() == ' ') header.pop_back();
+  EXPECT_EQ(header,
+            "{\"bag/embeddings.ids\":{\"dtype\":\"I64\",\"shape\":[2],\"data_offsets\":[0,16]},"
+            "\"bag/embeddings\":{\"dtype\":\"F32\",\"shape\":[2,1],\"data_offsets\":[16,24]},"
+            "\"__metadata__\":{}}");
+  EXPECT_EQ(ReadU64(bytes->substr(8 + n, 8)), static_cast<uint64_t>(int64_t{-2}));
+  EXPECT_EQ(ReadU64(bytes->substr(8 + n + 8, 8)), uint64_t{1} << 62);
+  EXPECT_EQ(ReadFloat(*bytes, 8 + n + 20), 3.0f);
+  tensors[0].ids.pop_back();
+  EXPECT_EQ(EncodeSafetensors(tensors, {}).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST(SafetensorsTest, PadsTheHeaderToEightBytesForEveryLength) {
   for (int len = 1; len <= 16; ++len) {
     absl::StatusOr<std::string> bytes =

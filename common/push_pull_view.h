@@ -25,6 +25,7 @@ struct SliceView {
   absl::Span<const absl::string_view> pieces;
   absl::Span<const int64_t> row_ids;
   bool want_weights = false;
+  bool all_rows = false;  // Pull only (v1::Slice.all_rows)
 };
 
 // A v1::PushPullRequest by reference (see SliceView). Valid only while what it points into lives

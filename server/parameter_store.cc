@@ -356,6 +356,7 @@ void ParameterStore::Pull(const v1::PullRequest& request, PullDone done,
     s.tensor = k.key().tensor();
     s.index = k.key().index();
     s.row_ids = absl::MakeConstSpan(k.row_ids().data(), k.row_ids().size());
+    s.all_rows = k.all_rows();
     as_push_pull.pull.push_back(s);
   }
   std::vector<PullItem> items;

@@ -441,6 +441,49 @@ TEST(ParameterStoreTest, SparseRowsInitialiseDeterministicallyFromSeedAndRow) {
   EXPECT_LT(sum_sq / normal.size(), 0.6);
 }
 
+// Export reads every row a table holds: ascending ids, in slices of at most 1 MiB of values, and
+// only through Pull on a table without row ids.
+TEST(ParameterStoreTest, AllRowsOfATableComeBackInAscendingSlices) {
+  ParameterStore store;
+  v1::CreateJobStateRequest job = JobRequest("x", Config(v1::CONSISTENCY_ASP, 1, 0.5f));
+  *job.add_tables() = Table("wide", 4096, v1::Initializer::KIND_ZEROS, 0);  // 64 rows per slice
+  *job.add_partitions() = Dense("w", 0, 2);
+  ASSERT_TRUE(store.CreateJobState(job).ok());
+  v1::Slice all = PullKey("wide", 0);
+  all.set_all_rows(true);
+  auto empty = PullNow(store, "x", {all});
+  ASSERT_TRUE(empty.ok()) << empty.status();
+  ASSERT_EQ(empty->size(), 1u);
+  EXPECT_EQ((*empty)[0].row_ids_size(), 0);
+  std::vector<int64_t> rows;
+  for (int64_t i = 0; i < 150; ++i) rows.push_back((i * 7919) % 1000 - 500);
+  std::vector<float> g(rows.size() * 4096);
+  for (size_t i = 0; i < rows.size(); ++i) g[i * 4096] = static_cast<float>(rows[i]);
+  ASSERT_TRUE(store.Push(Request("x", 0, 1, 0, 1, {RowsSlice("wide", rows, g)})).ok());
+  auto got = PullNow(store, "x", {all});
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_EQ(got->size(), 3u) << "150 rows of 16 KiB: 64 + 64 + 22";
+  std::vector<int64_t> ids;
+  for (const v1::Slice& slice : *got) {
+    const std::vector<float> v = Floats(slice);
+    ASSERT_EQ(v.size(), static_cast<size_t>(slice.row_ids_size()) * 4096);
+    for (int j = 0; j < slice.row_ids_size(); ++j) {
+      ids.push_back(slice.row_ids(j));
+      EXPECT_EQ(v[j * 4096], -0.5f * static_cast<float>(slice.row_ids(j)));  // SGD, lr 0.5
+    }
+  }
+  std::vector<int64_t> want = rows;
+  std::sort(want.begin(), want.end());
+  EXPECT_EQ(ids, want);
+  // all_rows is for a table, without row ids.
+  v1::Slice dense = PullKey("w", 0);
+  dense.set_all_rows(true);
+  EXPECT_EQ(PullNow(store, "x", {dense}).status().code(), absl::StatusCode::kInvalidArgument);
+  v1::Slice both = PullKey("wide", 0, {1});
+  both.set_all_rows(true);
+  EXPECT_THAT(std::string(PullNow(store, "x", {both}).status().message()), HasSubstr("all_rows"));
+}
+
 // Random pushes of rows (with repeated ids in one push, which add up) checked against a
 // reference in float: with SGD each coordinate is w - lr * g, rounded once, as in the kernel.
 TEST(ParameterStoreTest, SparseTableMatchesReference) {

@@ -1,5 +1,6 @@
 #include "server/pull_answer.h"
 
+#include <algorithm>
 #include <chrono>
 #include <string>
 #include <utility>
@@ -11,6 +12,36 @@ namespace {
 
 // Identifies the wait whose gate is being checked inline on this thread (see AnswerWhenOpen).
 thread_local const void* inline_wait_token = nullptr;
+
+// Every row of the table `item` names, ascending by id: the first chunk into `first`, the others
+// appended to `slices`, each at most 1 MiB of values. Returns the bytes answered.
+int64_t ReadAllRows(const PullItem& item, v1::Encoding encoding, v1::Slice* first,
+                    std::vector<v1::Slice>* slices) {
+  const Partition& p = *item.partition;
+  const size_t rows_per_slice = std::max<size_t>(1, (size_t{1} << 18) / std::max(p.dim, 1u));
+  absl::ReaderMutexLock lock(&p.mu);
+  std::vector<int64_t> ids;
+  ids.reserve(p.rows.size());
+  for (const auto& [id, row] : p.rows) ids.push_back(id);
+  std::sort(ids.begin(), ids.end());
+  int64_t bytes = 0;
+  std::vector<v1::Slice> more;
+  for (size_t begin = 0; begin == 0 || begin < ids.size(); begin += rows_per_slice) {
+    v1::Slice* slice = first;
+    if (begin > 0) {
+      slice = &more.emplace_back();
+      *slice->mutable_key() = item.key;
+    }
+    const size_t end = std::min(ids.size(), begin + rows_per_slice);
+    p.ReadInto(std::vector<int64_t>(ids.begin() + static_cast<ptrdiff_t>(begin),
+                                    ids.begin() + static_cast<ptrdiff_t>(end)),
+               encoding, slice);
+    bytes += static_cast<int64_t>(slice->data().size());
+    if (ids.empty()) break;
+  }
+  for (v1::Slice& s : more) slices->push_back(std::move(s));
+  return bytes;
+}
 
 // Reads `items` into slices (see PullAnswerer::AnswerWhenOpen); returns the bytes answered.
 int64_t ReadItems(const std::vector<PullItem>& items, v1::Encoding encoding,
@@ -32,6 +63,10 @@ int64_t ReadItems(const std::vector<PullItem>& items, v1::Encoding encoding,
       }
       bytes += static_cast<int64_t>(weights.bytes().size());
       sink->shared.emplace_back(static_cast<int>(i), std::move(weights));
+      continue;
+    }
+    if (items[i].all_rows) {
+      bytes += ReadAllRows(items[i], encoding, &slice, slices);
       continue;
     }
     if (sink != nullptr && sink->take_buffer) {

@@ -291,7 +291,13 @@ absl::Status ResolvePulls(const JobState& job, const PushPullView& request, bool
                                                      s.row_ids.size(),
                                                      ") given for a dense partition"));
     }
-    if (p->sparse && s.row_ids.empty() && !from_push) {
+    if (s.all_rows) {
+      if (!p->sparse || !s.row_ids.empty() || one_message) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(field, " key ", KeyName(s),
+                         ": all_rows is for a sparse table's Pull, without row_ids"));
+      }
+    } else if (p->sparse && s.row_ids.empty() && !from_push) {
       return absl::InvalidArgumentError(
           absl::StrCat(field, " key ", KeyName(s), ": row_ids missing for sparse table"));
     }
@@ -320,6 +326,7 @@ absl::Status ResolvePulls(const JobState& job, const PushPullView& request, bool
     item.key.set_tensor(std::string(s.tensor));
     item.key.set_index(s.index);
     item.row_ids.assign(s.row_ids.begin(), s.row_ids.end());
+    item.all_rows = s.all_rows;
     item.gate_step = gate_step;
     items->push_back(std::move(item));
     return absl::OkStatus();

@@ -47,6 +47,7 @@ struct PullItem {
   std::shared_ptr<Partition> partition;
   v1::PartitionKey key;
   std::vector<int64_t> row_ids;
+  bool all_rows = false;  // every row of a sparse table (Pull only)
   int64_t gate_step = -1;
 };
 
@@ -54,7 +55,8 @@ struct PullItem {
 // want_weights (gated for step + 1) into *items, in that order. Each answered slice must fit
 // `max_message_bytes` (0: no limit), and with `one_message` (PushPull) the whole answer too:
 // RESOURCE_EXHAUSTED otherwise. NOT_FOUND for an unknown key; INVALID_ARGUMENT for row ids on a
-// dense key or none on a table (pulls), a key pulled twice, or a BSP pull from the future.
+// dense key or none on a table (pulls) unless all_rows (only on a table without row ids, and only
+// outside PushPull), a key pulled twice, or a BSP pull from the future.
 absl::Status ResolvePulls(const JobState& job, const PushPullView& request, bool one_message,
                           size_t max_message_bytes, std::vector<PullItem>* items);
 

@@ -268,6 +268,47 @@ INSTANTIATE_TEST_SUITE_P(Modes, TrainE2eTest,
                            return std::string(info.param.name);
                          });
 
+// --- Click logs: a sparse table end to end ---------------------------------------------------
+
+// Generated Criteo data, the hashed example on 2 shards and 2 workers, its export (the table as
+// ids and rows), and numpy scoring the test split from the file alone to the reported AUC.
+TEST(ClusterE2eTest, CriteoTablesTrainExportAndScoreTheSameInNumpy) {
+  ScratchDirectory dir("tessera-e2e-criteo");
+  ASSERT_FALSE(dir.path().empty());
+  CommandResult gen = RunCommand({Tessera(), "datagen", "criteo", "--rows", "100000", "--test_rows",
+                                  "10000", "--out", dir.path() + "/data", "--output", "json"},
+                                 dir.path(), "datagen", absl::Seconds(60));
+  ASSERT_EQ(gen.code, 0) << gen.err;
+  EXPECT_NE(gen.out.find("\"best_test_auc\":"), std::string::npos) << gen.out;
+  absl::StatusOr<v1::JobSpec> spec =
+      spec::ReadJobSpecFile(absl::StrCat(TESSERA_SOURCE_DIR, "/examples/criteo_hashed.textproto"));
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  spec->mutable_dataset()->set_train_path(dir.path() + "/data/train.tsv");
+  spec->mutable_dataset()->set_test_path(dir.path() + "/data/test.tsv");
+  const std::string spec_path = WriteSpec(*spec, dir.path() + "/spec.textproto");
+  const std::string model = dir.path() + "/model.safetensors";
+  CommandResult r =
+      RunCommand({Tessera(), "local", "--job", spec_path, "--shards", "2", "--workers", "2",
+                  "--threads", "1", "--out", model, "--output", "json"},
+                 dir.path(), "local", absl::Seconds(240));
+  ASSERT_EQ(r.code, 0) << "stderr:\n" << r.err << "\nstdout:\n" << r.out;
+  v1::Job job;
+  ASSERT_TRUE(ParseJob(LastLine(r.out), &job)) << r.out;
+  EXPECT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.reason();
+  ASSERT_TRUE(job.has_test_auc()) << r.out;
+  EXPECT_GT(job.test_auc(), 0.65) << "test loss " << job.test_loss();
+  std::printf("[criteo] test AUC %.4f, log loss %.4f, %lld steps, %.0f samples/s\n", job.test_auc(),
+              job.test_loss(), static_cast<long long>(job.step()), job.samples_per_second());
+  CommandResult score =
+      RunCommand({TESSERA_PYTHON, absl::StrCat(TESSERA_SOURCE_DIR, "/tests/e2e/score_criteo.py"),
+                  "--model", model, "--data", dir.path() + "/data/test.tsv", "--expect_auc",
+                  absl::StrCat(job.test_auc()), "--tolerance", "0.001"},
+                 dir.path(), "score", absl::Seconds(120));
+  EXPECT_EQ(score.code, 0) << score.out << score.err;
+  std::printf("[criteo] numpy scorer: %s\n", LastLine(score.out).c_str());
+  EXPECT_NE(score.out.find("\"examples\": 10000"), std::string::npos) << score.out;
+}
+
 // --- Cancel ---------------------------------------------------------------------------------
 
 TEST(ClusterE2eTest, CancelEndsCancelledAndWorkersGoBackToReady) {

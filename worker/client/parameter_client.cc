@@ -802,6 +802,49 @@ void ParameterClient::PushPullSparseAsync(absl::string_view table, int64_t step,
   }
 }
 
+absl::Status ParameterClient::PullAllRows(absl::string_view table, std::vector<int64_t>* ids,
+                                          std::vector<float>* values) {
+  TESSERA_ASSIGN_OR_RETURN(SparseTable t, FindTable(table));
+  const size_t dim = t.dim;
+  std::vector<std::vector<int64_t>> shard_ids(shards_.size());
+  std::vector<std::vector<float>> shard_values(shards_.size());
+  std::vector<int> all(shards_.size());
+  for (size_t s = 0; s < all.size(); ++s) all[s] = static_cast<int>(s);
+  TESSERA_RETURN_IF_ERROR(ForEachConcurrently(all, [&](int s) -> absl::Status {
+    v1::PullRequest r;
+    r.set_job_id(options_.job_id);
+    r.set_worker_id(options_.worker_id);
+    r.set_step(-1);
+    r.set_encoding(v1::ENCODING_FP32);
+    v1::Slice* key = r.add_keys();
+    key->mutable_key()->set_tensor(t.name);
+    key->mutable_key()->set_index(0);
+    key->set_all_rows(true);
+    std::vector<v1::Slice> slices;
+    TESSERA_RETURN_IF_ERROR(CallWithRetries(s, [&](absl::Time deadline) -> absl::Status {
+      TESSERA_ASSIGN_OR_RETURN(slices, shards_[s]->Pull(r, deadline));
+      return absl::OkStatus();
+    }));
+    for (const v1::Slice& w : slices) {
+      if (w.key().tensor() != t.name) continue;
+      const size_t n = static_cast<size_t>(w.row_ids_size());
+      const size_t at = shard_values[s].size();
+      shard_values[s].resize(at + n * dim);
+      TESSERA_RETURN_IF_ERROR(WithAddress(
+          s, DecodeValues(w.encoding(), w.data(), shard_values[s].data() + at, n * dim)));
+      shard_ids[s].insert(shard_ids[s].end(), w.row_ids().begin(), w.row_ids().end());
+    }
+    return absl::OkStatus();
+  }));
+  ids->clear();
+  values->clear();
+  for (size_t s = 0; s < shards_.size(); ++s) {
+    ids->insert(ids->end(), shard_ids[s].begin(), shard_ids[s].end());
+    values->insert(values->end(), shard_values[s].begin(), shard_values[s].end());
+  }
+  return absl::OkStatus();
+}
+
 void ParameterClient::PullSparseAsync(absl::string_view table, int64_t step,
                                       absl::Span<const int64_t> rows, absl::Span<float> out,
                                       PushPullCallback done) {

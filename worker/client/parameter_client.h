@@ -175,6 +175,10 @@ class ParameterClient {
                                                              absl::Span<float> weights_out);
   absl::Status PullSparse(absl::string_view table, int64_t step, absl::Span<const int64_t> rows,
                           absl::Span<float> out);
+  // Every row a table holds on any shard (ungated; for export), ids ascending per shard: row i's
+  // values are values[i * dim ...]. Blocks.
+  absl::Status PullAllRows(absl::string_view table, std::vector<int64_t>* ids,
+                           std::vector<float>* values);
   // The rows `rows` of a table into out[i * dim ...] once the shards' consistency gate for
   // `step` opens (>= 0; BSP: once step - 1 is applied), each shard holding some of them asked in
   // one request on its PushPull stream, under the retry policy. Does not block: a pull for the

@@ -1,0 +1,143 @@
+#!/usr/bin/env python3
+"""Scores an exported Tessera click-through model on a Criteo TSV file, independently of Tessera.
+
+The model is the one examples/criteo_hashed.textproto describes: every feature of a row is a
+hashed id into one sparse table (summed, each id weighted by its value), then dense layers with
+ReLU between them and a sigmoid. Reads the safetensors file by hand (F32 and I64 tensors), hashes
+the features as Tessera's Criteo reader documents (worker/data/dataset.h: SplitMix64 of the field
+and the value; log(1 + x) for the counts), looks each id up in the exported table (an id without
+a row never received a gradient, and counts as zeros here), and computes the ROC AUC (ties count
+one half) and the log loss. Prints one JSON line.
+
+With --expect_auc A it exits 1 unless |auc - A| <= --tolerance (0.001 by default).
+Needs only Python 3 and numpy (Debian: python3-numpy).
+"""
+import argparse
+import json
+import re
+import struct
+import sys
+
+import numpy as np
+
+MASK64 = (1 << 64) - 1
+
+
+def read_safetensors(path):
+    with open(path, "rb") as f:
+        raw = f.read()
+    (n,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8:8 + n].decode("utf-8"))
+    data = raw[8 + n:]
+    metadata = header.pop("__metadata__", {})
+    tensors = {}
+    for name, info in header.items():
+        dtype = {"F32": "<f4", "I64": "<i8"}[info["dtype"]]
+        begin, end = info["data_offsets"]
+        tensors[name] = np.frombuffer(data[begin:end], dtype=dtype).reshape(info["shape"])
+    return tensors, metadata
+
+
+def feature_ids(fields, values):
+    """CriteoFeatureId(field, value) for numpy uint64 arrays of equal shape."""
+    with np.errstate(over="ignore"):
+        z = values.astype(np.uint64) + np.uint64(0x9E3779B97F4A7C15) * (fields.astype(np.uint64) + np.uint64(1))
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        z = z ^ (z >> np.uint64(31))
+    return (z & np.uint64(0x7FFFFFFFFFFFFFFF)).astype(np.int64)
+
+
+def read_criteo(path):
+    """Returns (labels, example index per feature, field per feature, raw value, weight)."""
+    labels, rows, fields, raw, weights = [], [], [], [], []
+    with open(path) as f:
+        for r, line in enumerate(f):
+            parts = line.rstrip("\n").split("\t")
+            if len(parts) != 40:
+                raise ValueError(f"{path}:{r + 1}: {len(parts)} fields, expected 40")
+            labels.append(float(parts[0]))
+            for i in range(13):
+                if parts[1 + i] and int(parts[1 + i]) > 0:
+                    rows.append(r)
+                    fields.append(i)
+                    raw.append(0)
+                    weights.append(np.log1p(float(parts[1 + i])))
+            for c in range(26):
+                v = parts[14 + c]
+                if v:
+                    rows.append(r)
+                    fields.append(13 + c)
+                    raw.append(int(v, 16))
+                    weights.append(1.0)
+    return (np.array(labels, dtype=np.float64), np.array(rows, dtype=np.int64),
+            np.array(fields, dtype=np.uint64), np.array(raw, dtype=np.uint64),
+            np.array(weights, dtype=np.float32))
+
+
+def roc_auc(scores, labels):
+    order = np.argsort(scores, kind="mergesort")
+    s = scores[order]
+    ranks = np.empty(len(s), dtype=np.float64)
+    i = 0
+    while i < len(s):
+        j = i
+        while j < len(s) and s[j] == s[i]:
+            j += 1
+        ranks[i:j] = 0.5 * (i + 1 + j)
+        i = j
+    positive = labels[order] > 0.5
+    p = positive.sum()
+    n = len(s) - p
+    return (ranks[positive].sum() - p * (p + 1) / 2) / (p * n)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", required=True, help="the exported .safetensors file")
+    ap.add_argument("--data", required=True, help="a Criteo TSV file (the test split)")
+    ap.add_argument("--expect_auc", type=float)
+    ap.add_argument("--tolerance", type=float, default=0.001)
+    args = ap.parse_args()
+
+    tensors, metadata = read_safetensors(args.model)
+    tables = [n for n in tensors if n.endswith(".ids")]
+    if len(tables) != 1:
+        raise SystemExit(f"{args.model}: expected one sparse table, got {tables}")
+    table = tables[0][: -len(".ids")]
+    ids = tensors[tables[0]]
+    rows = tensors[table]
+    order = np.argsort(ids)
+    ids, rows = ids[order], rows[order]
+
+    labels, example, fields, raw, weights = read_criteo(args.data)
+    fid = feature_ids(fields, raw)
+    at = np.clip(np.searchsorted(ids, fid), 0, len(ids) - 1)
+    found = ids[at] == fid
+    vectors = np.where(found[:, None], rows[at], 0.0) * weights[:, None]
+    x = np.zeros((len(labels), rows.shape[1]), dtype=np.float64)
+    np.add.at(x, example, vectors)
+
+    dense = sorted((n[: -len("/kernel")] for n in tensors if n.endswith("/kernel")),
+                   key=lambda n: int(re.search(r"(\d+)$", n).group(1)))
+    for k, name in enumerate(dense):
+        x = x @ tensors[name + "/kernel"].astype(np.float64).T + tensors[name + "/bias"]
+        if k + 1 < len(dense):
+            x = np.maximum(x, 0.0)
+    logits = x[:, 0]
+    p = np.clip(1.0 / (1.0 + np.exp(-logits)), 1e-7, 1 - 1e-7)
+    log_loss = float(-np.mean(labels * np.log(p) + (1 - labels) * np.log(1 - p)))
+    auc = float(roc_auc(logits, labels))
+    print(json.dumps({"auc": round(auc, 6), "log_loss": round(log_loss, 6),
+                      "examples": int(len(labels)), "table_rows": int(len(ids)),
+                      "features_without_row": int((~found).sum()), "tensors": dense,
+                      "reported_auc": metadata.get("test_auc")}))
+    if args.expect_auc is not None and abs(auc - args.expect_auc) > args.tolerance:
+        print(f"AUC {auc:.6f} differs from the expected {args.expect_auc:.6f} by more than "
+              f"{args.tolerance}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
