@@ -1,0 +1,141 @@
+#!/usr/bin/python3
+"""PyTorch reference for the click-through benchmark: the model of examples/criteo_hashed.textproto.
+
+Reads a Criteo TSV file as Tessera's reader does (every feature a hashed id: SplitMix64 of the
+field and the value; log(1 + x) for counts > 0, weight 1 for categories), maps the ids to rows of
+one nn.EmbeddingBag(mode="sum", sparse=True) holding exactly the training file's distinct ids,
+then nn.Linear(16, 64), ReLU, nn.Linear(64, 1), BCEWithLogitsLoss, torch.optim.Adagrad (sparse
+gradients for the table, as Tessera's shards update only the touched rows) at lr 0.1, batch 256,
+shuffled each epoch. Times the training loop alone (not the parsing) and prints one JSON line
+with samples_per_second, and the test AUC and log loss when --test is given.
+
+  pytorch_ctr_reference.py --train /var/tmp/tessera-criteo/train.tsv --threads 1
+
+Uses Debian's python3-torch (CPU); run it with /usr/bin/python3. A benchmark reference only.
+"""
+import argparse
+import json
+import time
+
+import numpy as np
+import torch
+from torch import nn
+
+
+def feature_ids(fields, values):
+    with np.errstate(over="ignore"):
+        z = values + np.uint64(0x9E3779B97F4A7C15) * (fields + np.uint64(1))
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        z = z ^ (z >> np.uint64(31))
+    return (z & np.uint64(0x7FFFFFFFFFFFFFFF)).astype(np.int64)
+
+
+def read_criteo(path):
+    labels, offsets, fields, raw, weights = [], [0], [], [], []
+    with open(path) as f:
+        for line in f:
+            parts = line.rstrip("\n").split("\t")
+            labels.append(float(parts[0]))
+            for i in range(13):
+                if parts[1 + i] and int(parts[1 + i]) > 0:
+                    fields.append(i)
+                    raw.append(0)
+                    weights.append(np.log1p(float(parts[1 + i])))
+            for c in range(26):
+                if parts[14 + c]:
+                    fields.append(13 + c)
+                    raw.append(int(parts[14 + c], 16))
+                    weights.append(1.0)
+            offsets.append(len(fields))
+    ids = feature_ids(np.array(fields, dtype=np.uint64), np.array(raw, dtype=np.uint64))
+    return (np.array(labels, dtype=np.float32), np.array(offsets, dtype=np.int64), ids,
+            np.array(weights, dtype=np.float32))
+
+
+def auc(scores, labels):
+    order = np.argsort(scores, kind="mergesort")
+    s = scores[order]
+    ranks = np.empty(len(s))
+    i = 0
+    while i < len(s):
+        j = i
+        while j < len(s) and s[j] == s[i]:
+            j += 1
+        ranks[i:j] = 0.5 * (i + 1 + j)
+        i = j
+    pos = labels[order] > 0.5
+    p = pos.sum()
+    return float((ranks[pos].sum() - p * (p + 1) / 2) / (p * (len(s) - p)))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--train", required=True)
+    ap.add_argument("--test")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--epochs", type=int, default=1)
+    ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--lr", type=float, default=0.1)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(1)
+
+    labels, offsets, ids, weights = read_criteo(args.train)
+    vocab, rows = np.unique(ids, return_inverse=True)
+    unseen = len(vocab)  # test ids not in training map to one extra zero row
+    bag = nn.EmbeddingBag(len(vocab) + 1, 16, mode="sum", sparse=True)
+    nn.init.normal_(bag.weight, 0.0, 0.01)
+    with torch.no_grad():
+        bag.weight[unseen].zero_()
+    mlp = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 1))
+    opt_sparse = torch.optim.Adagrad(bag.parameters(), lr=args.lr)
+    opt_dense = torch.optim.Adagrad(mlp.parameters(), lr=args.lr)
+    loss_fn = nn.BCEWithLogitsLoss()
+    rows_t = torch.from_numpy(rows.astype(np.int64))
+    weights_t = torch.from_numpy(weights)
+    labels_t = torch.from_numpy(labels)
+    n = len(labels)
+    rng = np.random.default_rng(1)
+    seconds = 0.0
+    steps = 0
+    for _ in range(args.epochs):
+        order = rng.permutation(n)
+        start = time.perf_counter()
+        for b in range(0, n, args.batch):
+            idx = order[b:b + args.batch]
+            lo, hi = offsets[idx], offsets[idx + 1]
+            lens = hi - lo
+            ends = np.cumsum(lens)
+            # Every feature position of the batch's examples, without a Python loop.
+            take = np.repeat(lo - (ends - lens), lens) + np.arange(ends[-1])
+            off = torch.from_numpy(ends - lens)
+            t = torch.from_numpy(take)
+            x = bag(rows_t[t], off, per_sample_weights=weights_t[t])
+            loss = loss_fn(mlp(x).squeeze(1), labels_t[torch.from_numpy(idx)])
+            opt_sparse.zero_grad()
+            opt_dense.zero_grad()
+            loss.backward()
+            opt_sparse.step()
+            opt_dense.step()
+            steps += 1
+        seconds += time.perf_counter() - start
+    out = {"framework": "pytorch", "torch": torch.__version__, "threads": args.threads,
+           "examples": n, "epochs": args.epochs, "steps": steps, "train_seconds": round(seconds, 3),
+           "samples_per_second": round(n * args.epochs / seconds, 1), "table_rows": len(vocab)}
+    if args.test:
+        tl, toff, tids, tw = read_criteo(args.test)
+        at = np.searchsorted(vocab, tids)
+        at = np.clip(at, 0, len(vocab) - 1)
+        trow = np.where(vocab[at] == tids, at, unseen)
+        with torch.no_grad():
+            logits = mlp(bag(torch.from_numpy(trow), torch.from_numpy(toff[:-1]),
+                             per_sample_weights=torch.from_numpy(tw))).squeeze(1).numpy()
+        p = np.clip(1 / (1 + np.exp(-logits)), 1e-7, 1 - 1e-7)
+        out["test_auc"] = round(auc(logits, tl), 4)
+        out["test_log_loss"] = round(float(-np.mean(tl * np.log(p) + (1 - tl) * np.log(1 - p))), 4)
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
