@@ -13,7 +13,9 @@
 //
 // The optimizer is plain SGD with lr 0.5, the job ASP (no barrier interplay), and gradients and
 // initial weights are small integers, so every sum is exact in fp32: for every key, the final
-// weights must equal initial - lr * sum(acknowledged gradients), bit for bit.
+// weights must equal initial - lr * sum(acknowledged gradients), bit for bit. The first case also
+// pushes 5 rows of a sparse table each step (PushPullSparse, one request per shard), and every row
+// must equal -lr * the sum of its acknowledged gradients (issue #15).
 //
 // The second case takes a checkpoint at step S, keeps pushing, SIGKILLs one shard, restarts it on
 // the same port with the same --data_dir, restores S on both shards with a new incarnation, pushes
@@ -38,6 +40,8 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
@@ -97,6 +101,27 @@ std::string KeyName(const std::string& tensor, uint32_t index) {
   return absl::StrCat(tensor, "#", index);
 }
 
+// The sparse table of the first test: rows of 3 values, zeros at first, the job's SGD.
+constexpr char kTable[] = "emb";
+constexpr uint32_t kDim = 3;
+constexpr int kRowsPerPush = 5;
+
+// The key of one row in the ledger's sums.
+std::string RowKey(int64_t row) { return absl::StrCat(kTable, "@", row); }
+
+// The distinct rows worker `worker` pushes at `step` (some shared with other workers and steps).
+std::vector<int64_t> RowsOf(int worker, int64_t step) {
+  std::vector<int64_t> rows;
+  const int64_t base = (worker * 7 + step * 3) % 40 - 10;
+  for (int j = 0; j < kRowsPerPush; ++j) rows.push_back(base + j * 9);
+  return rows;
+}
+
+// An integer in [-3, 3] for value d of the j-th row worker `worker` pushes at `step`.
+float RowGradient(int worker, int64_t step, int j, uint32_t d) {
+  return Gradient(worker, step, 100 + static_cast<size_t>(j), d);
+}
+
 // Every PushPull request one worker (one incarnation) sent, by seq, with its fate. Sums the
 // gradients of each request once, when a shard first acknowledges it. Thread-safe.
 class Ledger {
@@ -128,6 +153,19 @@ class Ledger {
     e.acked = true;
     ++acked_;
     for (const v1::Slice& slice : e.request->push()) {
+      if (slice.row_ids_size() > 0) {  // a sparse table: per row
+        const size_t dim = slice.data().size() / sizeof(float) / slice.row_ids_size();
+        for (int r = 0; r < slice.row_ids_size(); ++r) {
+          std::vector<double>& sum = acked_sums_[e.request->step()][RowKey(slice.row_ids(r))];
+          sum.resize(dim, 0.0);
+          for (size_t d = 0; d < dim; ++d) {
+            float g;
+            std::memcpy(&g, slice.data().data() + (r * dim + d) * sizeof(float), sizeof(float));
+            sum[d] += g;
+          }
+        }
+        continue;
+      }
       std::vector<double>& sum =
           acked_sums_[e.request->step()][KeyName(slice.key().tensor(), slice.key().index())];
       const size_t n = slice.data().size() / sizeof(float);
@@ -327,6 +365,12 @@ class ExactlyOnceFaultsTest : public ::testing::Test {
     return a;
   }
 
+  static std::vector<v1::SparseTableDecl> Tables() {
+    v1::SparseTableDecl t;
+    t.set_name(kTable);
+    t.set_dim(kDim);
+    return {t};
+  }
   std::vector<client::DenseTensorSpec> Specs() const {
     std::vector<client::DenseTensorSpec> specs;
     for (size_t t = 0; t < Tensors().size(); ++t) {
@@ -355,7 +399,9 @@ class ExactlyOnceFaultsTest : public ::testing::Test {
     config.mutable_optimizer()->set_learning_rate(kLearningRate);
     auto declarer = ControlClient(job);
     ASSERT_NE(declarer, nullptr);
-    absl::Status declared = declarer->DeclareJob(config, Specs(), {});
+    // The table only where the workers push it: an ASP checkpoint waits for every key's clock.
+    absl::Status declared = declarer->DeclareJob(
+        config, Specs(), sparse_ ? Tables() : std::vector<v1::SparseTableDecl>{});
     ASSERT_TRUE(declared.ok()) << declared;
     std::set<int32_t> shards;
     for (const TensorDef& t : Tensors()) {
@@ -393,7 +439,7 @@ class ExactlyOnceFaultsTest : public ::testing::Test {
     }
     auto c = ParameterClient::CreateWithShards(o, std::move(transports));
     EXPECT_TRUE(c.ok()) << c.status();
-    if (!c.ok() || !(*c)->AttachJob(Specs(), {}).ok()) return nullptr;
+    if (!c.ok() || !(*c)->AttachJob(Specs(), Tables()).ok()) return nullptr;
     return *std::move(c);
   }
 
@@ -424,6 +470,15 @@ class ExactlyOnceFaultsTest : public ::testing::Test {
         for (int64_t i = 0; i < Tensors()[t].size; ++i) grads[t][i] = Gradient(worker, step, t, i);
         futures.push_back(
             pc.PushPull(Tensors()[t].name, step, grads[t], absl::MakeSpan(weights[t])));
+      }
+      std::vector<int64_t> rows;
+      std::vector<float> row_grads;
+      if (sparse_) {
+        rows = RowsOf(worker, step);
+        for (int j = 0; j < kRowsPerPush; ++j) {
+          for (uint32_t d = 0; d < kDim; ++d) row_grads.push_back(RowGradient(worker, step, j, d));
+        }
+        futures.push_back(pc.PushPullSparse(kTable, step, rows, row_grads, {}));
       }
       absl::Status step_status;
       for (auto& f : futures) {
@@ -548,11 +603,64 @@ class ExactlyOnceFaultsTest : public ::testing::Test {
         }
       }
     }
+    if (!sparse_) return;
+    for (int64_t s = first; s < first + steps; ++s) {
+      const std::vector<int64_t> rows = RowsOf(worker, s);
+      for (int j = 0; j < kRowsPerPush; ++j) {
+        std::vector<double>& sum = (*sums)[RowKey(rows[j])];
+        sum.resize(kDim, 0.0);
+        for (uint32_t d = 0; d < kDim; ++d) sum[d] += RowGradient(worker, s, j, d);
+      }
+    }
+  }
+
+  // Every row the sums name, pulled straight from the shards and compared bit for bit with
+  // 0 - lr * sum. Returns the rows found exact.
+  int ExpectRowsExact(const std::string& job, const std::vector<AckedPart>& acked) {
+    const std::map<std::string, std::vector<double>> sums = SumAcked(acked);
+    auto reader = ControlClient(job);
+    if (reader == nullptr || !reader->AttachJob(Specs(), Tables()).ok()) {
+      ADD_FAILURE() << "no reader";
+      return 0;
+    }
+    std::vector<int64_t> rows;
+    for (const auto& [key, sum] : sums) {
+      if (absl::StartsWith(key, absl::StrCat(kTable, "@"))) {
+        int64_t row = 0;
+        EXPECT_TRUE(absl::SimpleAtoi(key.substr(std::strlen(kTable) + 1), &row)) << key;
+        rows.push_back(row);
+      }
+    }
+    std::vector<float> got(rows.size() * kDim);
+    absl::Status pulled = reader->PullSparse(kTable, -1, rows, absl::MakeSpan(got));
+    if (!pulled.ok()) {
+      ADD_FAILURE() << pulled;
+      return 0;
+    }
+    int exact = 0, mismatches = 0;
+    for (size_t r = 0; r < rows.size(); ++r) {
+      const std::vector<double>& sum = sums.at(RowKey(rows[r]));
+      bool same = true;
+      for (uint32_t d = 0; d < kDim; ++d) {
+        const float expected = static_cast<float>(0.0 - kLearningRate * sum[d]);
+        if (std::memcmp(&got[r * kDim + d], &expected, sizeof(float)) == 0) continue;
+        same = false;
+        if (++mismatches <= 5) {
+          ADD_FAILURE() << "row " << rows[r] << "[" << d << "] = " << got[r * kDim + d]
+                        << ", expected " << expected << " = -" << kLearningRate << " * " << sum[d];
+        }
+      }
+      exact += same ? 1 : 0;
+    }
+    EXPECT_EQ(mismatches, 0);
+    return exact;
   }
 
   void CutAll() {
     for (auto& p : proxies_) p->CutAll();
   }
+  // RunWorker also pushes rows of the sparse table each step (the first test).
+  bool sparse_ = false;
   int64_t Cuts() const {
     int64_t n = 0;
     for (const auto& p : proxies_) n += p->counters().cuts;
@@ -570,6 +678,7 @@ class ExactlyOnceFaultsTest : public ::testing::Test {
 
 TEST_F(ExactlyOnceFaultsTest, EveryAcknowledgedPushIsAppliedExactlyOnceUnderFaults) {
   const std::string job = "eo-faults";
+  sparse_ = true;  // dense partitions and sparse rows, each under the same faults
   DeclareJob(job);
   constexpr int64_t kMinSteps = 30;
   constexpr int64_t kMaxSteps = 400;
@@ -662,10 +771,12 @@ TEST_F(ExactlyOnceFaultsTest, EveryAcknowledgedPushIsAppliedExactlyOnceUnderFaul
   EXPECT_TRUE(SumAcked(all) == generated) << "the ledger holds every pushed gradient once";
 
   const int keys = ExpectWeightsExact(job, all);
+  const int rows = ExpectRowsExact(job, all);
+  EXPECT_GE(rows, 40) << "every row the workers pushed";
   const int64_t cuts = Cuts();
   std::cout << "exactly-once: " << pushes << " pushes, " << retries << " retries, " << dups
             << " duplicates dropped by the shards, " << cuts << " connection cuts, " << keys
-            << " keys exact\n"
+            << " keys and " << rows << " sparse rows exact\n"
             << "  (" << acked << " acknowledged; " << deadline << " DEADLINE_EXCEEDED, "
             << unavailable << " UNAVAILABLE answers; " << client_retries
             << " retries inside acknowledged PushPulls; " << failed
