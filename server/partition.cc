@@ -6,6 +6,7 @@
 #include <cstring>
 #include <utility>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
 #include "common/encoding.h"
 #include "kernels/row_table.h"
@@ -172,8 +173,21 @@ void Partition::ApplyDenseBytesLocked(int64_t step, float scale, const char* g, 
 
 void Partition::ApplySparseLocked(int64_t step, float scale, const SparseGrad& grad) {
   const float lr = kernels::ScheduledLearningRate(schedule, params.learning_rate, step);
-  for (size_t i = 0; i < grad.ids.size(); ++i) {
-    Row& row = RowLocked(grad.ids[i]);
+  // Two passes, so that the rows' cache misses overlap instead of following one another: find
+  // (or create) every row first, with room reserved so that no insertion moves the others, then
+  // update them, prefetching a few rows ahead.
+  const size_t n = grad.ids.size();
+  rows.reserve(rows.size() + n);
+  absl::InlinedVector<Row*, 64> found(n);
+  for (size_t i = 0; i < n; ++i) found[i] = &RowLocked(grad.ids[i]);
+  constexpr size_t kAhead = 4;
+  for (size_t i = 0; i < n; ++i) {
+    if (i + kAhead < n) {
+      const float* next = found[i + kAhead]->values.data();
+      for (int s = 0; s <= num_slots; ++s)
+        __builtin_prefetch(next + static_cast<size_t>(dim) * s, 1);
+    }
+    Row& row = *found[i];
     float* slot_ptrs[4] = {nullptr, nullptr, nullptr, nullptr};
     for (int s = 0; s < num_slots; ++s) {
       slot_ptrs[s] = row.values.data() + static_cast<size_t>(dim) * (1 + s);
