@@ -15,20 +15,17 @@ Uses Debian's python3-torch (CPU); run it with /usr/bin/python3. A benchmark ref
 """
 import argparse
 import json
+import os
+import sys
 import time
 
 import numpy as np
 import torch
 from torch import nn
 
-
-def feature_ids(fields, values):
-    with np.errstate(over="ignore"):
-        z = values + np.uint64(0x9E3779B97F4A7C15) * (fields + np.uint64(1))
-        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        z = z ^ (z >> np.uint64(31))
-    return (z & np.uint64(0x7FFFFFFFFFFFFFFF)).astype(np.int64)
+# The hashing and the AUC are the independent numpy scorer's, so both read the data one way.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "e2e"))
+from score_criteo import feature_ids, roc_auc  # noqa: E402
 
 
 def read_criteo(path):
@@ -51,22 +48,6 @@ def read_criteo(path):
     ids = feature_ids(np.array(fields, dtype=np.uint64), np.array(raw, dtype=np.uint64))
     return (np.array(labels, dtype=np.float32), np.array(offsets, dtype=np.int64), ids,
             np.array(weights, dtype=np.float32))
-
-
-def auc(scores, labels):
-    order = np.argsort(scores, kind="mergesort")
-    s = scores[order]
-    ranks = np.empty(len(s))
-    i = 0
-    while i < len(s):
-        j = i
-        while j < len(s) and s[j] == s[i]:
-            j += 1
-        ranks[i:j] = 0.5 * (i + 1 + j)
-        i = j
-    pos = labels[order] > 0.5
-    p = pos.sum()
-    return float((ranks[pos].sum() - p * (p + 1) / 2) / (p * (len(s) - p)))
 
 
 def main():
@@ -132,7 +113,7 @@ def main():
             logits = mlp(bag(torch.from_numpy(trow), torch.from_numpy(toff[:-1]),
                              per_sample_weights=torch.from_numpy(tw))).squeeze(1).numpy()
         p = np.clip(1 / (1 + np.exp(-logits)), 1e-7, 1 - 1e-7)
-        out["test_auc"] = round(auc(logits, tl), 4)
+        out["test_auc"] = round(roc_auc(logits, tl), 4)
         out["test_log_loss"] = round(float(-np.mean(tl * np.log(p) + (1 - tl) * np.log(1 - p))), 4)
     print(json.dumps(out))
 

@@ -570,13 +570,26 @@ class ExactlyOnceFaultsTest : public ::testing::Test {
       }
     }
     auto slices = (*c)->Pull(request, absl::Now() + absl::Seconds(10));
-    if (!slices.ok()) return -1;
+    if (!slices.ok()) {
+      ADD_FAILURE() << "pull from shard " << shard << ": " << slices.status();
+      return -1;
+    }
+    if (static_cast<int>(slices->size()) != request.keys_size()) {
+      ADD_FAILURE() << "shard " << shard << " answered " << slices->size() << " slices for "
+                    << request.keys_size() << " keys";
+      return -1;
+    }
     std::map<std::string, std::vector<double>> sums = SumAcked(acked);
     int64_t differing = 0;
     for (const v1::Slice& slice : *slices) {
       const std::string& name = slice.key().tensor();
       const size_t t = name == Tensors()[0].name ? 0 : 1;
       const client::PartitionSpan& p = layouts_[name].partitions[slice.key().index()];
+      if (static_cast<int64_t>(slice.data().size()) != p.num_elements * 4) {
+        ADD_FAILURE() << name << "#" << p.index << " on shard " << shard << ": "
+                      << slice.data().size() << " bytes for " << p.num_elements << " values";
+        return -1;
+      }
       const std::vector<double>& sum = sums[KeyName(name, p.index)];
       for (int64_t j = 0; j < p.num_elements; ++j) {
         float v;
