@@ -10,6 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/types/span.h"
 #include "common/status_macros.h"
+#include "google/protobuf/util/json_util.h"
 #include "kernels/backend.h"
 #include "spec/job_spec.h"
 #include "worker/client/parameter_client.h"
@@ -128,6 +129,15 @@ absl::StatusOr<int64_t> ExportJob(const v1::Job& job, const std::string& out_pat
   };
   if (job.evaluated()) metadata["test_accuracy"] = absl::StrCat(job.test_accuracy());
   if (job.has_test_auc()) metadata["test_auc"] = absl::StrCat(job.test_auc());
+  // The model spec, so that a reader can rebuild the network the tensors belong to (the tensor
+  // names say which layer or table each is; the spec says how they connect).
+  std::string model_json;
+  google::protobuf::util::JsonPrintOptions json_options;
+  json_options.preserve_proto_field_names = true;
+  if (google::protobuf::util::MessageToJsonString(job.spec().model(), &model_json, json_options)
+          .ok()) {
+    metadata["model"] = model_json;
+  }
   TESSERA_RETURN_IF_ERROR(WriteSafetensorsFile(out_path, tensors, metadata));
   return values;
 }

@@ -243,6 +243,19 @@ class Backend {
                                             const Tensor& offsets, const Tensor* values,
                                             const Tensor& dout, const Tensor& dtable) = 0;
 
+  // --- Multi-input models ----------------------------------------------------------------------
+  // src and dst are float [rows, src_cols] and [rows, dst_cols] (rows = dim(0), cols = the rest):
+  // dst[r, dst_offset + c] = src[r, src_offset + c] for c < width, or += when `accumulate`.
+  virtual absl::Status CopyColumns(const Tensor& src, int64_t src_offset, const Tensor& dst,
+                                   int64_t dst_offset, int64_t width, bool accumulate) = 0;
+  // DLRM's dot interaction. x is [n, m, d] (m vectors per example); y is [n, cols]:
+  // y[b, y_offset + k] = <x[b, i], x[b, j]> for i = 1..m-1, j = 0..i-1, k counting them.
+  virtual absl::Status DotInteractionForward(const Tensor& x, const Tensor& y,
+                                             int64_t y_offset) = 0;
+  // dx [n, m, d] = the gradient through the dot products of dy[:, y_offset, ...] (overwritten).
+  virtual absl::Status DotInteractionBackward(const Tensor& x, const Tensor& dy, int64_t y_offset,
+                                              const Tensor& dx) = 0;
+
   // --- Losses ----------------------------------------------------------------------------------
   // logits [n, k]. labels: int32 [n] class indices for kSoftmaxCrossEntropy, float [n, k]
   // targets otherwise. Writes dlogits (the gradient of the mean loss, see model.proto for the

@@ -9,9 +9,12 @@
 # rows from a planted model (`tessera datagen criteo`, into /var/tmp/tessera-criteo), trains
 # examples/criteo_hashed.textproto (a hashed embedding table on the shards) the same way, scores
 # the export with numpy, and prints the test AUC and log loss beside the planted model's best.
+# `scripts/demo.sh dlrm` does the same with examples/criteo_dlrm.textproto (DLRM: a bottom MLP on
+# the 13 counts, an embedding per categorical field, their pairwise dot products, a top MLP).
 #
 #   scripts/demo.sh
 #   scripts/demo.sh criteo
+#   scripts/demo.sh dlrm
 #   TESSERA_BUILD_DIR=build-demo scripts/demo.sh   # another build directory (default build)
 #
 # Exit status: tessera local's (0 when the job SUCCEEDED).
@@ -20,9 +23,9 @@ cd "$(dirname "$0")/.."
 
 MODE=${1:-fashion}
 case "$MODE" in
-  fashion | criteo) ;;
+  fashion | criteo | dlrm) ;;
   *)
-    echo "usage: scripts/demo.sh [criteo]" >&2
+    echo "usage: scripts/demo.sh [criteo | dlrm]" >&2
     exit 64
     ;;
 esac
@@ -33,7 +36,14 @@ DATA=/usr/share/datasets/fashion-mnist
 if [ "$MODE" = criteo ]; then
   JOB=examples/criteo_hashed.textproto
   MODEL="$BUILD_DIR/criteo_hashed.safetensors"
-  DATA=/var/tmp/tessera-criteo  # the example's dataset paths
+elif [ "$MODE" = dlrm ]; then
+  JOB=examples/criteo_dlrm.textproto
+  MODEL="$BUILD_DIR/criteo_dlrm.safetensors"
+fi
+CTR=false
+if [ "$MODE" != fashion ]; then
+  CTR=true
+  DATA=/var/tmp/tessera-criteo  # the examples' dataset paths
 fi
 
 echo "== demo: installing dependencies (scripts/install-deps.sh)"
@@ -44,7 +54,7 @@ BUILD_DIR="$BUILD_DIR" BUILD_TARGETS="tessera tessera-coordinator tessera-server
   scripts/build.sh
 export OMP_WAIT_POLICY=passive
 
-if [ "$MODE" = criteo ]; then
+if $CTR; then
   echo "== demo: $BUILD_DIR/bin/tessera datagen criteo --rows 1000000 --out $DATA"
   "$BUILD_DIR/bin/tessera" datagen criteo --rows 1000000 --out "$DATA"
 fi
@@ -70,7 +80,7 @@ if [ "$status" -ne 0 ] || [ "$state" != SUCCEEDED ]; then
   exit "$status"
 fi
 
-if [ "$MODE" = criteo ]; then
+if $CTR; then
   scored=$("$PY" tests/e2e/score_criteo.py --model "$MODEL" --data "$DATA/test.tsv" |
     sed -n 's/.*"auc": \([0-9.]*\).*/\1/p')
   planted() { "$PY" -c 'import json, sys; print(round(json.load(open(sys.argv[1]))[sys.argv[2]], 4))' "$DATA/planted.json" "$1"; }

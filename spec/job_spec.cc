@@ -20,6 +20,9 @@ constexpr int32_t kMaxBatchSize = 1 << 20;
 constexpr int kMaxWorkers = 1024;
 constexpr int64_t kMinPartitionBytes = 1024;
 constexpr int64_t kMaxPartitionBytes = int64_t{1} << 30;
+// A Criteo row's integer and categorical features (worker/data/dataset.h reads them).
+constexpr int64_t kCriteoDenseFeatures = 13;
+constexpr int kCriteoCategoricalFields = 26;
 
 bool ValidName(const std::string& name) {
   if (name.empty() || name.size() > 128) return false;
@@ -29,6 +32,28 @@ bool ValidName(const std::string& name) {
     }
   }
   return true;
+}
+
+// A multi-input model reads dense features and categorical fields: the Criteo layout.
+absl::Status ValidateMultiInputData(const v1::JobSpec& spec, const ModelShapes& model) {
+  const v1::DatasetSpec::Format format = spec.dataset().format();
+  if (format != v1::DatasetSpec::FORMAT_CRITEO) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "dataset.format: a multi-input model (model.tables) reads dense features and categorical "
+        "fields, which FORMAT_CRITEO data has; got ",
+        v1::DatasetSpec::Format_Name(format)));
+  }
+  if (model.multi.dense_features != kCriteoDenseFeatures) {
+    return absl::InvalidArgumentError(absl::StrCat("model.dense_features: FORMAT_CRITEO rows have ",
+                                                   kCriteoDenseFeatures, " integer features, got ",
+                                                   model.multi.dense_features));
+  }
+  if (static_cast<int>(model.multi.fields.size()) != kCriteoCategoricalFields) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model.sparse_features: FORMAT_CRITEO rows have ", kCriteoCategoricalFields,
+        " categorical fields, one sparse feature each; the model has ", model.multi.fields.size()));
+  }
+  return absl::OkStatus();
 }
 
 // The model, the dataset, and what ties them: one class per output for softmax, one target per
@@ -53,8 +78,11 @@ absl::Status ValidateModelAndData(const v1::JobSpec& spec, const ValidateOptions
         "dataset.num_classes: softmax cross-entropy needs one class per model output (", outputs,
         "), got ", spec.dataset().num_classes()));
   }
-  const bool sparse_model = model->sparse_input;
   const v1::DatasetSpec::Format format = spec.dataset().format();
+  if (model->multi_input) {
+    TESSERA_RETURN_IF_ERROR(ValidateMultiInputData(spec, *model));
+  }
+  const bool sparse_model = model->sparse_input || model->multi_input;
   const bool sparse_data =
       format == v1::DatasetSpec::FORMAT_LIBSVM || format == v1::DatasetSpec::FORMAT_CRITEO;
   if (sparse_model != sparse_data) {
@@ -65,7 +93,7 @@ absl::Status ValidateModelAndData(const v1::JobSpec& spec, const ValidateOptions
                                     " examples are sparse, so the model must start with an "
                                     "embedding_bag layer")));
   }
-  if (format == v1::DatasetSpec::FORMAT_CRITEO &&
+  if (format == v1::DatasetSpec::FORMAT_CRITEO && !model->multi_input &&
       spec.model().layers(0).embedding_bag().num_rows() != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("model.layers[0] (", model->layers[0].name,
@@ -77,9 +105,11 @@ absl::Status ValidateModelAndData(const v1::JobSpec& spec, const ValidateOptions
     // The shards apply the job's optimizer to the table's rows too.
     absl::Status sparse_optimizer = ValidateOptimizer(spec.optimizer(), /*sparse=*/true);
     if (!sparse_optimizer.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat(sparse_optimizer.message(),
-                                                     " (the model's table ", model->layers[0].name,
-                                                     "/embeddings is a sparse table)"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          sparse_optimizer.message(),
+          model->multi_input ? std::string(" (the model's tables are sparse tables)")
+                             : absl::StrCat(" (the model's table ", model->layers[0].name,
+                                            "/embeddings is a sparse table)")));
     }
   }
   if (spec.model().loss() != v1::LOSS_SOFTMAX_CROSS_ENTROPY && outputs != 1) {

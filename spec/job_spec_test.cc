@@ -62,6 +62,33 @@ TEST(JobSpecTest, ExamplesParseAndValidate) {
   EXPECT_THAT(std::string(ValidateJobSpec(dense_model, no_files).message()),
               HasSubstr("dataset.format: FORMAT_CRITEO examples are sparse"));
 
+  // The multi-input examples, and what their data must give them.
+  for (const char* name : {"criteo_dlrm.textproto", "criteo_wide_deep.textproto"}) {
+    absl::StatusOr<v1::JobSpec> multi = ReadJobSpecFile(Example(name));
+    ASSERT_TRUE(multi.ok()) << name << ": " << multi.status();
+    EXPECT_TRUE(ValidateJobSpec(*multi, no_files).ok())
+        << name << ": " << ValidateJobSpec(*multi, no_files);
+    EXPECT_EQ(multi->model().sparse_features_size(), 26) << name;
+    v1::JobSpec fewer = *multi;
+    fewer.mutable_model()->mutable_sparse_features()->RemoveLast();
+    EXPECT_THAT(std::string(ValidateJobSpec(fewer, no_files).message()),
+                HasSubstr("model.sparse_features: FORMAT_CRITEO rows have 26 categorical fields, "
+                          "one sparse feature each; the model has 25"));
+    v1::JobSpec dense12 = *multi;
+    dense12.mutable_model()->set_dense_features(12);
+    const std::string dense12_message(ValidateJobSpec(dense12, no_files).message());
+    EXPECT_THAT(dense12_message, HasSubstr("dense_features")) << name;
+    v1::JobSpec libsvm = *multi;
+    libsvm.mutable_dataset()->set_format(v1::DatasetSpec::FORMAT_LIBSVM);
+    EXPECT_THAT(std::string(ValidateJobSpec(libsvm, no_files).message()),
+                HasSubstr("dataset.format: a multi-input model (model.tables) reads dense features "
+                          "and categorical fields, which FORMAT_CRITEO data has"));
+    v1::JobSpec momentum = *multi;
+    momentum.mutable_optimizer()->set_kind(v1::OPTIMIZER_KIND_MOMENTUM);
+    EXPECT_THAT(std::string(ValidateJobSpec(momentum, no_files).message()),
+                HasSubstr("(the model's tables are sparse tables)"));
+  }
+
   v1::JobSpec mlp = Mlp();
   ASSERT_EQ(mlp.model().layers_size(), 7);
   EXPECT_EQ(mlp.model().layers(0).dense().units(), 256);

@@ -6,6 +6,7 @@
 #include <string>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "google/protobuf/descriptor.h"
@@ -474,35 +475,290 @@ absl::StatusOr<Shape> DenseInputShape(const v1::ModelSpec& spec) {
 
 // The name of every layer: the spec's, or "<type>_<k>" with k counting that type from 1.
 // Explicit names are reserved first so that a default name never takes one.
-absl::StatusOr<std::vector<std::string>> LayerNames(const v1::ModelSpec& spec) {
-  std::set<std::string> names;
-  for (int i = 0; i < spec.layers_size(); ++i) {
-    const std::string& n = spec.layers(i).name();
+// `field` names the list ("layers", "bottom_layers"); default names start with `prefix`; `names`
+// holds the names taken so far (explicit ones of every list are reserved before any default).
+absl::Status ReserveLayerNames(const google::protobuf::RepeatedPtrField<v1::Layer>& layers,
+                               const char* field, std::set<std::string>* names) {
+  for (int i = 0; i < layers.size(); ++i) {
+    const std::string& n = layers[i].name();
     if (n.empty()) continue;
     if (!ValidLayerName(n)) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "layers[", i, "].name: \"", n, "\" must be 1 to 128 letters, digits, '_', '-' or '.'"));
+          field, "[", i, "].name: \"", n, "\" must be 1 to 128 letters, digits, '_', '-' or '.'"));
     }
-    if (!names.insert(n).second) {
+    if (!names->insert(n).second) {
       return absl::InvalidArgumentError(
-          absl::StrCat("layers[", i, "].name: \"", n, "\" is used by an earlier layer"));
+          absl::StrCat(field, "[", i, "].name: \"", n, "\" is used by an earlier layer or table"));
     }
   }
+  return absl::OkStatus();
+}
+
+std::vector<std::string> DefaultLayerNames(
+    const google::protobuf::RepeatedPtrField<v1::Layer>& layers, const std::string& prefix,
+    std::set<std::string>* names) {
   std::map<std::string, int> type_counts;
   std::vector<std::string> out;
-  for (int i = 0; i < spec.layers_size(); ++i) {
-    std::string name = spec.layers(i).name();
+  for (int i = 0; i < layers.size(); ++i) {
+    std::string name = layers[i].name();
     if (name.empty()) {
-      const std::string type = LayerTypeName(spec.layers(i));
-      const std::string prefix = type.empty() ? "layer" : type;
+      const std::string kind = LayerTypeName(layers[i]);
+      const std::string type = prefix + (kind.empty() ? "layer" : kind);
       do {
-        name = absl::StrCat(prefix, "_", ++type_counts[prefix]);
-      } while (names.count(name) > 0);
-      names.insert(name);
+        name = absl::StrCat(type, "_", ++type_counts[type]);
+      } while (names->count(name) > 0);
+      names->insert(name);
     }
     out.push_back(std::move(name));
   }
   return out;
+}
+
+absl::StatusOr<std::vector<std::string>> LayerNames(const v1::ModelSpec& spec) {
+  std::set<std::string> names;
+  TESSERA_RETURN_IF_ERROR(ReserveLayerNames(spec.layers(), "layers", &names));
+  return DefaultLayerNames(spec.layers(), "", &names);
+}
+
+// "layers[i] (name): ..." of a bottom layer, as "bottom_layers[i] (name): ...".
+absl::Status AsBottom(const absl::Status& s) {
+  if (s.ok() || !absl::StartsWith(s.message(), "layers[")) return s;
+  return absl::Status(s.code(), absl::StrCat("bottom_", s.message()));
+}
+
+absl::Status TableError(int index, const v1::EmbeddingTable& t, const std::string& what) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("tables[", index, "]", t.name().empty() ? "" : absl::StrCat(" (", t.name(), ")"),
+                   ": ", what));
+}
+
+// A multi-input model (spec.tables not empty): the tables, fields, bottom layers and
+// interaction, then the top layers (`spec.layers`) on the interaction's output.
+absl::Status InferMultiInput(const v1::ModelSpec& spec, ModelShapes* out) {
+  MultiInputShapes& m = out->multi;
+  if (spec.input_shape_size() > 0) {
+    return absl::InvalidArgumentError(
+        "input_shape: must be empty in a multi-input model (tables declared); the dense input is "
+        "dense_features wide");
+  }
+  if (spec.dense_features() < 0 || spec.dense_features() > kMaxElements) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("dense_features: must be in [0, 2^31], got ", spec.dense_features()));
+  }
+  m.dense_features = spec.dense_features();
+  if (spec.bottom_layers_size() > 0 && m.dense_features == 0) {
+    return absl::InvalidArgumentError(
+        "bottom_layers: run on the dense features, but dense_features is 0");
+  }
+  if (spec.layers_size() + spec.bottom_layers_size() > kMaxLayers) {
+    return absl::InvalidArgumentError(absl::StrCat("layers: a model has at most ", kMaxLayers,
+                                                   " layers (top and bottom), got ",
+                                                   spec.layers_size() + spec.bottom_layers_size()));
+  }
+  if (!v1::Interaction::Kind_IsValid(spec.interaction().kind())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("interaction.kind: unknown value ", spec.interaction().kind()));
+  }
+  m.interaction = spec.interaction().kind() == v1::Interaction::KIND_DOT
+                      ? v1::Interaction::KIND_DOT
+                      : v1::Interaction::KIND_CONCAT;
+
+  // Names: tables and layers share one namespace (a parameter is "<table or layer>/<name>").
+  std::set<std::string> names;
+  std::map<std::string, int> table_index;
+  for (int i = 0; i < spec.tables_size(); ++i) {
+    const v1::EmbeddingTable& t = spec.tables(i);
+    if (!ValidLayerName(t.name())) {
+      return TableError(i, t,
+                        absl::StrCat("name: \"", t.name(),
+                                     "\" must be 1 to 128 letters, digits, '_', '-' or '.'"));
+    }
+    if (!names.insert(t.name()).second) {
+      return TableError(i, t, "name: used by an earlier table");
+    }
+    if (t.dim() <= 0 || t.dim() > kMaxRowWidth) {
+      return TableError(i, t,
+                        absl::StrCat("dim: must be in [1, ", kMaxRowWidth, "], got ", t.dim()));
+    }
+    const absl::Status init = CheckInitializer(0, t.name(), "initializer", t.initializer());
+    if (!init.ok()) {
+      return TableError(i, t, std::string(init.message().substr(init.message().find("): ") + 3)));
+    }
+    v1::WeightInitializer resolved = t.initializer();
+    if (resolved.kind() == v1::WeightInitializer::KIND_UNSPECIFIED) {
+      resolved.set_kind(v1::WeightInitializer::KIND_NORMAL);
+      resolved.set_stddev(0.01f);
+    }
+    if (resolved.kind() == v1::WeightInitializer::KIND_GLOROT_UNIFORM ||
+        resolved.kind() == v1::WeightInitializer::KIND_HE_NORMAL) {
+      return TableError(
+          i, t,
+          absl::StrCat("initializer.kind: ", v1::WeightInitializer::Kind_Name(resolved.kind()),
+                       " needs a row count; a table of hashed ids takes KIND_NORMAL, "
+                       "KIND_ZEROS or KIND_CONSTANT"));
+    }
+    TableShape table;
+    table.name = t.name();
+    table.embeddings = {"embeddings", {0, t.dim()}, resolved, 0, t.dim()};
+    table.embeddings.sparse = true;
+    table_index[t.name()] = i;
+    m.tables.push_back(std::move(table));
+  }
+  if (!spec.wide_table().empty()) {
+    auto it = table_index.find(spec.wide_table());
+    if (it == table_index.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("wide_table: \"", spec.wide_table(), "\" is not in tables"));
+    }
+    m.wide_table = it->second;
+    m.tables[it->second].wide = true;
+  }
+  if (spec.sparse_features_size() == 0) {
+    return absl::InvalidArgumentError(
+        "sparse_features: a multi-input model needs at least one (one per categorical field)");
+  }
+  for (int i = 0; i < spec.sparse_features_size(); ++i) {
+    const v1::SparseFeature& f = spec.sparse_features(i);
+    FieldShape field;
+    field.name = f.name().empty() ? absl::StrCat("sparse_features[", i, "]") : f.name();
+    const std::string where = absl::StrCat(
+        "sparse_features[", i, "]", f.name().empty() ? "" : absl::StrCat(" (", f.name(), ")"));
+    auto it = table_index.find(f.table());
+    if (it == table_index.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ".table: \"", f.table(), "\" is not in tables"));
+    }
+    if (it->second == m.wide_table) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ".table: \"", f.table(),
+                       "\" is the wide_table, which every field reads already; name a deep table"));
+    }
+    if (!v1::EmbeddingBag::Combiner_IsValid(f.combiner())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ".combiner: unknown value ", f.combiner()));
+    }
+    field.table = it->second;
+    field.combiner = f.combiner() == v1::EmbeddingBag::COMBINER_MEAN
+                         ? v1::EmbeddingBag::COMBINER_MEAN
+                         : v1::EmbeddingBag::COMBINER_SUM;
+    m.tables[it->second].fields.push_back(i);
+    m.fields.push_back(std::move(field));
+  }
+  for (size_t t = 0; t < m.tables.size(); ++t) {
+    if (m.tables[t].wide) {
+      for (int f = 0; f < static_cast<int>(m.fields.size()); ++f) m.tables[t].fields.push_back(f);
+      continue;
+    }
+    if (m.tables[t].fields.empty()) {
+      return TableError(static_cast<int>(t), spec.tables(static_cast<int>(t)),
+                        "no sparse_features[].table names it");
+    }
+    // One table pools all its fields with one combiner.
+    for (int f : m.tables[t].fields) {
+      if (m.fields[f].combiner != m.fields[m.tables[t].fields[0]].combiner) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "sparse_features[", f, "].combiner: the fields of table \"", m.tables[t].name,
+            "\" must share one combiner (sparse_features[", m.tables[t].fields[0], "] has ",
+            v1::EmbeddingBag::Combiner_Name(m.fields[m.tables[t].fields[0]].combiner), ")"));
+      }
+    }
+  }
+
+  // The bottom layers, on the dense features.
+  TESSERA_RETURN_IF_ERROR(ReserveLayerNames(spec.bottom_layers(), "bottom_layers", &names));
+  TESSERA_RETURN_IF_ERROR(ReserveLayerNames(spec.layers(), "layers", &names));
+  const std::vector<std::string> bottom_names =
+      DefaultLayerNames(spec.bottom_layers(), "bottom_", &names);
+  const std::vector<std::string> top_names = DefaultLayerNames(spec.layers(), "", &names);
+  Shape shape = {m.dense_features};
+  for (int i = 0; i < spec.bottom_layers_size(); ++i) {
+    if (spec.bottom_layers(i).kind_case() == v1::Layer::kEmbeddingBag) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "bottom_layers[", i, "] (", bottom_names[i],
+          "): embedding_bag has no place in a multi-input model; declare tables instead"));
+    }
+    absl::StatusOr<LayerInfo> layer = InferLayer(spec.bottom_layers(i), i, bottom_names[i], shape);
+    if (!layer.ok()) return AsBottom(layer.status());
+    shape = layer->output_shape;
+    m.bottom.push_back(*std::move(layer));
+  }
+  m.bottom_width = NumElements(shape);
+
+  // The interaction.
+  int64_t deep_fields = 0;
+  int64_t deep_width = 0;
+  for (const FieldShape& f : m.fields) {
+    ++deep_fields;
+    deep_width += m.tables[f.table].dim();
+  }
+  if (m.interaction == v1::Interaction::KIND_DOT) {
+    const int64_t d = m.dense_features > 0 ? m.bottom_width : m.tables[m.fields[0].table].dim();
+    for (size_t i = 0; i < m.fields.size(); ++i) {
+      const TableShape& t = m.tables[m.fields[i].table];
+      if (t.dim() != d) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "interaction.kind: KIND_DOT needs every vector as wide as ",
+            m.dense_features > 0 ? "the bottom layers' output" : "the first field's table", " (", d,
+            "), but sparse_features[", i, "] reads table \"", t.name, "\" of dim ", t.dim()));
+      }
+    }
+    const int64_t vectors = deep_fields + (m.dense_features > 0 ? 1 : 0);
+    if (vectors < 2) {
+      return absl::InvalidArgumentError(
+          "interaction.kind: KIND_DOT needs at least two vectors (dense features and a field, or "
+          "two fields)");
+    }
+    m.concat_width = (m.dense_features > 0 ? m.bottom_width : 0) + deep_width;
+    m.interaction_width = (m.dense_features > 0 ? m.bottom_width : 0) + vectors * (vectors - 1) / 2;
+  } else {
+    m.concat_width = m.bottom_width + deep_width;
+    m.interaction_width = m.concat_width;
+  }
+  if (m.interaction_width > kMaxElements) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("interaction: ", m.interaction_width, " values per example is too many"));
+  }
+
+  // The top layers.
+  if (spec.layers_size() == 0) {
+    return absl::InvalidArgumentError("layers: a model needs at least one (top) layer");
+  }
+  out->input_shape = {m.interaction_width};
+  shape = out->input_shape;
+  for (int i = 0; i < spec.layers_size(); ++i) {
+    if (spec.layers(i).kind_case() == v1::Layer::kEmbeddingBag) {
+      return LayerError(
+          i, top_names[i],
+          "embedding_bag has no place in a multi-input model; declare tables instead");
+    }
+    TESSERA_ASSIGN_OR_RETURN(LayerInfo layer, InferLayer(spec.layers(i), i, top_names[i], shape));
+    shape = layer.output_shape;
+    out->layers.push_back(std::move(layer));
+  }
+  out->output_dim = NumElements(shape);
+  if (m.wide_table >= 0) {
+    const TableShape& wide = m.tables[m.wide_table];
+    if (wide.dim() != out->output_dim) {
+      return absl::InvalidArgumentError(absl::StrCat("wide_table: \"", wide.name, "\" has dim ",
+                                                     wide.dim(), ", but the model has ",
+                                                     out->output_dim, " outputs"));
+    }
+    if (spec.layers(spec.layers_size() - 1).kind_case() != v1::Layer::kDense) {
+      return absl::InvalidArgumentError(
+          "wide_table: the wide part is added to the last layer's outputs, which must then be a "
+          "dense layer's (logits)");
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ModelShapes> CheckOutputs(const v1::ModelSpec& spec, ModelShapes& out) {
+  if (spec.loss() == v1::LOSS_SOFTMAX_CROSS_ENTROPY && out.output_dim < 2) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "loss: LOSS_SOFTMAX_CROSS_ENTROPY needs at least 2 outputs, but the last layer (",
+        out.layers.back().name, ") gives ", out.output_dim));
+  }
+  return std::move(out);
 }
 
 }  // namespace
@@ -518,6 +774,17 @@ absl::StatusOr<ModelShapes> InferModelShapes(const v1::ModelSpec& spec) {
                                                    " layers, got ", spec.layers_size()));
   }
   ModelShapes out;
+  if (spec.tables_size() > 0) {
+    out.multi_input = true;
+    TESSERA_RETURN_IF_ERROR(InferMultiInput(spec, &out));
+    return CheckOutputs(spec, out);
+  }
+  if (spec.dense_features() != 0 || spec.sparse_features_size() > 0 ||
+      spec.bottom_layers_size() > 0 || spec.has_interaction() || !spec.wide_table().empty()) {
+    return absl::InvalidArgumentError(
+        "tables: dense_features, sparse_features, bottom_layers, interaction and wide_table "
+        "belong to a multi-input model, which declares its embedding tables");
+  }
   out.sparse_input = spec.layers(0).kind_case() == v1::Layer::kEmbeddingBag;
   if (!out.sparse_input) {
     TESSERA_ASSIGN_OR_RETURN(out.input_shape, DenseInputShape(spec));
@@ -531,12 +798,7 @@ absl::StatusOr<ModelShapes> InferModelShapes(const v1::ModelSpec& spec) {
     out.layers.push_back(std::move(layer));
   }
   out.output_dim = NumElements(shape);
-  if (spec.loss() == v1::LOSS_SOFTMAX_CROSS_ENTROPY && out.output_dim < 2) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "loss: LOSS_SOFTMAX_CROSS_ENTROPY needs at least 2 outputs, but the last layer (",
-        out.layers.back().name, ") gives ", out.output_dim));
-  }
-  return out;
+  return CheckOutputs(spec, out);
 }
 
 v1::Initializer RowInitializer(const ParameterShape& table, uint64_t model_seed,

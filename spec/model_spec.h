@@ -65,14 +65,52 @@ struct LayerInfo {
   BatchNormShape batch_norm;               // batch_norm only
 };
 
+// An embedding table of a multi-input model after shape inference.
+struct TableShape {
+  std::string name;           // the spec's ("C1")
+  ParameterShape embeddings;  // suffix "embeddings", shape {0, dim}, sparse, initializer resolved
+  // The data fields (indices into sparse_features) whose ids it looks up, in order. A deep
+  // table pools each field into its own [dim] vector (one bag per field and example); the wide
+  // table pools every field's ids into one bag per example.
+  std::vector<int> fields;
+  bool wide = false;
+  int64_t dim() const { return embeddings.shape[1]; }
+};
+
+// One sparse feature (a categorical field of the data) after shape inference.
+struct FieldShape {
+  std::string name;  // the spec's, or "sparse_features[i]"
+  int table = 0;     // index into MultiInputShapes::tables
+  v1::EmbeddingBag::Combiner combiner = v1::EmbeddingBag::COMBINER_SUM;  // resolved
+};
+
+// The input side of a multi-input model (ModelSpec.tables not empty).
+struct MultiInputShapes {
+  int64_t dense_features = 0;
+  std::vector<LayerInfo> bottom;  // on [dense_features]
+  int64_t bottom_width = 0;       // u's width: the bottom's output, or dense_features
+  std::vector<FieldShape> fields;
+  std::vector<TableShape> tables;                                    // spec order
+  int wide_table = -1;                                               // index into tables, or -1
+  v1::Interaction::Kind interaction = v1::Interaction::KIND_CONCAT;  // resolved
+  // The interaction's input [u, e_1, ..., e_F] (the deep fields in sparse_features order), and
+  // its output, the top layers' input.
+  int64_t concat_width = 0;
+  int64_t interaction_width = 0;
+};
+
 // A whole model after shape inference.
 struct ModelShapes {
   // The spec's input_shape, or [num_rows] when the first layer is an embedding_bag.
   Shape input_shape;
   // True when the first layer is an embedding_bag (the model reads sparse batches).
   bool sparse_input = false;
-  std::vector<LayerInfo> layers;  // one per spec layer, in order
+  std::vector<LayerInfo> layers;  // one per spec layer, in order (a multi-input model's top)
   int64_t output_dim = 0;         // outputs per example (the last layer's elements)
+  // True when the spec declares tables: the model reads dense features and sparse fields, and
+  // `multi` describes its input side; input_shape is then [interaction_width].
+  bool multi_input = false;
+  MultiInputShapes multi;
 };
 
 // The widest embedding row a table may declare (SparseTableDecl.dim is 32 bits; a row of 64 Ki

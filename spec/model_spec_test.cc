@@ -223,3 +223,125 @@ TEST(ModelSpecTest, WindowsFillDefaults) {
 
 }  // namespace
 }  // namespace tessera::spec
+
+namespace tessera::spec {
+namespace {
+
+// A DLRM-shaped multi-input model, which each refusal case below breaks once.
+constexpr char kDlrm[] = R"pb(
+  dense_features: 13
+  bottom_layers { dense { units: 8 } }
+  bottom_layers { relu {} }
+  tables { name: "t0" dim: 8 }
+  tables { name: "t1" dim: 8 }
+  sparse_features { table: "t0" }
+  sparse_features { table: "t1" }
+  sparse_features { table: "t0" }
+  interaction { kind: KIND_DOT }
+  layers { dense { units: 4 } }
+  layers { dense { units: 1 } }
+  loss: LOSS_SIGMOID_CROSS_ENTROPY
+)pb";
+
+v1::ModelSpec ParseModel(const std::string& text) {
+  v1::ModelSpec spec;
+  EXPECT_TRUE(google::protobuf::TextFormat::ParseFromString(text, &spec)) << text;
+  return spec;
+}
+
+TEST(MultiInputSpecTest, DlrmShapes) {
+  absl::StatusOr<ModelShapes> shapes = InferModelShapes(ParseModel(kDlrm));
+  ASSERT_TRUE(shapes.ok()) << shapes.status();
+  ASSERT_TRUE(shapes->multi_input);
+  const MultiInputShapes& m = shapes->multi;
+  EXPECT_EQ(m.bottom_width, 8);
+  ASSERT_EQ(m.bottom.size(), 2u);
+  EXPECT_EQ(m.bottom[0].name, "bottom_dense_1");
+  EXPECT_EQ(shapes->layers[0].name, "dense_1");
+  EXPECT_EQ(m.tables[0].fields, (std::vector<int>{0, 2}));
+  EXPECT_EQ(m.concat_width, 8 + 3 * 8);
+  EXPECT_EQ(m.interaction_width, 8 + 4 * 3 / 2);  // u and the pairs of 4 vectors
+  EXPECT_EQ(shapes->input_shape, (Shape{14}));
+  EXPECT_EQ(shapes->output_dim, 1);
+}
+
+TEST(MultiInputSpecTest, WideAndDeepShapes) {
+  v1::ModelSpec spec = ParseModel(kDlrm);
+  spec.clear_interaction();
+  spec.clear_bottom_layers();
+  v1::EmbeddingTable* wide = spec.add_tables();
+  wide->set_name("wide");
+  wide->set_dim(1);
+  wide->mutable_initializer()->set_kind(v1::WeightInitializer::KIND_ZEROS);
+  spec.set_wide_table("wide");
+  absl::StatusOr<ModelShapes> shapes = InferModelShapes(spec);
+  ASSERT_TRUE(shapes.ok()) << shapes.status();
+  EXPECT_EQ(shapes->multi.interaction, v1::Interaction::KIND_CONCAT);
+  EXPECT_EQ(shapes->multi.interaction_width, 13 + 3 * 8);
+  EXPECT_EQ(shapes->multi.wide_table, 2);
+  EXPECT_EQ(shapes->multi.tables[2].fields, (std::vector<int>{0, 1, 2}));
+  EXPECT_EQ(shapes->multi.tables[2].embeddings.init.kind(), v1::WeightInitializer::KIND_ZEROS);
+  EXPECT_EQ(shapes->multi.tables[0].embeddings.init.kind(), v1::WeightInitializer::KIND_NORMAL);
+}
+
+TEST(MultiInputSpecTest, BrokenSpecsAreRefusedNamingTheField) {
+  struct Case {
+    std::string extra;  // appended to kDlrm
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {"input_shape: 3", "input_shape: must be empty in a multi-input model"},
+      {"tables { name: \"t0\" dim: 8 }", "tables[2] (t0): name: used by an earlier table"},
+      {"tables { name: \"bad name\" dim: 8 }", "tables[2]"},
+      {"tables { name: \"t2\" dim: 0 }", "tables[2] (t2): dim: must be in [1, 65536], got 0"},
+      {"tables { name: \"t2\" dim: 8 initializer { kind: KIND_GLOROT_UNIFORM } }",
+       "tables[2] (t2): initializer.kind: KIND_GLOROT_UNIFORM needs a row count"},
+      {"tables { name: \"t2\" dim: 8 }", "tables[2] (t2): no sparse_features[].table names it"},
+      {"sparse_features { table: \"nope\" }",
+       "sparse_features[3].table: \"nope\" is not in tables"},
+      {"sparse_features { table: \"t1\" combiner: COMBINER_MEAN }",
+       "sparse_features[3].combiner: the fields of table \"t1\" must share one combiner"},
+      {"tables { name: \"t2\" dim: 4 } sparse_features { table: \"t2\" }",
+       "interaction.kind: KIND_DOT needs every vector as wide as the bottom layers' output (8), "
+       "but sparse_features[3] reads table \"t2\" of dim 4"},
+      {"wide_table: \"nope\"", "wide_table: \"nope\" is not in tables"},
+      {"wide_table: \"t1\"", "sparse_features[1].table: \"t1\" is the wide_table"},
+      {"tables { name: \"w\" dim: 2 } wide_table: \"w\"",
+       "wide_table: \"w\" has dim 2, but the model has 1 outputs"},
+      {"tables { name: \"w\" dim: 1 } wide_table: \"w\" layers { sigmoid {} }",
+       "wide_table: the wide part is added to the last layer's outputs"},
+      {"bottom_layers { dense { units: 0 } }",
+       "bottom_layers[2] (bottom_dense_2): dense.units must be > 0"},
+      {"bottom_layers { embedding_bag { dim: 4 } }", "bottom_layers[2] (bottom_embedding_bag_1)"},
+      {"layers { embedding_bag { dim: 4 } }", "embedding_bag has no place in a multi-input model"},
+      {"bottom_layers { name: \"t0\" dense { units: 8 } }",
+       "bottom_layers[2].name: \"t0\" is used by an earlier layer or table"},
+  };
+  for (const Case& c : cases) {
+    absl::StatusOr<ModelShapes> shapes = InferModelShapes(ParseModel(kDlrm + c.extra));
+    ASSERT_FALSE(shapes.ok()) << c.extra;
+    EXPECT_EQ(shapes.status().code(), absl::StatusCode::kInvalidArgument) << c.extra;
+    EXPECT_THAT(std::string(shapes.status().message()), ::testing::HasSubstr(c.message)) << c.extra;
+  }
+  v1::ModelSpec negative = ParseModel(kDlrm);
+  negative.set_dense_features(-1);
+  EXPECT_THAT(std::string(InferModelShapes(negative).status().message()),
+              ::testing::HasSubstr("dense_features: must be in [0, 2^31], got -1"));
+  v1::ModelSpec bad_kind = ParseModel(kDlrm);
+  bad_kind.mutable_interaction()->set_kind(static_cast<v1::Interaction::Kind>(7));
+  EXPECT_THAT(std::string(InferModelShapes(bad_kind).status().message()),
+              ::testing::HasSubstr("interaction.kind: unknown value 7"));
+  // Multi-input fields without tables.
+  absl::StatusOr<ModelShapes> plain = InferModelShapes(ParseModel(R"pb(
+    input_shape: 4
+    dense_features: 4
+    layers { dense { units: 2 } }
+    loss: LOSS_SOFTMAX_CROSS_ENTROPY
+  )pb"));
+  ASSERT_FALSE(plain.ok());
+  EXPECT_THAT(std::string(plain.status().message()),
+              ::testing::HasSubstr("tables: dense_features"));
+}
+
+}  // namespace
+}  // namespace tessera::spec

@@ -691,6 +691,33 @@ class CpuBackend final : public Backend {
     return absl::OkStatus();
   }
 
+  // --- Multi-input models ----------------------------------------------------------------------
+  absl::Status CopyColumns(const Tensor& src, int64_t src_offset, const Tensor& dst,
+                           int64_t dst_offset, int64_t width, bool accumulate) override {
+    // dst keeps its other columns: it is read as well.
+    TESSERA_RETURN_IF_ERROR(MakePlain({&src, &dst}));
+    const int64_t rows = src.dim(0);
+    cpu::CopyColumns(src.f32(), src.num_elements() / rows, src_offset, dst.f32(),
+                     dst.num_elements() / rows, dst_offset, rows, width, accumulate);
+    return absl::OkStatus();
+  }
+  absl::Status DotInteractionForward(const Tensor& x, const Tensor& y, int64_t y_offset) override {
+    TESSERA_RETURN_IF_ERROR(MakePlain({&x, &y}));
+    const int64_t n = x.dim(0);
+    cpu::DotInteractionForward(x.f32(), n, x.dim(1), x.dim(2), y.f32(), y.num_elements() / n,
+                               y_offset);
+    return absl::OkStatus();
+  }
+  absl::Status DotInteractionBackward(const Tensor& x, const Tensor& dy, int64_t y_offset,
+                                      const Tensor& dx) override {
+    TESSERA_RETURN_IF_ERROR(MakePlain({&x, &dy}));
+    MarkPlain(dx);
+    const int64_t n = x.dim(0);
+    cpu::DotInteractionBackward(x.f32(), n, x.dim(1), x.dim(2), dy.f32(), dy.num_elements() / n,
+                                y_offset, dx.f32());
+    return absl::OkStatus();
+  }
+
   // --- Losses ----------------------------------------------------------------------------------
   absl::Status LossForwardBackward(LossKind kind, const Tensor& logits, const Tensor& labels,
                                    const Tensor* dlogits, const Tensor& metrics) override {

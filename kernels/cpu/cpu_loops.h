@@ -30,6 +30,19 @@ void EmbeddingBagForward(bool mean, const float* table, int64_t dim, const int64
 void EmbeddingBagBackward(bool mean, int64_t dim, const int64_t* ids, const int64_t* offsets,
                           const float* values, int64_t bags, const float* dout, float* dtable);
 
+// dst[r * dst_cols + dst_offset + c] (+)= src[r * src_cols + src_offset + c], r < rows,
+// c < width: accumulates when `accumulate`, else overwrites.
+void CopyColumns(const float* src, int64_t src_cols, int64_t src_offset, float* dst,
+                 int64_t dst_cols, int64_t dst_offset, int64_t rows, int64_t width,
+                 bool accumulate);
+// DLRM's dot interaction of the m vectors of d values of each of n examples (x is [n, m, d]):
+// y[b * y_cols + y_offset + k] = <x[b, i], x[b, j]>, k counting i = 1..m-1, j = 0..i-1.
+void DotInteractionForward(const float* x, int64_t n, int64_t m, int64_t d, float* y,
+                           int64_t y_cols, int64_t y_offset);
+// dx[b, i] = sum over j != i of dy[b, pair(i, j)] * x[b, j] (overwrites dx).
+void DotInteractionBackward(const float* x, int64_t n, int64_t m, int64_t d, const float* dy,
+                            int64_t y_cols, int64_t y_offset, float* dx);
+
 void Fill(float* x, int64_t n, float value);
 void Axpy(float alpha, const float* x, float* y, int64_t n);
 void Scale(float alpha, float* x, int64_t n);

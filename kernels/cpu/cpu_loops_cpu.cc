@@ -139,6 +139,61 @@ void EmbeddingBagBackward(bool mean, int64_t dim, const int64_t* ids, const int6
   }
 }
 
+void CopyColumns(const float* src, int64_t src_cols, int64_t src_offset, float* dst,
+                 int64_t dst_cols, int64_t dst_offset, int64_t rows, int64_t width,
+                 bool accumulate) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* __restrict__ s = src + r * src_cols + src_offset;
+    float* __restrict__ t = dst + r * dst_cols + dst_offset;
+    if (accumulate) {
+#pragma omp simd
+      for (int64_t c = 0; c < width; ++c) t[c] += s[c];
+    } else {
+      std::memcpy(t, s, static_cast<size_t>(width) * sizeof(float));
+    }
+  }
+}
+
+void DotInteractionForward(const float* x, int64_t n, int64_t m, int64_t d, float* y,
+                           int64_t y_cols, int64_t y_offset) {
+#pragma omp parallel for if (n * m * m * d > kParallelThreshold) schedule(static)
+  for (int64_t b = 0; b < n; ++b) {
+    const float* v = x + b * m * d;
+    float* out = y + b * y_cols + y_offset;
+    int64_t k = 0;
+    for (int64_t i = 1; i < m; ++i) {
+      for (int64_t j = 0; j < i; ++j) {
+        float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+        for (int64_t c = 0; c < d; ++c) dot += v[i * d + c] * v[j * d + c];
+        out[k++] = dot;
+      }
+    }
+  }
+}
+
+void DotInteractionBackward(const float* x, int64_t n, int64_t m, int64_t d, const float* dy,
+                            int64_t y_cols, int64_t y_offset, float* dx) {
+#pragma omp parallel for if (n * m * m * d > kParallelThreshold) schedule(static)
+  for (int64_t b = 0; b < n; ++b) {
+    const float* v = x + b * m * d;
+    const float* g = dy + b * y_cols + y_offset;
+    float* dv = dx + b * m * d;
+    std::memset(dv, 0, static_cast<size_t>(m * d) * sizeof(float));
+    int64_t k = 0;
+    for (int64_t i = 1; i < m; ++i) {
+      for (int64_t j = 0; j < i; ++j) {
+        const float w = g[k++];
+#pragma omp simd
+        for (int64_t c = 0; c < d; ++c) {
+          dv[i * d + c] += w * v[j * d + c];
+          dv[j * d + c] += w * v[i * d + c];
+        }
+      }
+    }
+  }
+}
+
 void Fill(float* x, int64_t n, float value) {
 #pragma omp parallel for simd if (n > kParallelThreshold) schedule(static)
   for (int64_t i = 0; i < n; ++i) x[i] = value;

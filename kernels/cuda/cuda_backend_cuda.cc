@@ -621,6 +621,42 @@ class CudaBackend final : public Backend {
     return absl::OkStatus();
   }
 
+  // --- Multi-input models ----------------------------------------------------------------------
+  absl::Status CopyColumns(const Tensor& src, int64_t src_offset, const Tensor& dst,
+                           int64_t dst_offset, int64_t width, bool accumulate) override {
+    const int64_t rows = src.dim(0);
+    if (rows == 0 || width == 0) return absl::OkStatus();
+    const int64_t src_cols = src.num_elements() / rows, dst_cols = dst.num_elements() / rows;
+    DeviceGuard guard(device_);
+    if (accumulate) {
+      TESSERA_CUDA_RETURN_IF_ERROR(cuda::LaunchAddColumns(
+          src.f32(), src_cols, src_offset, dst.f32(), dst_cols, dst_offset, rows, width, stream_));
+      return absl::OkStatus();
+    }
+    TESSERA_CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(
+        dst.f32() + dst_offset, dst_cols * sizeof(float), src.f32() + src_offset,
+        src_cols * sizeof(float), width * sizeof(float), rows, cudaMemcpyDeviceToDevice, stream_));
+    return absl::OkStatus();
+  }
+  absl::Status DotInteractionForward(const Tensor& x, const Tensor& y, int64_t y_offset) override {
+    const int64_t n = x.dim(0);
+    if (n == 0) return absl::OkStatus();
+    DeviceGuard guard(device_);
+    TESSERA_CUDA_RETURN_IF_ERROR(cuda::LaunchDotInteractionForward(
+        x.f32(), n, x.dim(1), x.dim(2), y.f32(), y.num_elements() / n, y_offset, stream_));
+    return absl::OkStatus();
+  }
+  absl::Status DotInteractionBackward(const Tensor& x, const Tensor& dy, int64_t y_offset,
+                                      const Tensor& dx) override {
+    const int64_t n = x.dim(0);
+    if (n == 0) return absl::OkStatus();
+    DeviceGuard guard(device_);
+    TESSERA_CUDA_RETURN_IF_ERROR(cuda::LaunchDotInteractionBackward(x.f32(), n, x.dim(1), x.dim(2),
+                                                                    dy.f32(), dy.num_elements() / n,
+                                                                    y_offset, dx.f32(), stream_));
+    return absl::OkStatus();
+  }
+
   // --- Losses ----------------------------------------------------------------------------------
   absl::Status LossForwardBackward(LossKind kind, const Tensor& logits, const Tensor& labels,
                                    const Tensor* dlogits, const Tensor& metrics) override {

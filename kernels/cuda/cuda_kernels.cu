@@ -378,6 +378,88 @@ cudaError_t LaunchEmbeddingBagBackward(bool mean, int64_t dim, const int64_t* id
   return cudaGetLastError();
 }
 
+namespace {
+
+__global__ void AddColumnsKernel(const float* src, int64_t src_cols, int64_t src_offset,
+                                 float* dst, int64_t dst_cols, int64_t dst_offset, int64_t rows,
+                                 int64_t width) {
+  const int64_t total = rows * width;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = i / width, c = i % width;
+    dst[r * dst_cols + dst_offset + c] += src[r * src_cols + src_offset + c];
+  }
+}
+
+// One block per example; thread t computes pairs t, t + blockDim.x, ... of its row.
+__global__ void DotInteractionForwardKernel(const float* x, int64_t m, int64_t d, float* y,
+                                            int64_t y_cols, int64_t y_offset) {
+  const int64_t b = blockIdx.x;
+  const float* v = x + b * m * d;
+  float* out = y + b * y_cols + y_offset;
+  const int64_t pairs = m * (m - 1) / 2;
+  for (int64_t k = threadIdx.x; k < pairs; k += blockDim.x) {
+    // k = i * (i - 1) / 2 + j with j < i.
+    int64_t i = static_cast<int64_t>((1.0 + sqrt(1.0 + 8.0 * static_cast<double>(k))) / 2.0);
+    while (i * (i - 1) / 2 > k) --i;
+    while ((i + 1) * i / 2 <= k) ++i;
+    const int64_t j = k - i * (i - 1) / 2;
+    float dot = 0.0f;
+    for (int64_t c = 0; c < d; ++c) dot += v[i * d + c] * v[j * d + c];
+    out[k] = dot;
+  }
+}
+
+// One block per example; thread t computes the values (i, c) t, t + blockDim.x, ... of dx:
+// dx[i, c] = sum over j != i of g(i, j) * x[j, c], with g(i, j) = dy[pair(max, min)].
+__global__ void DotInteractionBackwardKernel(const float* x, int64_t m, int64_t d,
+                                             const float* dy, int64_t y_cols, int64_t y_offset,
+                                             float* dx) {
+  const int64_t b = blockIdx.x;
+  const float* v = x + b * m * d;
+  const float* g = dy + b * y_cols + y_offset;
+  float* dv = dx + b * m * d;
+  for (int64_t e = threadIdx.x; e < m * d; e += blockDim.x) {
+    const int64_t i = e / d, c = e % d;
+    float sum = 0.0f;
+    for (int64_t j = 0; j < m; ++j) {
+      if (j == i) continue;
+      const int64_t hi = i > j ? i : j, lo = i > j ? j : i;
+      sum += g[hi * (hi - 1) / 2 + lo] * v[j * d + c];
+    }
+    dv[e] = sum;
+  }
+}
+
+}  // namespace
+
+cudaError_t LaunchAddColumns(const float* src, int64_t src_cols, int64_t src_offset, float* dst,
+                             int64_t dst_cols, int64_t dst_offset, int64_t rows, int64_t width,
+                             cudaStream_t stream) {
+  if (rows <= 0 || width <= 0) return cudaSuccess;
+  const int64_t blocks = std::min<int64_t>((rows * width + kThreads - 1) / kThreads, 65535);
+  AddColumnsKernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
+      src, src_cols, src_offset, dst, dst_cols, dst_offset, rows, width);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchDotInteractionForward(const float* x, int64_t n, int64_t m, int64_t d, float* y,
+                                        int64_t y_cols, int64_t y_offset, cudaStream_t stream) {
+  if (n <= 0 || m < 2) return cudaSuccess;
+  DotInteractionForwardKernel<<<static_cast<unsigned>(n), 128, 0, stream>>>(x, m, d, y, y_cols,
+                                                                             y_offset);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchDotInteractionBackward(const float* x, int64_t n, int64_t m, int64_t d,
+                                         const float* dy, int64_t y_cols, int64_t y_offset,
+                                         float* dx, cudaStream_t stream) {
+  if (n <= 0) return cudaSuccess;
+  DotInteractionBackwardKernel<<<static_cast<unsigned>(n), 128, 0, stream>>>(x, m, d, dy, y_cols,
+                                                                              y_offset, dx);
+  return cudaGetLastError();
+}
+
 cudaError_t LaunchSoftmaxCrossEntropy(const float* log_probs, const int32_t* labels, int64_t n,
                                       int64_t k, float* dlogits, float* row_loss,
                                       float* row_correct, float* metrics, cudaStream_t stream) {

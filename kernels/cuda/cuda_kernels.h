@@ -43,6 +43,16 @@ cudaError_t LaunchEmbeddingBagBackward(bool mean, int64_t dim, const int64_t* id
                                        const int64_t* offsets, const float* values, int64_t bags,
                                        const float* dout, float* dtable, cudaStream_t stream);
 
+// Multi-input models: see kernels::Backend::CopyColumns and DotInteractionForward/Backward.
+cudaError_t LaunchAddColumns(const float* src, int64_t src_cols, int64_t src_offset, float* dst,
+                             int64_t dst_cols, int64_t dst_offset, int64_t rows, int64_t width,
+                             cudaStream_t stream);
+cudaError_t LaunchDotInteractionForward(const float* x, int64_t n, int64_t m, int64_t d, float* y,
+                                        int64_t y_cols, int64_t y_offset, cudaStream_t stream);
+cudaError_t LaunchDotInteractionBackward(const float* x, int64_t n, int64_t m, int64_t d,
+                                         const float* dy, int64_t y_cols, int64_t y_offset,
+                                         float* dx, cudaStream_t stream);
+
 // Losses over n rows of k values. Each writes per-row partial results into `row_loss` and
 // `row_correct` (device scratch of n floats each), dlogits (nullable), and then reduces them
 // into metrics[0] = mean loss and metrics[1] = number of correct rows, in double, in a fixed

@@ -270,9 +270,12 @@ INSTANTIATE_TEST_SUITE_P(Modes, TrainE2eTest,
 
 // --- Click logs: a sparse table end to end ---------------------------------------------------
 
-// Generated Criteo data, the hashed example on 2 shards and 2 workers, its export (the table as
-// ids and rows), and numpy scoring the test split from the file alone to the reported AUC.
-TEST(ClusterE2eTest, CriteoTablesTrainExportAndScoreTheSameInNumpy) {
+// Generated Criteo data, a click-through example on 2 shards and 2 workers, its export (each
+// table as ids and rows, the model spec in the metadata), and numpy scoring the test split from
+// the file alone to the reported AUC: the hashed single-table model, DLRM and Wide & Deep.
+class CriteoE2eTest : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(CriteoE2eTest, TablesTrainExportAndScoreTheSameInNumpy) {
   ScratchDirectory dir("tessera-e2e-criteo");
   ASSERT_FALSE(dir.path().empty());
   CommandResult gen = RunCommand({Tessera(), "datagen", "criteo", "--rows", "100000", "--test_rows",
@@ -280,8 +283,8 @@ TEST(ClusterE2eTest, CriteoTablesTrainExportAndScoreTheSameInNumpy) {
                                  dir.path(), "datagen", absl::Seconds(60));
   ASSERT_EQ(gen.code, 0) << gen.err;
   EXPECT_NE(gen.out.find("\"best_test_auc\":"), std::string::npos) << gen.out;
-  absl::StatusOr<v1::JobSpec> spec =
-      spec::ReadJobSpecFile(absl::StrCat(TESSERA_SOURCE_DIR, "/examples/criteo_hashed.textproto"));
+  absl::StatusOr<v1::JobSpec> spec = spec::ReadJobSpecFile(
+      absl::StrCat(TESSERA_SOURCE_DIR, "/examples/", GetParam(), ".textproto"));
   ASSERT_TRUE(spec.ok()) << spec.status();
   spec->mutable_dataset()->set_train_path(dir.path() + "/data/train.tsv");
   spec->mutable_dataset()->set_test_path(dir.path() + "/data/test.tsv");
@@ -314,19 +317,25 @@ TEST(ClusterE2eTest, CriteoTablesTrainExportAndScoreTheSameInNumpy) {
   EXPECT_GT(job.test_auc(), best_auc - 0.1) << "planted " << best_auc;
   EXPECT_LT(job.test_loss(), best_loss + 0.1) << "planted " << best_loss;
   std::printf(
-      "[criteo] test AUC %.4f (planted %.4f), log loss %.4f (planted %.4f), %lld steps, "
+      "[%s] test AUC %.4f (planted %.4f), log loss %.4f (planted %.4f), %lld steps, "
       "%.0f samples/s\n",
-      job.test_auc(), best_auc, job.test_loss(), best_loss, static_cast<long long>(job.step()),
-      job.samples_per_second());
+      GetParam(), job.test_auc(), best_auc, job.test_loss(), best_loss,
+      static_cast<long long>(job.step()), job.samples_per_second());
   CommandResult score =
       RunCommand({TESSERA_PYTHON, absl::StrCat(TESSERA_SOURCE_DIR, "/tests/e2e/score_criteo.py"),
                   "--model", model, "--data", dir.path() + "/data/test.tsv", "--expect_auc",
                   absl::StrCat(job.test_auc()), "--tolerance", "0.001"},
                  dir.path(), "score", absl::Seconds(120));
   EXPECT_EQ(score.code, 0) << score.out << score.err;
-  std::printf("[criteo] numpy scorer: %s\n", LastLine(score.out).c_str());
+  std::printf("[%s] numpy scorer: %s\n", GetParam(), LastLine(score.out).c_str());
   EXPECT_NE(score.out.find("\"examples\": 10000"), std::string::npos) << score.out;
 }
+
+INSTANTIATE_TEST_SUITE_P(Examples, CriteoE2eTest,
+                         ::testing::Values("criteo_hashed", "criteo_dlrm", "criteo_wide_deep"),
+                         [](const ::testing::TestParamInfo<const char*>& info) {
+                           return std::string(info.param);
+                         });
 
 // --- Cancel ---------------------------------------------------------------------------------
 

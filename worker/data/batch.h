@@ -7,6 +7,13 @@
 
 namespace tessera::data {
 
+// One categorical field of a batch: example b's ids are ids[offsets[b], offsets[b+1]) (offsets
+// has size + 1 entries starting at 0).
+struct FieldBatch {
+  std::vector<int64_t> offsets;
+  std::vector<int64_t> ids;
+};
+
 // `size` examples. Dense datasets fill `features` (size x feature_dim floats, row-major, already
 // normalised); sparse datasets fill the CSR triple instead. `targets` always holds each example's
 // label as a float; `labels` holds the class ids when the dataset is a classification one.
@@ -18,6 +25,9 @@ struct Batch {
   std::vector<int64_t> sparse_offsets;
   std::vector<int64_t> sparse_ids;
   std::vector<float> sparse_values;
+  // Field datasets (multi-input models): `features` holds size x feature_dim dense features,
+  // and each categorical field its bags here.
+  std::vector<FieldBatch> fields;
   std::vector<int32_t> labels;
   std::vector<float> targets;
   // Shard-local index of each example, in batch order.

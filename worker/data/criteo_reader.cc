@@ -135,6 +135,11 @@ absl::StatusOr<std::shared_ptr<const Dataset>> ReadCriteoDataset(const std::stri
   std::vector<int64_t> ids;
   std::vector<float> values;
   std::vector<float> labels;
+  // options.criteo_fields: the dense features and one field per category.
+  const bool as_fields = options.criteo_fields;
+  std::vector<float> dense;
+  std::vector<FieldBatch> categories(as_fields ? kCriteoCategoricalFields : 0);
+  for (FieldBatch& f : categories) f.offsets = {0};
   absl::string_view fields[kCriteoFields];
   for (size_t pos = begin; pos < end;) {
     size_t stop = text.find('\n', pos);
@@ -168,6 +173,7 @@ absl::StatusOr<std::shared_ptr<const Dataset>> ReadCriteoDataset(const std::stri
     float stored = 0;
     TESSERA_RETURN_IF_ERROR(internal::CheckLabel(label, options.num_classes, where, &stored));
     labels.push_back(stored);
+    if (as_fields) dense.resize(dense.size() + kCriteoIntegerFields, 0.0f);
     for (int i = 0; i < kCriteoIntegerFields; ++i) {
       const absl::string_view f = fields[1 + i];
       if (f.empty()) continue;
@@ -177,22 +183,40 @@ absl::StatusOr<std::shared_ptr<const Dataset>> ReadCriteoDataset(const std::stri
                                                        Described(f), " is not an integer"));
       }
       if (x <= 0) continue;  // log(1 + max(x, 0)) is 0: nothing to add
+      if (as_fields) {
+        dense[dense.size() - kCriteoIntegerFields + i] =
+            static_cast<float>(std::log1p(static_cast<double>(x)));
+        continue;
+      }
       ids.push_back(CriteoFeatureId(i, 0));
       values.push_back(static_cast<float>(std::log1p(static_cast<double>(x))));
     }
     for (int c = 0; c < kCriteoCategoricalFields; ++c) {
       const absl::string_view f = fields[1 + kCriteoIntegerFields + c];
-      if (f.empty()) continue;
+      if (f.empty()) {
+        if (as_fields)
+          categories[c].offsets.push_back(static_cast<int64_t>(categories[c].ids.size()));
+        continue;
+      }
       uint64_t v = 0;
       if (!ParseHex(f, &v)) {
         return absl::InvalidArgumentError(absl::StrCat(where, ": categorical field C", c + 1, " ",
                                                        Described(f),
                                                        " is not 1 to 16 hexadecimal digits"));
       }
+      if (as_fields) {
+        categories[c].ids.push_back(CriteoFeatureId(kCriteoIntegerFields + c, v));
+        categories[c].offsets.push_back(static_cast<int64_t>(categories[c].ids.size()));
+        continue;
+      }
       ids.push_back(CriteoFeatureId(kCriteoIntegerFields + c, v));
       values.push_back(1.0f);
     }
     offsets.push_back(static_cast<int64_t>(ids.size()));
+  }
+  if (as_fields) {
+    return Dataset::FromFields(kCriteoIntegerFields, std::move(dense), std::move(categories),
+                               std::move(labels), options.num_classes, total);
   }
   // feature_dim 0: the ids are hashed (any int64).
   return Dataset::FromSparse(0, std::move(offsets), std::move(ids), std::move(values),

@@ -59,6 +59,21 @@ std::shared_ptr<const Dataset> Dataset::FromSparse(
   return d;
 }
 
+std::shared_ptr<const Dataset> Dataset::FromFields(int64_t feature_dim, std::vector<float> features,
+                                                   std::vector<FieldBatch> fields,
+                                                   std::vector<float> labels, int num_classes,
+                                                   int64_t total_examples) {
+  std::shared_ptr<Dataset> d(new Dataset());
+  d->feature_dim_ = feature_dim;
+  d->example_shape_ = {feature_dim};
+  d->floats_ = std::move(features);
+  d->fields_ = std::move(fields);
+  d->labels_ = std::move(labels);
+  d->num_classes_ = num_classes;
+  d->total_examples_ = total_examples;
+  return d;
+}
+
 void Dataset::CopyFeatures(int64_t i, float* out) const {
   if (!bytes_.empty()) {
     const uint8_t* src = bytes_.data() + i * feature_dim_;
@@ -99,6 +114,19 @@ void Dataset::Gather(absl::Span<const int64_t> indices, Batch* batch) const {
     batch->sparse_values.clear();
     batch->features.resize(n * feature_dim_);
     for (int64_t b = 0; b < n; ++b) CopyFeatures(indices[b], &batch->features[b * feature_dim_]);
+  }
+  batch->fields.resize(fields_.size());
+  for (size_t f = 0; f < fields_.size(); ++f) {
+    const FieldBatch& from = fields_[f];
+    FieldBatch& to = batch->fields[f];
+    to.offsets.resize(n + 1);
+    to.ids.clear();
+    to.offsets[0] = 0;
+    for (int64_t b = 0; b < n; ++b) {
+      const int64_t lo = from.offsets[indices[b]], hi = from.offsets[indices[b] + 1];
+      to.ids.insert(to.ids.end(), from.ids.begin() + lo, from.ids.begin() + hi);
+      to.offsets[b + 1] = static_cast<int64_t>(to.ids.size());
+    }
   }
 }
 

@@ -51,6 +51,8 @@ struct ReadOptions {
   int label_column = 0;
   bool has_header = false;
   char delimiter = ',';
+  // Criteo: lay each example out as fields (a multi-input model's input) rather than as one bag.
+  bool criteo_fields = false;
 };
 
 // Immutable after construction; safe to read from several threads.
@@ -75,6 +77,13 @@ class Dataset {
                                                    std::vector<float> labels, int num_classes,
                                                    int64_t total_examples);
 
+  // Examples as dense features (size x feature_dim floats, already normalised) and categorical
+  // fields, each in CSR form (offsets with size + 1 entries).
+  static std::shared_ptr<const Dataset> FromFields(int64_t feature_dim, std::vector<float> features,
+                                                   std::vector<FieldBatch> fields,
+                                                   std::vector<float> labels, int num_classes,
+                                                   int64_t total_examples);
+
   // Examples in this shard.
   int64_t size() const { return static_cast<int64_t>(labels_.size()); }
   // Examples in the whole file, across all shards.
@@ -84,6 +93,8 @@ class Dataset {
   // The shape of one dense example, e.g. {28, 28} for Fashion-MNIST; {feature_dim} otherwise.
   const std::vector<int64_t>& example_shape() const { return example_shape_; }
   bool sparse() const { return sparse_; }
+  // The categorical fields of a field dataset (FromFields), 0 otherwise.
+  int num_fields() const { return static_cast<int>(fields_.size()); }
   int num_classes() const { return num_classes_; }
 
   float target(int64_t i) const { return labels_[i]; }
@@ -111,6 +122,8 @@ class Dataset {
   std::vector<int64_t> offsets_;
   std::vector<int64_t> ids_;
   std::vector<float> values_;
+  // Field storage (dense features in floats_).
+  std::vector<FieldBatch> fields_;
   std::vector<float> labels_;
 };
 
@@ -126,7 +139,10 @@ absl::StatusOr<std::shared_ptr<const Dataset>> ReadLibsvmDataset(const std::stri
                                                                  const ReadOptions& options);
 
 // Criteo TSV: a label, 13 integer features (I1..I13) and 26 categorical fields (C1..C26, hex
-// strings), tab-separated, any of the 39 features empty. Each example is one bag of hashed ids:
+// strings), tab-separated, any of the 39 features empty. With options.criteo_fields, each
+// example is 13 dense features, log(1 + x) of I1..I13 (0 for x <= 0 and empty ones), and 26
+// fields of the one id CriteoFeatureId(13 + c - 1, v) of C_c = v (no id when empty). Otherwise
+// each example is one bag of hashed ids:
 // categorical field C_c with value v gives id CriteoFeatureId(12 + c, v) with value 1; integer
 // feature I_i with value x > 0 gives id CriteoFeatureId(i - 1, 0) with value log(1 + x) (the
 // DLRM reference's transform; x <= 0 and empty features add nothing). feature_dim() is 0 (hashed

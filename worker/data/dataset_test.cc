@@ -567,6 +567,36 @@ TEST(CriteoReaderTest, EachExampleIsOneBagOfHashedFieldIds) {
   for (int64_t id : b.sparse_ids) EXPECT_GE(id, 0);
 }
 
+TEST(CriteoReaderTest, AsFieldsEachExampleIsDenseFeaturesAndOneBagPerCategory) {
+  TempDir dir;
+  WriteFile(dir.File("c.tsv"), CriteoLine(1, {"3", "", "-1", "0", "7"}, {"68fd1e64", "", "0aF"}) +
+                                   CriteoLine(0, {}, {"", "1"}));
+  ReadOptions o;
+  o.criteo_fields = true;
+  auto d = ReadCriteoDataset(dir.File("c.tsv"), o);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_FALSE((*d)->sparse());
+  EXPECT_EQ((*d)->feature_dim(), 13);
+  ASSERT_EQ((*d)->num_fields(), 26);
+  Batch b;
+  (*d)->Gather({1, 0}, &b);  // in that order
+  ASSERT_EQ(b.features.size(), 26u);
+  for (int i = 0; i < 13; ++i) EXPECT_EQ(b.features[i], 0.0f) << "example 1 has no integers";
+  EXPECT_FLOAT_EQ(b.features[13 + 0], std::log1p(3.0f));
+  EXPECT_EQ(b.features[13 + 1], 0.0f);  // empty
+  EXPECT_EQ(b.features[13 + 2], 0.0f);  // -1
+  EXPECT_FLOAT_EQ(b.features[13 + 4], std::log1p(7.0f));
+  ASSERT_EQ(b.fields.size(), 26u);
+  EXPECT_EQ(b.fields[0].offsets, (std::vector<int64_t>{0, 0, 1}));
+  EXPECT_EQ(b.fields[0].ids, (std::vector<int64_t>{CriteoFeatureId(13, 0x68fd1e64)}));
+  EXPECT_EQ(b.fields[1].offsets, (std::vector<int64_t>{0, 1, 1}));
+  EXPECT_EQ(b.fields[1].ids, (std::vector<int64_t>{CriteoFeatureId(14, 1)}));
+  EXPECT_EQ(b.fields[2].ids, (std::vector<int64_t>{CriteoFeatureId(15, 0xaf)}));
+  EXPECT_EQ(b.fields[25].offsets, (std::vector<int64_t>{0, 0, 0}));
+  EXPECT_TRUE(b.sparse_ids.empty());
+  EXPECT_EQ(b.targets, (std::vector<float>{0, 1}));
+}
+
 TEST(CriteoReaderTest, RanksReadDisjointByteRangesThatCoverTheFile) {
   TempDir dir;
   std::string text;

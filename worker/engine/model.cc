@@ -7,6 +7,8 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "worker/engine/initializers.h"
+#include "worker/engine/internal/activations.h"
+#include "worker/engine/internal/chain.h"
 #include "worker/engine/internal/layers.h"
 
 namespace tessera::engine {
@@ -52,28 +54,9 @@ int64_t SaturatingProduct(int64_t a, int64_t b) {
   return r < 0 ? INT64_MAX : r;
 }
 
-uint64_t Mix(uint64_t a, uint64_t b) {
-  uint64_t z = a + 0x9E3779B97F4A7C15ULL * (b + 1);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-  return z ^ (z >> 31);
-}
-
 }  // namespace
 
-// Device buffers for one batch size.
-struct Model::Activations {
-  int64_t n = 0;
-  uint64_t last_used = 0;
-  Tensor input;        // dense models: [n, input_shape...]
-  SparseInput sparse;  // sparse models: views of the storage below
-  Tensor ids_storage, values_storage;
-  std::vector<int64_t> host_offsets;
-  Tensor input_grad;  // only when the first layer always writes an input gradient
-  std::vector<Tensor> y, dy;
-  std::vector<std::vector<Tensor>> scratch;
-  Tensor labels;
-};
+using internal::Mix;
 
 Model::Model(Backend* backend, uint64_t seed)
     : backend_(backend), seed_(seed), dropout_seed_(Mix(seed, 0x5eed)) {}
@@ -100,13 +83,9 @@ absl::Status Model::Build(const v1::ModelSpec& spec) {
                              MakeLayer(spec.layers(i), shapes.layers[i]));
     layers_.push_back(std::move(layer));
   }
-  layer_infos_ = std::move(shapes.layers);
+  layer_infos_ = shapes.layers;
+  if (shapes.multi_input) return BuildMultiInput(spec, std::move(shapes));
 
-  // Trainable parameters first, then state, each in layer order.
-  std::vector<std::vector<int>> index(layers_.size());
-  for (size_t i = 0; i < layers_.size(); ++i) {
-    index[i].assign(layer_infos_[i].parameters.size(), -1);
-  }
   // Refuse a model whose parameters cannot fit before allocating any of them (the host staging
   // buffer holds one parameter at a time).
   int64_t largest = 0;
@@ -126,64 +105,85 @@ absl::Status Model::Build(const v1::ModelSpec& spec) {
         absl::StrCat("model: the parameters and their gradients need ", parameter_bytes_,
                      " bytes, more than the ", capacity, " bytes of memory of ", backend_->Name()));
   }
-  layer_parameters_.assign(layers_.size(), {});
-  std::vector<float> host;
-  for (int pass = 0; pass < 2; ++pass) {
-    for (size_t i = 0; i < layers_.size(); ++i) {
-      const std::vector<spec::ParameterShape>& decls = layer_infos_[i].parameters;
-      for (size_t j = 0; j < decls.size(); ++j) {
-        const spec::ParameterShape& d = decls[j];
-        if (d.trainable != (pass == 0)) continue;
-        Parameter p;
-        p.name = absl::StrCat(layers_[i]->name(), "/", d.suffix);
-        p.shape = d.shape;
-        p.trainable = d.trainable;
-        p.sparse = d.sparse;
-        if (d.sparse) {
-          // No rows until SetRows; the ids a batch reads are positions among those rows.
-          p.shape = {0, d.shape[1]};
-          SparseTableInfo info;
-          info.name = p.name;
-          info.parameter = static_cast<int>(parameters_.size());
-          info.dim = d.shape[1];
-          info.num_rows = d.shape[0];
-          sparse_tables_.push_back(std::move(info));
-          TableState table;
-          table.layer = static_cast<int>(i);
-          table.position = static_cast<int>(j);
-          tables_.push_back(std::move(table));
-          layer_parameters_[i].push_back(static_cast<int>(parameters_.size()));
-          index[i][j] = static_cast<int>(parameters_.size());
-          parameter_index_[p.name] = static_cast<int>(parameters_.size());
-          parameters_.push_back(std::move(p));
-          continue;
-        }
-        TESSERA_ASSIGN_OR_RETURN(p.value, backend_->Allocate(d.shape));
-        if (d.trainable) {
-          TESSERA_ASSIGN_OR_RETURN(p.grad, backend_->Allocate(d.shape));
-          TESSERA_RETURN_IF_ERROR(backend_->Fill(p.grad, 0.0f));
-          layer_parameters_[i].push_back(static_cast<int>(parameters_.size()));
-        }
-        host.assign(static_cast<size_t>(kernels::NumElements(d.shape)), 0.0f);
-        InitializeValues(d.init, d.fan_in, d.fan_out, seed_, p.name, &host);
-        TESSERA_RETURN_IF_ERROR(backend_->CopyToDevice(host.data(), p.value));
-        index[i][j] = static_cast<int>(parameters_.size());
-        parameter_index_[p.name] = static_cast<int>(parameters_.size());
-        parameters_.push_back(std::move(p));
-      }
+  // Trainable parameters first, then state, each in layer order.
+  std::vector<std::vector<int>> index;
+  TESSERA_RETURN_IF_ERROR(
+      AddLayerParameters(layers_, layer_infos_, /*trainable=*/true, &layer_parameters_, &index));
+  TESSERA_RETURN_IF_ERROR(
+      AddLayerParameters(layers_, layer_infos_, /*trainable=*/false, &layer_parameters_, &index));
+  BindLayers(layers_, index);
+  TESSERA_ASSIGN_OR_RETURN(metrics_, backend_->Allocate({2}));
+  host_metrics_.assign(2, 0.0f);
+  return absl::OkStatus();
+}
+
+absl::Status Model::AddLayerParameters(const std::vector<std::unique_ptr<Layer>>& layers,
+                                       const std::vector<spec::LayerInfo>& infos, bool trainable,
+                                       std::vector<std::vector<int>>* layer_parameters,
+                                       std::vector<std::vector<int>>* index) {
+  if (index->size() != layers.size()) {
+    index->assign(layers.size(), {});
+    layer_parameters->assign(layers.size(), {});
+    for (size_t i = 0; i < layers.size(); ++i) {
+      (*index)[i].assign(infos[i].parameters.size(), -1);
     }
   }
-  for (size_t i = 0; i < layers_.size(); ++i) {
+  std::vector<float> host;
+  for (size_t i = 0; i < layers.size(); ++i) {
+    const std::vector<spec::ParameterShape>& decls = infos[i].parameters;
+    for (size_t j = 0; j < decls.size(); ++j) {
+      const spec::ParameterShape& d = decls[j];
+      if (d.trainable != trainable) continue;
+      Parameter p;
+      p.name = absl::StrCat(layers[i]->name(), "/", d.suffix);
+      p.shape = d.shape;
+      p.trainable = d.trainable;
+      p.sparse = d.sparse;
+      const int position = static_cast<int>(parameters_.size());
+      (*index)[i][j] = position;
+      parameter_index_[p.name] = position;
+      if (d.trainable) (*layer_parameters)[i].push_back(position);
+      if (d.sparse) {
+        // No rows until SetRows; the ids a batch reads are positions among those rows.
+        p.shape = {0, d.shape[1]};
+        SparseTableInfo info;
+        info.name = p.name;
+        info.parameter = position;
+        info.dim = d.shape[1];
+        info.num_rows = d.shape[0];
+        info.shape = d;
+        sparse_tables_.push_back(std::move(info));
+        TableState table;
+        table.layer = layers[i].get();
+        table.position = static_cast<int>(j);
+        tables_.push_back(std::move(table));
+        parameters_.push_back(std::move(p));
+        continue;
+      }
+      TESSERA_ASSIGN_OR_RETURN(p.value, backend_->Allocate(d.shape));
+      if (d.trainable) {
+        TESSERA_ASSIGN_OR_RETURN(p.grad, backend_->Allocate(d.shape));
+        TESSERA_RETURN_IF_ERROR(backend_->Fill(p.grad, 0.0f));
+      }
+      host.assign(static_cast<size_t>(kernels::NumElements(d.shape)), 0.0f);
+      InitializeValues(d.init, d.fan_in, d.fan_out, seed_, p.name, &host);
+      TESSERA_RETURN_IF_ERROR(backend_->CopyToDevice(host.data(), p.value));
+      parameters_.push_back(std::move(p));
+    }
+  }
+  return absl::OkStatus();
+}
+
+void Model::BindLayers(const std::vector<std::unique_ptr<Layer>>& layers,
+                       const std::vector<std::vector<int>>& index) {
+  for (size_t i = 0; i < layers.size(); ++i) {
     std::vector<Tensor> values, grads;
     for (size_t j = 0; j < index[i].size(); ++j) {
       values.push_back(parameters_[index[i][j]].value);
       grads.push_back(parameters_[index[i][j]].grad);
     }
-    layers_[i]->Bind(std::move(values), std::move(grads));
+    layers[i]->Bind(std::move(values), std::move(grads));
   }
-  TESSERA_ASSIGN_OR_RETURN(metrics_, backend_->Allocate({2}));
-  host_metrics_.assign(2, 0.0f);
-  return absl::OkStatus();
 }
 
 const Parameter* Model::FindParameter(const std::string& name) const {
@@ -223,7 +223,7 @@ absl::Status Model::SetRows(int table, int64_t count, absl::Span<const float> va
     // Drop the old buffers first: both sets are never held at once.
     t.values = Tensor();
     t.grads = Tensor();
-    layers_[t.layer]->Rebind(t.position, Tensor(), Tensor());
+    t.layer->Rebind(t.position, Tensor(), Tensor());
     TESSERA_ASSIGN_OR_RETURN(t.values, backend_->Allocate({grown, info.dim}));
     TESSERA_ASSIGN_OR_RETURN(t.grads, backend_->Allocate({grown, info.dim}));
     TESSERA_RETURN_IF_ERROR(backend_->Fill(t.grads, 0.0f));
@@ -232,7 +232,7 @@ absl::Status Model::SetRows(int table, int64_t count, absl::Span<const float> va
   const Tensor bound_values = t.values.LeadingRows(capacity);
   const Tensor bound_grads = t.grads.LeadingRows(capacity);
   if (count > 0) TESSERA_RETURN_IF_ERROR(backend_->CopyToDevice(values.data(), bound_values));
-  layers_[t.layer]->Rebind(t.position, bound_values, bound_grads);
+  t.layer->Rebind(t.position, bound_values, bound_grads);
   t.rows = count;
   Parameter& p = parameters_[info.parameter];
   p.shape = {count, info.dim};
@@ -244,21 +244,20 @@ absl::Status Model::SetRows(int table, int64_t count, absl::Span<const float> va
 int64_t Model::ActivationBytes(int64_t n) const {
   // Per example: the input (and its gradient), each layer's output and output gradient (views
   // and in-place layers share them), a mask or workspace of the output size, and the labels.
-  int64_t per_example = sparse_input_ ? 2 : input_dim_;
-  if (layers_[0]->WritesInputGrad()) per_example = SaturatingAdd(per_example, input_dim_);
-  for (size_t i = 0; i < layers_.size(); ++i) {
-    const int64_t out = kernels::NumElements(layers_[i]->out_shape());
-    int64_t copies = 3;  // y, dy, scratch
-    if (layers_[i]->IsView()) {
-      copies = i == 0 ? 1 : 0;
-    } else if (i > 0 && layers_[i]->CanRunInPlace() && layers_[i - 1]->BackwardIgnoresOutput()) {
-      copies = 2;
+  int64_t per_example = 0;
+  if (multi_input_) {
+    per_example = MultiInputBytesPerExample();
+  } else {
+    per_example = SaturatingProduct(sparse_input_ ? 2 : input_dim_, 4);
+    if (layers_[0]->WritesInputGrad()) {
+      per_example = SaturatingAdd(per_example, SaturatingProduct(input_dim_, 4));
     }
-    per_example = SaturatingAdd(per_example, SaturatingProduct(out, copies));
   }
-  per_example = SaturatingAdd(per_example,
-                              loss_ == kernels::LossKind::kSoftmaxCrossEntropy ? 1 : output_dim_);
-  return SaturatingProduct(SaturatingProduct(per_example, 4), n);
+  per_example = SaturatingAdd(per_example, internal::ChainBytesPerExample(layers_));
+  per_example = SaturatingAdd(
+      per_example,
+      SaturatingProduct(loss_ == kernels::LossKind::kSoftmaxCrossEntropy ? 1 : output_dim_, 4));
+  return SaturatingProduct(per_example, n);
 }
 
 absl::Status Model::CheckMemory(int64_t batch_size, int64_t extra_bytes) const {
@@ -295,38 +294,17 @@ absl::StatusOr<Model::Activations*> Model::ActivationsFor(int64_t n) {
   auto a = std::make_unique<Activations>();
   a->last_used = activation_clock_;
   a->n = n;
-  if (!sparse_input_) {
+  if (multi_input_) {
+    TESSERA_RETURN_IF_ERROR(AllocateMultiInput(n, a.get()));
+  } else if (!sparse_input_) {
     TESSERA_ASSIGN_OR_RETURN(a->input, backend_->Allocate(WithBatch(n, input_shape_)));
   } else {
     TESSERA_ASSIGN_OR_RETURN(a->sparse.offsets, backend_->Allocate({n + 1}, DType::kInt64));
   }
-  if (layers_[0]->WritesInputGrad()) {
+  if (!multi_input_ && layers_[0]->WritesInputGrad()) {
     TESSERA_ASSIGN_OR_RETURN(a->input_grad, backend_->Allocate(WithBatch(n, input_shape_)));
   }
-  const size_t count = layers_.size();
-  a->y.resize(count);
-  a->dy.resize(count);
-  a->scratch.resize(count);
-  for (size_t i = 0; i < count; ++i) {
-    const Shape shape = WithBatch(n, layers_[i]->out_shape());
-    if (layers_[i]->IsView()) {
-      a->y[i] = (i == 0 ? a->input : a->y[i - 1]).Reshaped(shape);
-      if (i > 0) {
-        a->dy[i] = a->dy[i - 1].Reshaped(shape);
-      } else {
-        TESSERA_ASSIGN_OR_RETURN(a->dy[i], backend_->Allocate(shape));
-      }
-    } else if (i > 0 && layers_[i]->CanRunInPlace() && layers_[i - 1]->BackwardIgnoresOutput()) {
-      // ReLU after Dense or Conv2D overwrites their output, which their backward pass never reads:
-      // one activation less to write and keep in cache.
-      a->y[i] = a->y[i - 1];
-      TESSERA_ASSIGN_OR_RETURN(a->dy[i], backend_->Allocate(shape));
-    } else {
-      TESSERA_ASSIGN_OR_RETURN(a->y[i], backend_->Allocate(shape));
-      TESSERA_ASSIGN_OR_RETURN(a->dy[i], backend_->Allocate(shape));
-    }
-    TESSERA_ASSIGN_OR_RETURN(a->scratch[i], layers_[i]->Scratch(backend_, n));
-  }
+  TESSERA_RETURN_IF_ERROR(internal::AllocateChain(backend_, layers_, n, a->input, &a->top));
   if (loss_ == kernels::LossKind::kSoftmaxCrossEntropy) {
     TESSERA_ASSIGN_OR_RETURN(a->labels, backend_->Allocate({n}, DType::kInt32));
   } else {
@@ -339,7 +317,9 @@ absl::StatusOr<Model::Activations*> Model::ActivationsFor(int64_t n) {
 
 absl::Status Model::LoadBatch(const BatchView& batch, bool need_labels, Activations* a) {
   const int64_t n = batch.size;
-  if (!sparse_input_) {
+  if (multi_input_) {
+    TESSERA_RETURN_IF_ERROR(LoadMultiInput(batch, a));
+  } else if (!sparse_input_) {
     if (static_cast<int64_t>(batch.features.size()) != n * input_dim_) {
       return absl::InvalidArgumentError(
           absl::StrCat("batch.features: expected ", n, " x ", input_dim_, " = ", n * input_dim_,
@@ -427,18 +407,10 @@ absl::Status Model::LoadBatch(const BatchView& batch, bool need_labels, Activati
 }
 
 absl::Status Model::RunForward(Activations* a, bool training) {
-  for (size_t i = 0; i < layers_.size(); ++i) {
-    ForwardArgs args;
-    args.n = a->n;
-    args.x = i == 0 ? a->input : a->y[i - 1];
-    args.y = a->y[i];
-    args.scratch = &a->scratch[i];
-    args.sparse = &a->sparse;
-    args.training = training;
-    args.dropout_seed = Mix(dropout_seed_, i);
-    TESSERA_RETURN_IF_ERROR(layers_[i]->Forward(backend_, args));
-  }
-  return absl::OkStatus();
+  if (multi_input_) TESSERA_RETURN_IF_ERROR(ForwardMultiInput(a, training));
+  TESSERA_RETURN_IF_ERROR(internal::ForwardChain(backend_, layers_, a->n, a->input, a->top,
+                                                 &a->sparse, training, dropout_seed_, 0));
+  return multi_input_ ? AddWide(a) : absl::OkStatus();
 }
 
 absl::StatusOr<StepResult> Model::TrainStep(const BatchView& batch,
@@ -449,32 +421,17 @@ absl::StatusOr<StepResult> Model::TrainStep(const BatchView& batch,
   TESSERA_ASSIGN_OR_RETURN(Activations * a, ActivationsFor(batch.size));
   TESSERA_RETURN_IF_ERROR(LoadBatch(batch, /*need_labels=*/true, a));
   TESSERA_RETURN_IF_ERROR(RunForward(a, /*training=*/true));
-  const size_t last = layers_.size() - 1;
-  TESSERA_RETURN_IF_ERROR(
-      backend_->LossForwardBackward(loss_, a->y[last], a->labels, &a->dy[last], metrics_));
-  for (size_t k = layers_.size(); k-- > 0;) {
-    Layer& layer = *layers_[k];
-    const Tensor* dx = nullptr;
-    if (k > 0) {
-      dx = &a->dy[k - 1];
-    } else if (layer.WritesInputGrad()) {
-      dx = &a->input_grad;
-    } else if (layer_infos_[k].parameters.empty()) {
-      continue;  // nothing to compute for a first layer without parameters
-    }
-    BackwardArgs args;
-    args.n = a->n;
-    args.x = k == 0 ? a->input : a->y[k - 1];
-    args.y = a->y[k];
-    args.dy = a->dy[k];
-    args.dx = dx;
-    args.scratch = &a->scratch[k];
-    args.sparse = &a->sparse;
-    TESSERA_RETURN_IF_ERROR(layer.Backward(backend_, args));
-    if (on_grad_ready) {
-      for (int p : layer_parameters_[k]) on_grad_ready(p);
-    }
+  TESSERA_RETURN_IF_ERROR(backend_->LossForwardBackward(loss_, a->top.y.back(), a->labels,
+                                                        &a->top.dy.back(), metrics_));
+  const bool writes_input_grad = multi_input_ || layers_[0]->WritesInputGrad();
+  if (multi_input_) {
+    // The wide part reads the output gradient before the top layers' backward pass.
+    TESSERA_RETURN_IF_ERROR(BackwardWide(a, on_grad_ready));
   }
+  TESSERA_RETURN_IF_ERROR(internal::BackwardChain(
+      backend_, layers_, layer_infos_, layer_parameters_, a->n, a->input,
+      writes_input_grad ? &a->input_grad : nullptr, a->top, &a->sparse, on_grad_ready));
+  if (multi_input_) TESSERA_RETURN_IF_ERROR(BackwardMultiInput(a, on_grad_ready));
   dropout_seed_ = Mix(dropout_seed_, 0xd20);
   TESSERA_RETURN_IF_ERROR(backend_->CopyToHost(metrics_, host_metrics_.data()));
   return StepResult{host_metrics_[0], static_cast<int64_t>(host_metrics_[1]), batch.size};
@@ -488,10 +445,10 @@ absl::StatusOr<StepResult> Model::Evaluate(const BatchView& batch, std::vector<f
   TESSERA_RETURN_IF_ERROR(LoadBatch(batch, /*need_labels=*/true, a));
   TESSERA_RETURN_IF_ERROR(RunForward(a, /*training=*/false));
   TESSERA_RETURN_IF_ERROR(
-      backend_->LossForwardBackward(loss_, a->y.back(), a->labels, nullptr, metrics_));
+      backend_->LossForwardBackward(loss_, a->top.y.back(), a->labels, nullptr, metrics_));
   if (outputs != nullptr) {
     outputs->resize(static_cast<size_t>(batch.size * output_dim_));
-    TESSERA_RETURN_IF_ERROR(backend_->CopyToHost(a->y.back(), outputs->data()));
+    TESSERA_RETURN_IF_ERROR(backend_->CopyToHost(a->top.y.back(), outputs->data()));
   }
   TESSERA_RETURN_IF_ERROR(backend_->CopyToHost(metrics_, host_metrics_.data()));
   return StepResult{host_metrics_[0], static_cast<int64_t>(host_metrics_[1]), batch.size};
@@ -505,7 +462,7 @@ absl::Status Model::Forward(const BatchView& batch, bool training, std::vector<f
   TESSERA_RETURN_IF_ERROR(LoadBatch(batch, /*need_labels=*/false, a));
   TESSERA_RETURN_IF_ERROR(RunForward(a, training));
   out->resize(static_cast<size_t>(batch.size * output_dim_));
-  return backend_->CopyToHost(a->y.back(), out->data());
+  return backend_->CopyToHost(a->top.y.back(), out->data());
 }
 
 namespace {

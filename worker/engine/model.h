@@ -48,10 +48,24 @@ struct Parameter {
 // A sparse table of a model: an embedding_bag layer's "embeddings". Its rows live outside the
 // model (on the shards, or in the standalone trainer's row table); see Model::SetRows.
 struct SparseTableInfo {
-  std::string name;      // the parameter's, "embedding_bag_1/embeddings"
+  std::string name;      // the parameter's, "embedding_bag_1/embeddings" or "<table>/embeddings"
   int parameter = 0;     // index into Model::parameters()
   int64_t dim = 0;       // values per row
   int64_t num_rows = 0;  // the spec's bound on the ids (0: hashed, any int64)
+  // Multi-input models: the batch's fields (BatchView::fields) whose ids the table reads. Empty
+  // for an embedding_bag first layer, which reads the batch's sparse_ids.
+  std::vector<int> fields;
+  spec::ParameterShape shape;  // as spec::InferModelShapes gave it (for spec::RowInitializer)
+};
+
+// One categorical field of a multi-input model's batch, as one table reads it: bag b holds ids
+// [offsets[b], offsets[b+1]) (offsets has size + 1 entries), with per-id weights `values` (may
+// be empty: all ones). As for sparse_ids, the ids are positions among the rows SetRows
+// installed for the table.
+struct SparseFieldView {
+  absl::Span<const int64_t> offsets;
+  absl::Span<const int64_t> ids;
+  absl::Span<const float> values;
 };
 
 // One batch in host memory, as the data readers lay it out. Dense models read `features`
@@ -59,6 +73,10 @@ struct SparseTableInfo {
 // triple (offsets has size + 1 entries starting at 0; values may be empty, meaning all ones),
 // whose ids are positions among the rows SetRows installed, not the table's row ids (the
 // trainers map them with trainer::internal::BatchRows).
+// Multi-input models read `features` (size x dense_features floats) and `fields`: one
+// SparseFieldView per (table, field) pair, table by table in sparse_tables() order and within a
+// table in its `fields` order, each with the ids as positions among that table's rows (a field
+// that a deep table and the wide table both read comes twice, once per table).
 // Softmax cross-entropy reads `labels` (class ids); the other losses read `targets`
 // (size x output_dim floats).
 struct BatchView {
@@ -67,6 +85,7 @@ struct BatchView {
   absl::Span<const int64_t> sparse_offsets;
   absl::Span<const int64_t> sparse_ids;
   absl::Span<const float> sparse_values;
+  absl::Span<const SparseFieldView> fields;
   absl::Span<const int32_t> labels;
   absl::Span<const float> targets;
 };
@@ -103,7 +122,11 @@ class Model {
   bool sparse_input() const { return sparse_input_; }
   // Features per example (dense), or the spec's bound on the row ids (sparse; 0: hashed ids).
   int64_t input_dim() const { return input_dim_; }
-  // The sparse tables, in layer order (today at most one: the first layer's).
+  // True for a multi-input model (ModelSpec.tables): the batch holds dense features and fields.
+  bool multi_input() const { return multi_input_; }
+  // Multi-input models: the input side, as spec::InferModelShapes gave it.
+  const spec::MultiInputShapes& multi_input_shapes() const { return multi_; }
+  // The sparse tables: the embedding_bag first layer's, or a multi-input model's, spec order.
   const std::vector<SparseTableInfo>& sparse_tables() const { return sparse_tables_; }
   // Installs the rows of sparse table `table` that the next batches read: row i's dim values are
   // values[i * dim, (i + 1) * dim), and a batch's sparse id i means that row. The rows' gradients
@@ -166,6 +189,25 @@ class Model {
 
   Model(kernels::Backend* backend, uint64_t seed);
   absl::Status Build(const v1::ModelSpec& spec);
+  // Creates, initialises and binds the parameters of `layers` (`infos`), trainable ones when
+  // `trainable`, else the state; layer_parameters gets each layer's trainable indices.
+  absl::Status AddLayerParameters(const std::vector<std::unique_ptr<Layer>>& layers,
+                                  const std::vector<spec::LayerInfo>& infos, bool trainable,
+                                  std::vector<std::vector<int>>* layer_parameters,
+                                  std::vector<std::vector<int>>* index);
+  void BindLayers(const std::vector<std::unique_ptr<Layer>>& layers,
+                  const std::vector<std::vector<int>>& index);
+  // Parts of a multi-input model (worker/engine/model_multi_input.cc).
+  absl::Status BuildMultiInput(const v1::ModelSpec& spec, spec::ModelShapes shapes);
+  absl::Status AllocateMultiInput(int64_t n, Activations* a);
+  int64_t MultiInputBytesPerExample() const;
+  absl::Status LoadMultiInput(const BatchView& batch, Activations* a);
+  absl::Status ForwardMultiInput(Activations* a, bool training);
+  // Adds the wide table's pooled ids to the top layers' outputs.
+  absl::Status AddWide(Activations* a);
+  // The wide table's gradient, from the output gradient; then the rest below the top layers.
+  absl::Status BackwardWide(Activations* a, const std::function<void(int)>& on_grad_ready);
+  absl::Status BackwardMultiInput(Activations* a, const std::function<void(int)>& on_grad_ready);
   absl::StatusOr<Activations*> ActivationsFor(int64_t batch_size);
   // An estimate of the bytes ActivationsFor(n) allocates (saturating at the int64 maximum).
   int64_t ActivationBytes(int64_t n) const;
@@ -182,13 +224,18 @@ class Model {
   int64_t output_dim_ = 0;
   int64_t parameter_bytes_ = 0;  // values and gradients
   std::vector<spec::LayerInfo> layer_infos_;
-  std::vector<std::unique_ptr<Layer>> layers_;
+  std::vector<std::unique_ptr<Layer>> layers_;  // a multi-input model's top layers
+  bool multi_input_ = false;
+  spec::MultiInputShapes multi_;
+  std::vector<std::unique_ptr<Layer>> bottom_;  // multi-input: bottom layers
+  std::vector<std::vector<int>> bottom_parameters_;
+  std::vector<std::unique_ptr<Layer>> bags_;  // multi-input: one embedding_bag per table
   // Indices into parameters_ of each layer's trainable parameters.
   std::vector<std::vector<int>> layer_parameters_;
   std::vector<Parameter> parameters_;
   // Per sparse table: where its parameter is bound, and its device buffers.
   struct TableState {
-    int layer = 0;                  // index into layers_
+    Layer* layer = nullptr;         // the embedding_bag layer that reads the table
     int position = 0;               // the parameter's position among the layer's parameters
     int64_t rows = 0;               // installed
     kernels::Tensor values, grads;  // [capacity, dim]

@@ -157,13 +157,13 @@ absl::Status DistributedTrainer::Init() {
   }
   // Data first: it is the most likely to fail, and it fails before any device work.
   {
-    auto train = ReadSplit(spec.dataset(), /*train=*/true, rank_, world_);
+    auto train = ReadSplit(spec, /*train=*/true, rank_, world_);
     if (!train.ok()) return Prefixed("data: ", train.status());
     train_ = *std::move(train);
   }
   if (rank_ == 0 && HasTestSplit(spec.dataset())) {
     // Every example of the test split: evaluation is rank 0's alone.
-    auto test = ReadSplit(spec.dataset(), /*train=*/false, 0, 1);
+    auto test = ReadSplit(spec, /*train=*/false, 0, 1);
     if (!test.ok()) return Prefixed("data: ", test.status());
     test_ = *std::move(test);
   }
@@ -182,6 +182,8 @@ absl::Status DistributedTrainer::Init() {
   dropout_base_ = model_->dropout_seed() + 0x9E3779B97F4A7C15ULL * static_cast<uint64_t>(rank_);
   for (const auto& split : {train_, test_}) {
     if (split == nullptr) continue;
+    TESSERA_RETURN_IF_ERROR(internal::CheckDataFitsModel(*model_, *split, split == train_));
+    if (model_->multi_input()) continue;
     // A sparse model takes ids below its table's bound (any id when hashed, input_dim 0).
     const bool fits = model_->sparse_input()
                           ? model_->input_dim() == 0 || split->feature_dim() <= model_->input_dim()

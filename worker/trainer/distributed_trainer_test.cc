@@ -775,7 +775,8 @@ TEST_F(DistributedTrainerTest, SparseBspMatchesASingleProcessReferenceRowForRow)
       for (size_t k = 0; k < dense.size(); ++k) {
         ASSERT_TRUE(m.CopyValueFromHost(m.parameters()[dense[k]].name, weights[k]).ok());
       }
-      ASSERT_TRUE(m.TrainStep(internal::ViewWithRows(b, br)).ok());
+      std::vector<engine::SparseFieldView> uses;
+      ASSERT_TRUE(m.TrainStep(internal::ViewWithRows(b, m, {br}, &uses)).ok());
       for (size_t k = 0; k < dense.size(); ++k) {
         std::vector<float> g;
         ASSERT_TRUE(m.CopyGradToHost(m.parameters()[dense[k]].name, &g).ok());

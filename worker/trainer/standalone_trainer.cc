@@ -59,9 +59,9 @@ absl::Status StandaloneTrainer::Init() {
   optimizer_ = kernels::MakeOptimizerParams(spec.optimizer());
 
   // Data first: it is the most likely to fail, and it fails before any device work.
-  TESSERA_ASSIGN_OR_RETURN(train_, ReadSplit(spec.dataset(), /*train=*/true, 0, 1));
+  TESSERA_ASSIGN_OR_RETURN(train_, ReadSplit(spec, /*train=*/true, 0, 1));
   if (HasTestSplit(spec.dataset())) {
-    TESSERA_ASSIGN_OR_RETURN(test_, ReadSplit(spec.dataset(), /*train=*/false, 0, 1));
+    TESSERA_ASSIGN_OR_RETURN(test_, ReadSplit(spec, /*train=*/false, 0, 1));
   }
 
   kernels::BackendOptions backend_options;
@@ -75,6 +75,10 @@ absl::Status StandaloneTrainer::Init() {
 
   for (const auto& split : {train_, test_}) {
     if (split == nullptr) continue;
+    TESSERA_RETURN_IF_ERROR(internal::CheckDataFitsModel(*model_, *split, split == train_));
+  }
+  for (const auto& split : {train_, test_}) {
+    if (split == nullptr || model_->multi_input()) continue;
     // A hashed table (input_dim 0) takes any id.
     const bool fits = model_->sparse_input()
                           ? model_->input_dim() == 0 || split->feature_dim() <= model_->input_dim()
@@ -102,10 +106,10 @@ absl::Status StandaloneTrainer::Init() {
                           slot_values < 0 ? INT64_MAX : kernels::CheckedProduct(slot_values, 4)));
   const std::vector<engine::Parameter>& params = model_->parameters();
   for (const engine::SparseTableInfo& t : model_->sparse_tables()) {
-    const spec::ParameterShape& shape = model_->layers()[0].parameters[0];
     tables_.emplace_back(static_cast<uint32_t>(t.dim),
-                         spec::RowInitializer(shape, spec.seed(), t.name), optimizer_);
+                         spec::RowInitializer(t.shape, spec.seed(), t.name), optimizer_);
   }
+  batch_rows_.resize(tables_.size());
   for (int i = 0; i < static_cast<int>(params.size()); ++i) {
     if (!params[i].trainable || params[i].sparse) continue;
     trainable_.push_back(i);
@@ -149,20 +153,22 @@ absl::Status StandaloneTrainer::ApplyOptimizer() {
   for (size_t t = 0; t < tables_.size(); ++t) {
     const engine::SparseTableInfo& info = model_->sparse_tables()[t];
     TESSERA_RETURN_IF_ERROR(model_->CopyGradToHost(info.name, &row_values_));
-    tables_[t].Apply(lr, scale, batch_rows_.rows, row_values_);
+    tables_[t].Apply(lr, scale, batch_rows_[t].rows, row_values_);
   }
   return absl::OkStatus();
 }
 
 absl::StatusOr<engine::BatchView> StandaloneTrainer::Prepare(const data::Batch& batch) {
   if (tables_.empty()) return ViewOf(batch);
-  const engine::SparseTableInfo& info = model_->sparse_tables()[0];
-  TESSERA_RETURN_IF_ERROR(mapper_.Map(batch, info, &batch_rows_));
-  const int64_t count = static_cast<int64_t>(batch_rows_.rows.size());
-  row_values_.resize(static_cast<size_t>(count * info.dim));
-  tables_[0].Gather(batch_rows_.rows, absl::MakeSpan(row_values_));
-  TESSERA_RETURN_IF_ERROR(model_->SetRows(0, count, row_values_));
-  return internal::ViewWithRows(batch, batch_rows_);
+  for (size_t t = 0; t < tables_.size(); ++t) {
+    const engine::SparseTableInfo& info = model_->sparse_tables()[t];
+    TESSERA_RETURN_IF_ERROR(mapper_.Map(batch, info, &batch_rows_[t]));
+    const int64_t count = static_cast<int64_t>(batch_rows_[t].rows.size());
+    row_values_.resize(static_cast<size_t>(count * info.dim));
+    tables_[t].Gather(batch_rows_[t].rows, absl::MakeSpan(row_values_));
+    TESSERA_RETURN_IF_ERROR(model_->SetRows(static_cast<int>(t), count, row_values_));
+  }
+  return internal::ViewWithRows(batch, *model_, batch_rows_, &field_uses_);
 }
 
 absl::StatusOr<internal::SplitScore> StandaloneTrainer::Evaluate() {

@@ -120,7 +120,8 @@ class StandaloneTrainer {
   // Sparse tables: their rows, and the rows of the batch in flight.
   std::vector<kernels::RowTable> tables_;
   internal::RowMapper mapper_;
-  internal::BatchRows batch_rows_;
+  std::vector<internal::BatchRows> batch_rows_;  // per table
+  std::vector<engine::SparseFieldView> field_uses_;
   std::vector<float> row_values_;
   int64_t updates_ = 0;
   bool ran_ = false;

@@ -1,5 +1,6 @@
 #include "worker/trainer/internal/row_exchange.h"
 
+#include <memory>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -17,77 +18,99 @@ std::vector<v1::SparseTableDecl> SparseTableDecls(const engine::Model& model,
     v1::SparseTableDecl d;
     d.set_name(t.name);
     d.set_dim(static_cast<uint32_t>(t.dim));
-    // Today's only table is the first layer's only parameter.
-    *d.mutable_initializer() =
-        spec::RowInitializer(model.layers()[0].parameters[0], spec.seed(), t.name);
+    *d.mutable_initializer() = spec::RowInitializer(t.shape, spec.seed(), t.name);
     out.push_back(std::move(d));
   }
   return out;
 }
 
 RowExchange::RowExchange(client::ParameterClient* client, engine::Model* model)
-    : client_(client),
-      model_(model),
-      table_(model->sparse_tables()[0]),
-      dim_(static_cast<size_t>(table_.dim)) {
+    : client_(client), model_(model) {
   const int shards = client_->num_shards();
-  probes_.assign(static_cast<size_t>(shards), -1);
-  int found = 0;
-  for (int64_t id = 0; found < shards; ++id) {
-    int64_t& probe = probes_[static_cast<size_t>(
-        ShardOfSparseRow(client_->options().job_id, table_.name, id, shards))];
-    if (probe < 0) {
-      probe = id;
-      ++found;
+  for (const engine::SparseTableInfo& info : model->sparse_tables()) {
+    Table t;
+    t.info = info;
+    t.dim = static_cast<size_t>(info.dim);
+    t.probes.assign(static_cast<size_t>(shards), -1);
+    int found = 0;
+    for (int64_t id = 0; found < shards; ++id) {
+      int64_t& probe = t.probes[static_cast<size_t>(
+          ShardOfSparseRow(client_->options().job_id, info.name, id, shards))];
+      if (probe < 0) {
+        probe = id;
+        ++found;
+      }
     }
+    tables_.push_back(std::move(t));
+  }
+  for (Slot* slot : {&slots_[0], &slots_[1], &eval_}) {
+    slot->rows.resize(tables_.size());
+    slot->asked.resize(tables_.size());
+    slot->values.resize(tables_.size());
+    slot->grads.resize(tables_.size());
   }
 }
 
-void RowExchange::AddProbes(Slot& slot) {
+absl::Status RowExchange::Map(const data::Batch& batch, bool probes, Slot& slot) {
   const int shards = client_->num_shards();
-  std::vector<bool> asked(static_cast<size_t>(shards), false);
-  slot.asked = slot.rows.rows;
-  for (int64_t id : slot.rows.rows) {
-    asked[static_cast<size_t>(
-        ShardOfSparseRow(client_->options().job_id, table_.name, id, shards))] = true;
+  for (size_t t = 0; t < tables_.size(); ++t) {
+    const Table& table = tables_[t];
+    TESSERA_RETURN_IF_ERROR(mapper_.Map(batch, table.info, &slot.rows[t]));
+    std::vector<int64_t>& asked = slot.asked[t];
+    asked = slot.rows[t].rows;
+    if (probes) {
+      std::vector<bool> covered(static_cast<size_t>(shards), false);
+      for (int64_t id : slot.rows[t].rows) {
+        covered[static_cast<size_t>(
+            ShardOfSparseRow(client_->options().job_id, table.info.name, id, shards))] = true;
+      }
+      for (int s = 0; s < shards; ++s) {
+        if (!covered[static_cast<size_t>(s)]) asked.push_back(table.probes[static_cast<size_t>(s)]);
+      }
+    }
+    slot.values[t].resize(asked.size() * table.dim);
   }
-  for (int s = 0; s < shards; ++s) {
-    if (!asked[static_cast<size_t>(s)]) slot.asked.push_back(probes_[static_cast<size_t>(s)]);
-  }
-  slot.values.resize(slot.asked.size() * dim_);
+  return absl::OkStatus();
 }
 
 absl::Status RowExchange::Start(const data::Batch& batch, int64_t step) {
   Slot& slot = slots_[1 - current_];
-  TESSERA_RETURN_IF_ERROR(mapper_.Map(batch, table_, &slot.rows));
-  AddProbes(slot);
+  TESSERA_RETURN_IF_ERROR(Map(batch, /*probes=*/true, slot));
   {
     absl::MutexLock lock(&mu_);
-    fetched_ = false;
+    fetches_left_ = tables_.size();
     fetch_status_ = absl::OkStatus();
   }
   fetching_ = true;
-  client_->PullSparseAsync(table_.name, step, slot.asked, absl::MakeSpan(slot.values),
-                           [this](absl::StatusOr<client::PushPullResult> r) {
-                             absl::MutexLock lock(&mu_);
-                             fetch_status_ = r.status();
-                             fetched_ = true;
-                           });
+  for (size_t t = 0; t < tables_.size(); ++t) {
+    client_->PullSparseAsync(tables_[t].info.name, step, slot.asked[t],
+                             absl::MakeSpan(slot.values[t]),
+                             [this](absl::StatusOr<client::PushPullResult> r) {
+                               absl::MutexLock lock(&mu_);
+                               if (fetch_status_.ok()) fetch_status_ = r.status();
+                               --fetches_left_;
+                             });
+  }
   return absl::OkStatus();
 }
 
 absl::Status RowExchange::Install(const Slot& slot) {
-  const int64_t count = static_cast<int64_t>(slot.rows.rows.size());
-  return model_->SetRows(
-      0, count, absl::MakeConstSpan(slot.values.data(), static_cast<size_t>(count) * dim_));
+  for (size_t t = 0; t < tables_.size(); ++t) {
+    const int64_t count = static_cast<int64_t>(slot.rows[t].rows.size());
+    TESSERA_RETURN_IF_ERROR(model_->SetRows(
+        static_cast<int>(t), count,
+        absl::MakeConstSpan(slot.values[t].data(), static_cast<size_t>(count) * tables_[t].dim)));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<engine::BatchView> RowExchange::Finish(const data::Batch& batch,
                                                       const std::function<bool()>& cancelled) {
   {
     absl::MutexLock lock(&mu_);
-    while (!mu_.AwaitWithTimeout(absl::Condition(&fetched_), absl::Milliseconds(20))) {
-      // The pull still in flight writes into the slot, which lives as long as the exchange; the
+    auto fetched = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return fetches_left_ == 0; };
+    while (!mu_.AwaitWithTimeout(absl::Condition(&fetched), absl::Milliseconds(20))) {
+      // The pulls still in flight write into the slot, which lives as long as the exchange; the
       // caller destroys the client (which waits for its calls) first.
       if (cancelled()) return absl::CancelledError("cancelled");
     }
@@ -95,35 +118,72 @@ absl::StatusOr<engine::BatchView> RowExchange::Finish(const data::Batch& batch,
   }
   fetching_ = false;
   current_ = 1 - current_;
-  const Slot& slot = slots_[current_];
+  Slot& slot = slots_[current_];
   TESSERA_RETURN_IF_ERROR(Install(slot));
-  return ViewWithRows(batch, slot.rows);
+  return ViewWithRows(batch, *model_, slot.rows, &slot.uses);
 }
 
 absl::StatusOr<double> RowExchange::CopyGrads() {
   Slot& slot = slots_[current_];
-  TESSERA_RETURN_IF_ERROR(model_->CopyGradToHost(table_.name, &slot.grads));
-  return kernels::SumOfSquares(slot.grads.data(), static_cast<int64_t>(slot.grads.size()));
+  double sum = 0;
+  for (size_t t = 0; t < tables_.size(); ++t) {
+    TESSERA_RETURN_IF_ERROR(model_->CopyGradToHost(tables_[t].info.name, &slot.grads[t]));
+    sum += kernels::SumOfSquares(slot.grads[t].data(), static_cast<int64_t>(slot.grads[t].size()));
+  }
+  return sum;
 }
 
 void RowExchange::Push(int64_t step, float scale, client::ParameterClient::PushPullCallback done) {
   Slot& slot = slots_[current_];
-  if (scale != 1.0f) {
-    for (float& v : slot.grads) v *= scale;
+  // One answer for all the tables' pushes: the first error, or the counts summed.
+  struct Pending {
+    absl::Mutex mu;
+    size_t left = 0;
+    absl::Status status;
+    client::PushPullResult sum;
+    client::ParameterClient::PushPullCallback done;
+  };
+  auto pending = std::make_shared<Pending>();
+  pending->left = tables_.size();
+  pending->done = std::move(done);
+  for (size_t t = 0; t < tables_.size(); ++t) {
+    if (scale != 1.0f) {
+      for (float& v : slot.grads[t]) v *= scale;
+    }
+    client_->PushPullSparseAsync(tables_[t].info.name, step, slot.rows[t].rows, slot.grads[t], {},
+                                 [pending](absl::StatusOr<client::PushPullResult> r) {
+                                   bool last = false;
+                                   {
+                                     absl::MutexLock lock(&pending->mu);
+                                     if (!r.ok()) {
+                                       if (pending->status.ok()) pending->status = r.status();
+                                     } else {
+                                       pending->sum.duplicates += r->duplicates;
+                                       pending->sum.skipped_non_finite += r->skipped_non_finite;
+                                       pending->sum.requests += r->requests;
+                                       pending->sum.retries += r->retries;
+                                     }
+                                     last = --pending->left == 0;
+                                   }
+                                   if (!last) return;
+                                   if (!pending->status.ok()) {
+                                     pending->done(pending->status);
+                                   } else {
+                                     pending->done(pending->sum);
+                                   }
+                                 });
   }
-  client_->PushPullSparseAsync(table_.name, step, slot.rows.rows, slot.grads, {}, std::move(done));
 }
 
 absl::StatusOr<engine::BatchView> RowExchange::FetchNow(const data::Batch& batch) {
-  TESSERA_RETURN_IF_ERROR(mapper_.Map(batch, table_, &eval_.rows));
-  eval_.asked = eval_.rows.rows;
-  eval_.values.resize(eval_.asked.size() * dim_);
-  if (!eval_.asked.empty()) {
-    TESSERA_RETURN_IF_ERROR(
-        client_->PullSparse(table_.name, -1, eval_.asked, absl::MakeSpan(eval_.values)));
+  TESSERA_RETURN_IF_ERROR(Map(batch, /*probes=*/false, eval_));
+  for (size_t t = 0; t < tables_.size(); ++t) {
+    if (eval_.asked[t].empty()) continue;
+    TESSERA_RETURN_IF_ERROR(client_->PullSparse(tables_[t].info.name, -1, eval_.asked[t],
+                                                absl::MakeSpan(eval_.values[t])));
   }
   TESSERA_RETURN_IF_ERROR(Install(eval_));
-  return ViewWithRows(batch, eval_.rows);
+  return ViewWithRows(batch, *model_, eval_.rows, &eval_.uses);
 }
 
 }  // namespace tessera::trainer::internal

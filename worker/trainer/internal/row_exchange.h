@@ -1,7 +1,8 @@
 // RowExchange: the sparse-table traffic of one distributed rank (DESIGN.md §2-§4). Private to
 // worker/trainer.
 //
-// A step moves only the rows its batch touches. Before step s the rank fetches those rows
+// A step moves only the rows its batch touches, of every sparse table of the model. Before step s
+// the rank fetches those rows
 // (deduplicated, internal::RowMapper), gated for step s, from the shards that own them; after
 // backward it pushes one gradient per row (the sum of the row's uses) for step s, to every shard,
 // rows or none, so that each shard's table counts the rank for the step. The fetch of step s + 1
@@ -46,48 +47,55 @@ std::vector<v1::SparseTableDecl> SparseTableDecls(const engine::Model& model,
 
 class RowExchange {
  public:
-  // `client` and `model` are not owned and must outlive the exchange; the model has exactly one
-  // sparse table (table 0). The client must outlive every call in flight: destroy it first.
+  // `client` and `model` are not owned and must outlive the exchange; the model has at least one
+  // sparse table. The client must outlive every call in flight: destroy it first.
   RowExchange(client::ParameterClient* client, engine::Model* model);
 
   RowExchange(const RowExchange&) = delete;
   RowExchange& operator=(const RowExchange&) = delete;
 
-  // Starts fetching the rows of `batch` gated for `step`. Does not block. INVALID_ARGUMENT for a
-  // batch whose ids the table refuses. REQUIRES: no fetch in flight (Finish since the last Start).
+  // Starts fetching the rows of `batch` gated for `step`, every table at once. Does not block.
+  // INVALID_ARGUMENT for a batch whose ids a table refuses. REQUIRES: no fetch in flight
+  // (Finish since the last Start).
   absl::Status Start(const data::Batch& batch, int64_t step);
   bool fetching() const { return fetching_; }
   // Waits for the fetch Start began for `batch`, installs its rows in the model and returns the
-  // batch's view with mapped ids (valid until the next Finish). The fetch's error, prefixed
-  // "shards: " by the caller; CANCELLED "cancelled" as soon as `cancelled()` is true.
+  // batch's view with mapped ids (valid until the next Finish). The first table's fetch error,
+  // prefixed "shards: " by the caller; CANCELLED "cancelled" as soon as `cancelled()` is true.
   absl::StatusOr<engine::BatchView> Finish(const data::Batch& batch,
                                            const std::function<bool()>& cancelled);
   // Copies the installed rows' gradients out of the model (after TrainStep) and returns their
   // sum of squares (for global-norm clipping).
   absl::StatusOr<double> CopyGrads();
-  // Pushes the gradients CopyGrads copied, times `scale`, for `step`. `done` as for
-  // ParameterClient::PushPullSparseAsync. The buffers stay untouched until the next-but-one
+  // Pushes the gradients CopyGrads copied, times `scale`, for `step`, every table's; `done` is
+  // called once, when all are answered, with the first error or the summed counts (as for
+  // ParameterClient::PushPullSparseAsync). The buffers stay untouched until the next-but-one
   // Finish; the caller waits for `done` before then.
   void Push(int64_t step, float scale, client::ParameterClient::PushPullCallback done);
   // Ungated, blocking: fetches and installs the rows of `batch` (evaluation, the final weights).
   absl::StatusOr<engine::BatchView> FetchNow(const data::Batch& batch);
 
  private:
+  // One step's rows, per table (model sparse_tables() order).
   struct Slot {
-    BatchRows rows;
-    std::vector<int64_t> asked;  // rows.rows, then the probe rows
-    std::vector<float> values;   // asked.size() * dim
-    std::vector<float> grads;    // rows.rows.size() * dim
+    std::vector<BatchRows> rows;
+    std::vector<std::vector<int64_t>> asked;  // rows[t].rows, then the probe rows
+    std::vector<std::vector<float>> values;   // asked[t].size() * dim
+    std::vector<std::vector<float>> grads;    // rows[t].rows.size() * dim
+    std::vector<engine::SparseFieldView> uses;
   };
-  // Fills slot.asked and sizes slot.values after the mapper filled slot.rows.
-  void AddProbes(Slot& slot);
+  struct Table {
+    engine::SparseTableInfo info;
+    size_t dim = 0;
+    std::vector<int64_t> probes;  // per shard, a row id it owns
+  };
+  // Maps the batch into slot.rows and sizes the slot's buffers; with probes, asks every shard.
+  absl::Status Map(const data::Batch& batch, bool probes, Slot& slot);
   absl::Status Install(const Slot& slot);
 
   client::ParameterClient* const client_;
   engine::Model* const model_;
-  const engine::SparseTableInfo table_;
-  const size_t dim_;
-  std::vector<int64_t> probes_;  // per shard, a row id it owns
+  std::vector<Table> tables_;
   RowMapper mapper_;
   std::array<Slot, 2> slots_;
   int current_ = 0;  // the slot installed in the model
@@ -95,7 +103,7 @@ class RowExchange {
   bool fetching_ = false;
 
   absl::Mutex mu_;
-  bool fetched_ ABSL_GUARDED_BY(mu_) = false;
+  size_t fetches_left_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Status fetch_status_ ABSL_GUARDED_BY(mu_);
 };
 

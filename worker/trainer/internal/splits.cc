@@ -5,6 +5,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "common/binary_metrics.h"
 #include "common/status_macros.h"
 #include "worker/data/batch_prefetcher.h"
@@ -24,9 +25,12 @@ engine::BatchView ViewOf(const data::Batch& b) {
   return v;
 }
 
-absl::StatusOr<std::shared_ptr<const data::Dataset>> ReadSplit(const v1::DatasetSpec& d, bool train,
+absl::StatusOr<std::shared_ptr<const data::Dataset>> ReadSplit(const v1::JobSpec& spec, bool train,
                                                                int rank, int world) {
-  const data::ReadOptions options = MakeReadOptions(d, rank, world);
+  const v1::DatasetSpec& d = spec.dataset();
+  data::ReadOptions options = MakeReadOptions(d, rank, world);
+  // A multi-input model reads Criteo rows as dense features and fields.
+  options.criteo_fields = spec.model().tables_size() > 0;
   switch (d.format()) {
     case v1::DatasetSpec::FORMAT_IDX:
       return train ? data::ReadIdxDataset(d.train_images(), d.train_labels(), options)
@@ -38,6 +42,24 @@ absl::StatusOr<std::shared_ptr<const data::Dataset>> ReadSplit(const v1::Dataset
     default:
       return data::ReadCsvDataset(train ? d.train_path() : d.test_path(), options);
   }
+}
+
+absl::Status CheckDataFitsModel(const engine::Model& model, const data::Dataset& split,
+                                bool train) {
+  if (!model.multi_input()) return absl::OkStatus();
+  const spec::MultiInputShapes& m = model.multi_input_shapes();
+  const char* which = train ? "training" : "test";
+  if (split.num_fields() != static_cast<int>(m.fields.size())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model.sparse_features: the model has ", m.fields.size(), ", but the ", which,
+                     " data has ", split.num_fields(), " categorical fields per example"));
+  }
+  if (split.feature_dim() != m.dense_features) {
+    return absl::InvalidArgumentError(absl::StrCat("model.dense_features: the model takes ",
+                                                   m.dense_features, ", but the ", which,
+                                                   " data has ", split.feature_dim()));
+  }
+  return absl::OkStatus();
 }
 
 bool HasTestSplit(const v1::DatasetSpec& d) {

@@ -19,12 +19,17 @@ namespace tessera::trainer::internal {
 // The engine's view of a batch (no copy; valid while `b` lives).
 engine::BatchView ViewOf(const data::Batch& b);
 
-// Reads the training (`train`) or test split of `d`, shard rank/world.
-// REQUIRES: ValidateJobSpec of the spec holding `d` is OK.
-absl::StatusOr<std::shared_ptr<const data::Dataset>> ReadSplit(const v1::DatasetSpec& d, bool train,
+// Reads the training (`train`) or test split of spec.dataset, shard rank/world, laid out for
+// spec.model (Criteo as fields for a multi-input model). REQUIRES: ValidateJobSpec(spec) is OK.
+absl::StatusOr<std::shared_ptr<const data::Dataset>> ReadSplit(const v1::JobSpec& spec, bool train,
                                                                int rank, int world);
 
 bool HasTestSplit(const v1::DatasetSpec& d);
+
+// INVALID_ARGUMENT when a multi-input `model` cannot read `split` (the training split when
+// `train`): its dense features and fields must be the model's dense_features and sparse
+// features. OK for any other model (its trainer checks the input shape).
+absl::Status CheckDataFitsModel(const engine::Model& model, const data::Dataset& split, bool train);
 
 // spec.eval.batch_size, 0 -> 1000.
 int64_t EvalBatchSize(const v1::JobSpec& spec);
