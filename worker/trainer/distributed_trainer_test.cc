@@ -134,6 +134,11 @@ class DistributedTrainerTest : public ::testing::Test {
     return o;
   }
 
+  // Sparse BSP against a single-process reference (defined below, by its tests).
+  absl::StatusOr<v1::ProgressReport> CheckSparseBspAgainstAReference(const std::string& job,
+                                                                     const v1::JobSpec& spec,
+                                                                     size_t expected_tables);
+
   static std::unique_ptr<DistributedTrainer> Make(DistributedOptions o) {
     auto t = DistributedTrainer::Create(std::move(o));
     EXPECT_TRUE(t.ok()) << t.status();
@@ -696,23 +701,31 @@ TEST_F(DistributedTrainerTest, RankJoiningAtAStepWaitsUntilTheOthersFinishedTheP
   DropJob(job);
 }
 
+// Writes `rows` Criteo lines: small vocabularies (values 0..7 per field, some fields empty), so
+// that rows repeat across batches and ranks; the label is C1 < 3.
+void WriteSmallCriteo(const std::string& path, int rows, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::ofstream out(path);
+  for (int r = 0; r < rows; ++r) {
+    const int c1 = static_cast<int>(rng() % 8), i1 = static_cast<int>(rng() % 5);
+    out << (c1 < 3 ? 1 : 0);
+    out << '\t' << i1;
+    for (int i = 1; i < 13; ++i) out << '\t' << (rng() % 4 == 0 ? "" : std::to_string(rng() % 9));
+    out << '\t' << c1;
+    for (int c = 1; c < 26; ++c) {
+      out << '\t';
+      if (rng() % 5 != 0) out << std::hex << (rng() % 8) << std::dec;
+    }
+    out << '\n';
+  }
+}
+
 // Sparse BSP with 2 ranks and 2 shards against a single-process reference that replays the same
 // batches: each step, both ranks' gradients at the same weights, averaged as the shards do
-// (dense: the mean; rows: each row's sum over the ranks over 2, one update per row and step).
-TEST_F(DistributedTrainerTest, SparseBspMatchesASingleProcessReferenceRowForRow) {
-  const std::string job = "sparse-bsp";
-  spec::examples::WriteHashedLibsvm(dir_ + "/train.svm", 2000, 5);
-  spec::examples::WriteHashedLibsvm(dir_ + "/test.svm", 200, 6);
-  v1::JobSpec spec;
-  const std::string text = absl::StrCat(spec::examples::HashedJobText(dir_), R"pb(
-    optimizer { kind: OPTIMIZER_KIND_ADAGRAD learning_rate: 0.5 }
-    batch_size: 16
-    seed: 11
-    partition_bytes: 1024
-    num_workers: 2
-    epochs: 3
-  )pb");
-  ASSERT_TRUE(google::protobuf::TextFormat::ParseFromString(text, &spec)) << text;
+// (dense: the mean; rows: each row's sum over the ranks over 2, one update per row and step),
+// for every sparse table of the model. Returns rank 0's final report.
+absl::StatusOr<v1::ProgressReport> DistributedTrainerTest::CheckSparseBspAgainstAReference(
+    const std::string& job, const v1::JobSpec& spec, size_t expected_tables) {
   FakeCoordinator coordinator(2);
   std::vector<std::unique_ptr<DistributedTrainer>> ranks;
   absl::Mutex mu;
@@ -727,29 +740,31 @@ TEST_F(DistributedTrainerTest, SparseBspMatchesASingleProcessReferenceRowForRow)
       o.report = [&coordinator](const v1::ProgressReport& p) { return coordinator.Report(p); };
     }
     ranks.push_back(Make(std::move(o)));
-    ASSERT_NE(ranks.back(), nullptr);
+    if (ranks.back() == nullptr) return absl::InternalError("no rank");
   }
-  ASSERT_EQ(ranks[0]->model().sparse_tables().size(), 1u);
+  EXPECT_EQ(ranks[0]->model().sparse_tables().size(), expected_tables);
   const int64_t total = ranks[0]->total_steps();
-  EXPECT_EQ(total, 3 * 63);  // 1000 examples per rank, batches of 16
   std::vector<absl::StatusOr<v1::ProgressReport>> results = RunAll(ranks, &coordinator);
-  ASSERT_TRUE(results[0].ok()) << results[0].status();
-  ASSERT_TRUE(results[1].ok()) << results[1].status();
-  ASSERT_EQ(batches.size(), static_cast<size_t>(2 * total));
+  if (!results[0].ok()) return results[0].status();
+  if (!results[1].ok()) return results[1].status();
+  EXPECT_EQ(batches.size(), static_cast<size_t>(2 * total));
 
-  // The reference: the same model and seed, rows in a host table with the job's optimizer.
+  // The reference: the same model and seed, rows in host tables with the job's optimizer.
   kernels::BackendOptions cpu;
   cpu.device = kernels::DeviceChoice::kCpu;
   cpu.num_threads = 1;
   auto backend = kernels::CreateBackend(cpu);
-  ASSERT_TRUE(backend.ok());
+  if (!backend.ok()) return backend.status();
   auto model = engine::Model::Create(spec.model(), backend->get(), spec.seed());
-  ASSERT_TRUE(model.ok());
+  if (!model.ok()) return model.status();
   engine::Model& m = **model;
-  const engine::SparseTableInfo table = m.sparse_tables()[0];
+  const std::vector<engine::SparseTableInfo> tables = m.sparse_tables();
   const kernels::OptimizerParams params = kernels::MakeOptimizerParams(spec.optimizer());
-  const v1::SparseTableDecl decl = internal::SparseTableDecls(m, spec)[0];
-  kernels::RowTable rows(4, decl.initializer(), params);
+  const std::vector<v1::SparseTableDecl> decls = internal::SparseTableDecls(m, spec);
+  std::vector<kernels::RowTable> rows;
+  for (size_t k = 0; k < tables.size(); ++k) {
+    rows.emplace_back(static_cast<uint32_t>(tables[k].dim), decls[k].initializer(), params);
+  }
   std::vector<int> dense;
   std::vector<std::vector<float>> weights, slots;
   for (int i = 0; i < static_cast<int>(m.parameters().size()); ++i) {
@@ -757,45 +772,52 @@ TEST_F(DistributedTrainerTest, SparseBspMatchesASingleProcessReferenceRowForRow)
     if (!p.trainable || p.sparse) continue;
     dense.push_back(i);
     weights.emplace_back();
-    ASSERT_TRUE(m.CopyValueToHost(p.name, &weights.back()).ok());
+    EXPECT_TRUE(m.CopyValueToHost(p.name, &weights.back()).ok());
     slots.emplace_back(weights.back().size(), kernels::SlotInitialValue(params, 0));
   }
   internal::RowMapper mapper;
-  std::set<int64_t> touched;
+  std::vector<std::set<int64_t>> touched(tables.size());
   for (int64_t step = 0; step < total; ++step) {
     std::vector<std::vector<float>> dense_sum(dense.size());
-    std::map<int64_t, std::vector<float>> row_sum;
+    std::vector<std::map<int64_t, std::vector<float>>> row_sum(tables.size());
     for (int r = 0; r < 2; ++r) {
       const data::Batch& b = batches[{step, r}];
-      internal::BatchRows br;
-      ASSERT_TRUE(mapper.Map(b, table, &br).ok());
-      std::vector<float> values(br.rows.size() * 4);
-      rows.Gather(br.rows, absl::MakeSpan(values));
-      ASSERT_TRUE(m.SetRows(0, static_cast<int64_t>(br.rows.size()), values).ok());
+      std::vector<internal::BatchRows> br(tables.size());
+      for (size_t k = 0; k < tables.size(); ++k) {
+        EXPECT_TRUE(mapper.Map(b, tables[k], &br[k]).ok());
+        std::vector<float> values(br[k].rows.size() * tables[k].dim);
+        rows[k].Gather(br[k].rows, absl::MakeSpan(values));
+        EXPECT_TRUE(
+            m.SetRows(static_cast<int>(k), static_cast<int64_t>(br[k].rows.size()), values).ok());
+      }
       for (size_t k = 0; k < dense.size(); ++k) {
-        ASSERT_TRUE(m.CopyValueFromHost(m.parameters()[dense[k]].name, weights[k]).ok());
+        EXPECT_TRUE(m.CopyValueFromHost(m.parameters()[dense[k]].name, weights[k]).ok());
       }
       std::vector<engine::SparseFieldView> uses;
-      ASSERT_TRUE(m.TrainStep(internal::ViewWithRows(b, m, {br}, &uses)).ok());
+      auto step_result = m.TrainStep(internal::ViewWithRows(b, m, br, &uses));
+      if (!step_result.ok()) return step_result.status();
       for (size_t k = 0; k < dense.size(); ++k) {
         std::vector<float> g;
-        ASSERT_TRUE(m.CopyGradToHost(m.parameters()[dense[k]].name, &g).ok());
+        EXPECT_TRUE(m.CopyGradToHost(m.parameters()[dense[k]].name, &g).ok());
         if (dense_sum[k].empty()) {
           dense_sum[k] = g;
         } else {
           for (size_t i = 0; i < g.size(); ++i) dense_sum[k][i] += g[i];
         }
       }
-      std::vector<float> g;
-      ASSERT_TRUE(m.CopyGradToHost(table.name, &g).ok());
-      for (size_t j = 0; j < br.rows.size(); ++j) {
-        std::vector<float>& sum = row_sum[br.rows[j]];
-        if (sum.empty()) {
-          sum.assign(g.begin() + j * 4, g.begin() + (j + 1) * 4);
-        } else {
-          for (int d = 0; d < 4; ++d) sum[d] += g[j * 4 + d];
+      for (size_t k = 0; k < tables.size(); ++k) {
+        const size_t dim = static_cast<size_t>(tables[k].dim);
+        std::vector<float> g;
+        EXPECT_TRUE(m.CopyGradToHost(tables[k].name, &g).ok());
+        for (size_t j = 0; j < br[k].rows.size(); ++j) {
+          std::vector<float>& sum = row_sum[k][br[k].rows[j]];
+          if (sum.empty()) {
+            sum.assign(g.begin() + j * dim, g.begin() + (j + 1) * dim);
+          } else {
+            for (size_t d = 0; d < dim; ++d) sum[d] += g[j * dim + d];
+          }
+          touched[k].insert(br[k].rows[j]);
         }
-        touched.insert(br.rows[j]);
       }
     }
     for (size_t k = 0; k < dense.size(); ++k) {
@@ -803,37 +825,37 @@ TEST_F(DistributedTrainerTest, SparseBspMatchesASingleProcessReferenceRowForRow)
       kernels::ApplyUpdateCpu(params, params.learning_rate, step + 1, 0.5f, dense_sum[k].data(),
                               weights[k].data(), &slot, static_cast<int64_t>(weights[k].size()));
     }
-    std::vector<int64_t> ids;
-    std::vector<float> grads;
-    for (const auto& [id, g] : row_sum) {
-      ids.push_back(id);
-      grads.insert(grads.end(), g.begin(), g.end());
+    for (size_t k = 0; k < tables.size(); ++k) {
+      std::vector<int64_t> ids;
+      std::vector<float> grads;
+      for (const auto& [id, g] : row_sum[k]) {
+        ids.push_back(id);
+        grads.insert(grads.end(), g.begin(), g.end());
+      }
+      rows[k].Apply(params.learning_rate, 0.5f, ids, grads);
     }
-    rows.Apply(params.learning_rate, 0.5f, ids, grads);
   }
-  EXPECT_GT(touched.size(), 390u) << "nearly all of the 400 ids were trained";
-  EXPECT_EQ(rows.size(), static_cast<int64_t>(touched.size()));
 
   // What the shards hold: every trained row and the dense tensors.
   client::ParameterClient::Options o;
   o.shard_addresses = shards_->addresses();
   o.job_id = job;
-  o.partition_bytes = 1024;
+  o.partition_bytes = spec.partition_bytes();
   auto c = client::ParameterClient::Create(o);
-  ASSERT_TRUE(c.ok());
+  if (!c.ok()) return c.status();
   std::vector<client::DenseTensorSpec> tensors;
   for (int i : dense) {
     const engine::Parameter& p = m.parameters()[i];
     tensors.push_back({p.name, std::vector<int64_t>(p.shape.begin(), p.shape.end()), {}});
   }
-  ASSERT_TRUE((*c)->AttachJob(tensors, {decl}).ok());
+  EXPECT_TRUE((*c)->AttachJob(tensors, decls).ok());
   const auto near = [](float got, float want) {
     return std::fabs(got - want) <= 1e-5f + 1e-4f * std::fabs(want);
   };
   int bad = 0;
   for (size_t k = 0; k < dense.size(); ++k) {
     std::vector<float> got(weights[k].size());
-    ASSERT_TRUE((*c)->Pull(tensors[k].name, -1, absl::MakeSpan(got)).ok());
+    EXPECT_TRUE((*c)->Pull(tensors[k].name, -1, absl::MakeSpan(got)).ok());
     for (size_t i = 0; i < got.size(); ++i) {
       if (!near(got[i], weights[k][i]) && ++bad <= 5) {
         ADD_FAILURE() << tensors[k].name << "[" << i << "]: shards " << got[i] << ", reference "
@@ -841,22 +863,96 @@ TEST_F(DistributedTrainerTest, SparseBspMatchesASingleProcessReferenceRowForRow)
       }
     }
   }
-  const std::vector<int64_t> ids(touched.begin(), touched.end());
-  std::vector<float> got(ids.size() * 4), want(ids.size() * 4);
-  ASSERT_TRUE((*c)->PullSparse(table.name, -1, ids, absl::MakeSpan(got)).ok());
-  rows.Gather(ids, absl::MakeSpan(want));
-  for (size_t i = 0; i < got.size(); ++i) {
-    if (!near(got[i], want[i]) && ++bad <= 10) {
-      ADD_FAILURE() << "row " << ids[i / 4] << "[" << i % 4 << "]: shards " << got[i]
-                    << ", reference " << want[i];
+  for (size_t k = 0; k < tables.size(); ++k) {
+    const size_t dim = static_cast<size_t>(tables[k].dim);
+    EXPECT_EQ(rows[k].size(), static_cast<int64_t>(touched[k].size())) << tables[k].name;
+    EXPECT_GT(touched[k].size(), 0u) << tables[k].name;
+    const std::vector<int64_t> ids(touched[k].begin(), touched[k].end());
+    std::vector<float> got(ids.size() * dim), want(ids.size() * dim);
+    EXPECT_TRUE((*c)->PullSparse(tables[k].name, -1, ids, absl::MakeSpan(got)).ok());
+    rows[k].Gather(ids, absl::MakeSpan(want));
+    for (size_t i = 0; i < got.size(); ++i) {
+      if (!near(got[i], want[i]) && ++bad <= 10) {
+        ADD_FAILURE() << tables[k].name << " row " << ids[i / dim] << "[" << i % dim << "]: shards "
+                      << got[i] << ", reference " << want[i];
+      }
     }
   }
   EXPECT_EQ(bad, 0);
+  if (spec.model().tables_size() == 0) {
+    EXPECT_GT(touched[0].size(), 390u) << "nearly all of the 400 ids were trained";
+  }
+  return *results[0];
+}
+
+TEST_F(DistributedTrainerTest, SparseBspMatchesASingleProcessReferenceRowForRow) {
+  const std::string job = "sparse-bsp";
+  spec::examples::WriteHashedLibsvm(dir_ + "/train.svm", 2000, 5);
+  spec::examples::WriteHashedLibsvm(dir_ + "/test.svm", 200, 6);
+  v1::JobSpec spec;
+  const std::string text = absl::StrCat(spec::examples::HashedJobText(dir_), R"pb(
+    optimizer { kind: OPTIMIZER_KIND_ADAGRAD learning_rate: 0.5 }
+    batch_size: 16
+    seed: 11
+    partition_bytes: 1024
+    num_workers: 2
+    epochs: 3
+  )pb");
+  ASSERT_TRUE(google::protobuf::TextFormat::ParseFromString(text, &spec)) << text;
+  absl::StatusOr<v1::ProgressReport> result = CheckSparseBspAgainstAReference(job, spec, 1);
+  ASSERT_TRUE(result.ok()) << result.status();
   // Rank 0 scored the test split with rows pulled per batch; the task is learnable.
-  EXPECT_TRUE(results[0]->evaluated());
-  EXPECT_GT(results[0]->test_accuracy(), 0.85) << "test loss " << results[0]->test_loss();
-  ASSERT_TRUE(results[0]->has_test_auc()) << "a binary task reports its AUC";
-  EXPECT_GT(results[0]->test_auc(), 0.9);
+  EXPECT_TRUE(result->evaluated());
+  EXPECT_GT(result->test_accuracy(), 0.85) << "test loss " << result->test_loss();
+  ASSERT_TRUE(result->has_test_auc()) << "a binary task reports its AUC";
+  EXPECT_GT(result->test_auc(), 0.9);
+  DropJob(job);
+}
+
+// The same for a multi-input model with three tables: two deep ones sharing the 26 fields (13
+// each), a wide one over all of them, and DLRM's dot interaction with a bottom MLP.
+TEST_F(DistributedTrainerTest, MultiTableBspMatchesASingleProcessReferenceRowForRow) {
+  const std::string job = "multi-bsp";
+  WriteSmallCriteo(dir_ + "/train.tsv", 1200, 5);
+  WriteSmallCriteo(dir_ + "/test.tsv", 200, 6);
+  std::string fields;
+  for (int c = 0; c < 26; ++c) {
+    absl::StrAppend(&fields, "sparse_features { table: \"", c < 13 ? "a" : "b", "\" }\n");
+  }
+  v1::JobSpec spec;
+  // Plain strings: clang-format rewrites textproto raw strings, paths included.
+  const std::string text = absl::StrCat(
+      "name: \"multi-bsp\"\n"
+      "model {\n"
+      "  dense_features: 13\n"
+      "  bottom_layers { dense { units: 4 } }\n"
+      "  bottom_layers { tanh {} }\n"
+      "  tables { name: \"a\" dim: 4 }\n"
+      "  tables { name: \"b\" dim: 4 }\n"
+      "  tables { name: \"w\" dim: 1 initializer { kind: KIND_ZEROS } }\n"
+      "  wide_table: \"w\"\n"
+      "  interaction { kind: KIND_DOT }\n"
+      "  layers { dense { units: 8 } }\n"
+      "  layers { relu {} }\n"
+      "  layers { dense { units: 1 } }\n"
+      "  loss: LOSS_SIGMOID_CROSS_ENTROPY\n",
+      fields,
+      "}\n"
+      "dataset { format: FORMAT_CRITEO train_path: \"",
+      dir_, "/train.tsv\" test_path: \"", dir_,
+      "/test.tsv\" }\n"
+      "optimizer { kind: OPTIMIZER_KIND_ADAGRAD learning_rate: 0.1 }\n"
+      "batch_size: 32\n"
+      "seed: 13\n"
+      "partition_bytes: 1024\n"
+      "num_workers: 2\n"
+      "epochs: 2\n");
+  ASSERT_TRUE(google::protobuf::TextFormat::ParseFromString(text, &spec)) << text;
+  absl::StatusOr<v1::ProgressReport> result = CheckSparseBspAgainstAReference(job, spec, 3);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_TRUE(result->evaluated());
+  ASSERT_TRUE(result->has_test_auc());
+  EXPECT_GT(result->test_auc(), 0.7) << "the label is C1 < 3";
   DropJob(job);
 }
 
