@@ -160,7 +160,9 @@ std::string JobDetails(const v1::Job& job, absl::Time now) {
   if (!job.reason().empty()) absl::StrAppend(&out, "reason:     ", job.reason(), "\n");
   const v1::JobSpec& spec = job.spec();
   std::string mode = spec.consistency().empty() ? "bsp" : spec.consistency();
-  if (absl::EqualsIgnoreCase(mode, "ssp")) absl::StrAppend(&mode, "(", spec.staleness(), ")");
+  if (absl::EqualsIgnoreCase(mode, "ssp") || absl::EqualsIgnoreCase(mode, "hybrid")) {
+    absl::StrAppend(&mode, "(", spec.staleness(), ")");
+  }
   absl::StrAppend(&out, "spec:       ", spec.name(), ", ", spec.num_workers(), " workers, ", mode,
                   ", batch ", spec.batch_size(), ", ",
                   spec.epochs() > 0 ? absl::StrCat(spec.epochs(), " epochs")

@@ -136,7 +136,7 @@ absl::Status ConsistencyGate::AdmitPusher(uint32_t worker, int64_t step,
 
 absl::Status ConsistencyGate::AdmitSlice(absl::string_view key, const Partition& p, int64_t step,
                                          std::optional<int64_t>* staleness) const {
-  if (!ssp()) return absl::OkStatus();
+  if (!ssp(p)) return absl::OkStatus();
   int64_t slowest = 0;
   TESSERA_RETURN_IF_ERROR(CheckSspPushStep(key, p.clocks, step, &slowest));
   *staleness = step - slowest;
@@ -145,7 +145,7 @@ absl::Status ConsistencyGate::AdmitSlice(absl::string_view key, const Partition&
 
 absl::StatusOr<bool> ConsistencyGate::AdmitLocked(const Partition& p, uint32_t worker,
                                                   int64_t step) const {
-  if (!bsp()) return false;
+  if (!bsp(p)) return false;
   const int64_t version = p.version.load(std::memory_order_relaxed);
   if (step > version) {
     return absl::InvalidArgumentError(absl::StrCat("key ", p.name, ": step ", step,
@@ -164,14 +164,14 @@ absl::StatusOr<bool> ConsistencyGate::AdmitLocked(const Partition& p, uint32_t w
 
 int64_t ConsistencyGate::StagingBytesLocked(const Partition& p, uint32_t worker,
                                             const SliceView& slice) const {
-  if (!bsp()) return 0;
+  if (!bsp(p)) return 0;
   if (!p.sparse) return p.staging.dense[worker].empty() ? p.num_elements * 4 : 0;
   const int64_t num_rows = static_cast<int64_t>(slice.row_ids.size());
   return num_rows * (int64_t{p.dim} * 4 + 8);  // staged until the step completes
 }
 
-float ConsistencyGate::PushScale(int64_t step) const {
-  return ssp() ? 1.0f / static_cast<float>(NumLive(step)) : 1.0f;
+float ConsistencyGate::PushScale(const Partition& p, int64_t step) const {
+  return ssp(p) ? 1.0f / static_cast<float>(NumLive(step)) : 1.0f;
 }
 
 ConsistencyGate::Applied ConsistencyGate::ApplyPushLocked(const PushPullView& request, float scale,
@@ -187,9 +187,9 @@ ConsistencyGate::Applied ConsistencyGate::ApplyPushLocked(const PushPullView& re
   }
   if (item.duplicate) {
     if (item.record_seq) p.RecordAppliedLocked(worker, request.incarnation, request.seq);
-    return Applied{false, false, /*boundary_moved=*/!bsp()};
+    return Applied{false, false, /*boundary_moved=*/!bsp(p)};
   }
-  if (bsp()) {
+  if (bsp(p)) {
     if (p.staging.contributors == 0) {
       p.staging.boundary_seqs = p.last_applied;
       p.staging.first_push_ns = SteadyNowNs();
@@ -233,7 +233,7 @@ bool ConsistencyGate::StepStagedLocked(const Partition& p) const {
 }
 
 ConsistencyGate::Applied ConsistencyGate::CompleteStepLocked(Partition& p) {
-  if (!bsp()) return Applied{false, false, /*boundary_moved=*/true};
+  if (!bsp(p)) return Applied{false, false, /*boundary_moved=*/true};
   BspStaging& staging = p.staging;
   if (staging.contributors == 0 || !StepStagedLocked(p)) return Applied{};
   const int64_t step = p.version.load(std::memory_order_relaxed);
@@ -299,7 +299,7 @@ void ConsistencyGate::NotifyAfterPush(bool version_changed) {
 
 absl::Status ConsistencyGate::CheckPullStep(absl::string_view field, const SliceView& key,
                                             const Partition& p, int64_t gate_step) const {
-  if (!bsp() || gate_step < 0) return absl::OkStatus();
+  if (!bsp(p) || gate_step < 0) return absl::OkStatus();
   const int64_t version = p.version.load(std::memory_order_acquire);
   if (gate_step > version + 1) {
     return absl::InvalidArgumentError(
@@ -312,21 +312,21 @@ absl::Status ConsistencyGate::CheckPullStep(absl::string_view field, const Slice
 void ConsistencyGate::AddToWait(const std::shared_ptr<Partition>& p, int64_t gate_step,
                                 Wait* wait) const {
   if (gate_step < 0) return;
-  if (bsp()) {
+  if (bsp(*p)) {
     wait->versions.emplace_back(std::shared_ptr<const std::atomic<int64_t>>(p, &p->version),
                                 gate_step);
-  } else if (ssp()) {
+  } else if (ssp(*p)) {
     wait->clocks.emplace_back(std::shared_ptr<const WorkerClocks>(p, &p->clocks), gate_step);
   }
 }
 
 int64_t ConsistencyGate::StepsCompletedLocked(const Partition& p, int64_t step) const {
-  return bsp() ? p.version.load(std::memory_order_relaxed) : SlowestClock(p.clocks, step);
+  return bsp(p) ? p.version.load(std::memory_order_relaxed) : SlowestClock(p.clocks, step);
 }
 
 int64_t ConsistencyGate::FurthestStepLocked(const Partition& p,
                                             const std::vector<bool>* live) const {
-  if (bsp()) return p.version.load(std::memory_order_relaxed);
+  if (bsp(p)) return p.version.load(std::memory_order_relaxed);
   int64_t furthest = 0;
   for (size_t w = 0; w < p.clocks.size(); ++w) {
     if (live != nullptr && (w >= live->size() || !(*live)[w])) continue;
@@ -337,11 +337,11 @@ int64_t ConsistencyGate::FurthestStepLocked(const Partition& p,
 
 int64_t ConsistencyGate::BoundaryClockLocked(const Partition& p, size_t worker) const {
   const int64_t clock = p.clocks[worker].load(std::memory_order_relaxed);
-  return bsp() ? std::min(clock, p.version.load(std::memory_order_relaxed)) : clock;
+  return bsp(p) ? std::min(clock, p.version.load(std::memory_order_relaxed)) : clock;
 }
 
 const std::vector<AppliedSeq>& ConsistencyGate::BoundarySeqsLocked(const Partition& p) const {
-  return bsp() && p.staging.contributors > 0 ? p.staging.boundary_seqs : p.last_applied;
+  return bsp(p) && p.staging.contributors > 0 ? p.staging.boundary_seqs : p.last_applied;
 }
 
 bool ConsistencyGate::IsOpenLocked(const Wait& wait) {
@@ -431,7 +431,7 @@ std::optional<v1::ShardStall> ConsistencyGate::FindStall(
     int64_t min_wait_ns) const {
   std::optional<v1::ShardStall> stall;
   if (bsp()) stall = FindBspStall(partitions, now_ns, min_wait_ns);
-  if (ssp()) stall = FindSspStall(now_ns, min_wait_ns);
+  if (ssp() && !stall.has_value()) stall = FindSspStall(now_ns, min_wait_ns);
   if (stall.has_value()) stall->set_partitions(static_cast<int32_t>(partitions.size()));
   return stall;
 }

@@ -15,6 +15,7 @@
 //   SSP(k)  applied at once, scaled by 1/num_live     when the slowest live worker's clock on P
 //                                                     >= s - k
 //   ASP     applied at once                           at once
+//   HYBRID  dense partitions as BSP, sparse tables as SSP(k) (PERSIA's hybrid)
 //
 // Admission. A push for step s is refused when its worker is not live at s (FAILED_PRECONDITION),
 // and when it is from the future: BSP s > version, SSP s > slowest clock + k + 1
@@ -156,9 +157,9 @@ class ConsistencyGate {
   // for SSP and ASP.
   int64_t StagingBytesLocked(const Partition& p, uint32_t worker, const SliceView& slice) const
       ABSL_SHARED_LOCKS_REQUIRED(p.mu);
-  // The gradient scale of a push for `step`: SSP 1 / live workers at `step`; 1 for BSP (which
-  // divides at completion) and ASP.
-  float PushScale(int64_t step) const;
+  // The gradient scale of a push for `step` to `p`: SSP 1 / live workers at `step`; 1 for BSP
+  // (which divides at completion) and ASP.
+  float PushScale(const Partition& p, int64_t step) const;
   // Applies one admitted slice of `request` to item.partition: advances the worker's clock to
   // step + 1, records the (incarnation, seq), and then BSP stages the gradient and completes the
   // step when it can; SSP and ASP apply it at once, scaled by `scale` (PushScale), and count an
@@ -233,8 +234,16 @@ class ConsistencyGate {
     std::vector<bool> live;
   };
 
-  bool bsp() const { return mode_ == v1::CONSISTENCY_BSP; }
-  bool ssp() const { return mode_ == v1::CONSISTENCY_SSP; }
+  // The job's mode has BSP (SSP) partitions: every one, or (hybrid) its dense (sparse) ones.
+  bool bsp() const { return mode_ == v1::CONSISTENCY_BSP || mode_ == v1::CONSISTENCY_HYBRID; }
+  bool ssp() const { return mode_ == v1::CONSISTENCY_SSP || mode_ == v1::CONSISTENCY_HYBRID; }
+  // How partition `p` is gated: hybrid gates dense partitions as BSP and sparse tables as SSP.
+  bool bsp(const Partition& p) const {
+    return mode_ == v1::CONSISTENCY_BSP || (mode_ == v1::CONSISTENCY_HYBRID && !p.sparse);
+  }
+  bool ssp(const Partition& p) const {
+    return mode_ == v1::CONSISTENCY_SSP || (mode_ == v1::CONSISTENCY_HYBRID && p.sparse);
+  }
   const Membership& MembershipAt(int64_t step) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   int64_t SlowestClockLocked(const WorkerClocks& clocks, int64_t step) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);

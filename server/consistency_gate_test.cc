@@ -186,7 +186,7 @@ ConsistencyGate::Applied PushThroughGate(ConsistencyGate& gate, const std::share
   EXPECT_FALSE(staged.value_or(true));
   item.staging_bytes = gate.StagingBytesLocked(*p, worker, view);
   item.partition->mu.AssertHeld();
-  return gate.ApplyPushLocked(request, gate.PushScale(step), item, &scratch);
+  return gate.ApplyPushLocked(request, gate.PushScale(*p, step), item, &scratch);
 }
 
 std::vector<float> WeightsOf(const Partition& p) {
@@ -199,7 +199,7 @@ std::vector<float> WeightsOf(const Partition& p) {
 TEST(ConsistencyGateTest, BspStagesUntilEveryLiveWorkerPushedThenAppliesTheMeanOnce) {
   ConsistencyGate gate(v1::CONSISTENCY_BSP, 0, 4);
   std::shared_ptr<Partition> p = SgdPartition(4, 2);
-  EXPECT_EQ(gate.PushScale(0), 1.0f);
+  EXPECT_EQ(gate.PushScale(*p, 0), 1.0f);
   const std::vector<std::vector<float>> grads = {{1, 2}, {3, 4}, {5, 6}, {7, 12}};
   for (uint32_t worker : {3u, 0u, 2u}) {
     const ConsistencyGate::Applied staged = PushThroughGate(gate, p, worker, 0, grads[worker]);
@@ -276,7 +276,7 @@ TEST(ConsistencyGateTest, CompleteStepAppliesWhenTheMissingWorkerLeaves) {
 TEST(ConsistencyGateTest, SspScalesByLiveWorkersAndAspAppliesAsIs) {
   ConsistencyGate ssp(v1::CONSISTENCY_SSP, 1, 2);
   std::shared_ptr<Partition> p = SgdPartition(2, 2);
-  EXPECT_EQ(ssp.PushScale(0), 0.5f);
+  EXPECT_EQ(ssp.PushScale(*p, 0), 0.5f);
   const ConsistencyGate::Applied applied = PushThroughGate(ssp, p, 0, 0, {2, 4});
   EXPECT_TRUE(applied.version_changed && applied.updated && applied.boundary_moved);
   EXPECT_EQ(p->version.load(), 1);
@@ -286,11 +286,11 @@ TEST(ConsistencyGateTest, SspScalesByLiveWorkersAndAspAppliesAsIs) {
   ASSERT_TRUE(ssp.AdmitSlice("w/0", *p, 2, &staleness).ok());
   EXPECT_EQ(staleness, std::optional<int64_t>(2));  // worker 1 has completed no step
   ASSERT_TRUE(ssp.UpdateMembership({0}, 0).ok());
-  EXPECT_EQ(ssp.PushScale(0), 1.0f);
+  EXPECT_EQ(ssp.PushScale(*p, 0), 1.0f);
 
   ConsistencyGate asp(v1::CONSISTENCY_ASP, 0, 2);
   std::shared_ptr<Partition> q = SgdPartition(2, 2);
-  EXPECT_EQ(asp.PushScale(0), 1.0f);
+  EXPECT_EQ(asp.PushScale(*q, 0), 1.0f);
   std::optional<int64_t> none;
   EXPECT_TRUE(asp.AdmitSlice("w/0", *q, 1000, &none).ok());
   EXPECT_FALSE(none.has_value());
@@ -510,6 +510,52 @@ TEST(ConsistencyGateTest, BspSparseStepCountsEmptyPushes) {
   // got 2: -0.5. The answer lists the pushed rows in push order (7, 3, 7).
   EXPECT_EQ(Floats((*first)->weights(0)), (std::vector<float>{-1, -1, -0.5, -0.5, -1, -1}));
   EXPECT_EQ((*first)->weights(0).version(), 1);
+}
+
+// Hybrid (PERSIA's): the dense partition is BSP, staged until both workers pushed; the table is
+// SSP(1): a row push is applied at once, scaled by 1 / 2 live workers, and answered without
+// waiting for the other worker; a row pull two steps ahead of the slowest waits.
+TEST(ConsistencyGateTest, HybridGatesDensePartitionsAsBspAndTablesAsSsp) {
+  ParameterStore store;
+  v1::CreateJobStateRequest job;
+  job.set_job_id("hy");
+  *job.mutable_config() =
+      Config(v1::CONSISTENCY_HYBRID, 2, 0.5f, v1::OPTIMIZER_KIND_SGD, /*staleness=*/1);
+  *job.add_partitions() = Dense("w", 0, 2);
+  job.add_tables()->set_name("emb");
+  job.mutable_tables(0)->set_dim(2);
+  ASSERT_TRUE(store.CreateJobState(job).ok());
+  // Worker 0, step 0: the dense push waits for worker 1 (BSP).
+  std::optional<absl::StatusOr<v1::PushPullResponse>> dense0;
+  store.PushPull(Request("hy", 0, 1, 0, 1, {GradSlice("w", 0, {2, 4}, true)}),
+                 [&](absl::StatusOr<v1::PushPullResponse> r) { dense0 = r; });
+  EXPECT_FALSE(dense0.has_value()) << "BSP waits for worker 1";
+  // Its row push is applied and answered at once (SSP: the pull for step 1 needs clock >= 0).
+  auto rows0 =
+      PushPullWait(store, Request("hy", 0, 1, 0, 2, {RowsSlice("emb", {7}, {4, 8}, true)}));
+  ASSERT_TRUE(rows0.ok()) << rows0.status();
+  ASSERT_EQ(rows0->weights_size(), 1);
+  // 4 and 8, times 1/2 (two live workers), lr 0.5.
+  EXPECT_EQ(Floats(rows0->weights(0)), (std::vector<float>{-1, -2}));
+  // Worker 0 runs ahead on the table: its step 1 is admitted (clock 1 <= slowest 0 + k + 1)...
+  auto rows1 = PushPullWait(store, Request("hy", 0, 1, 1, 3, {RowsSlice("emb", {7}, {4, 8})}));
+  ASSERT_TRUE(rows1.ok()) << rows1.status();
+  // ... but a pull of the table for step 2 waits until worker 1 has completed step 0 there.
+  std::optional<absl::StatusOr<v1::PushPullResponse>> pull2;
+  store.PushPull(Request("hy", 0, 1, 2, 4, {}, {PullKey("emb", 0, {7})}),
+                 [&](absl::StatusOr<v1::PushPullResponse> r) { pull2 = r; });
+  EXPECT_FALSE(pull2.has_value()) << "SSP(1) parks a pull 2 steps ahead of the slowest";
+  EXPECT_FALSE(dense0.has_value());
+  // Worker 1 pushes its dense step 0: the step completes with the mean.
+  auto dense1 = PushPullWait(store, Request("hy", 1, 1, 0, 1, {GradSlice("w", 0, {6, 8}, true)}));
+  ASSERT_TRUE(dense1.ok()) << dense1.status();
+  EXPECT_EQ(Floats(dense1->weights(0)), (std::vector<float>{-2, -3}));  // (2+6)/2, (4+8)/2, lr .5
+  ASSERT_TRUE(dense0.has_value() && dense0->ok());
+  EXPECT_FALSE(pull2.has_value()) << "the table's clock of worker 1 has not moved";
+  auto rows_w1 = PushPullWait(store, Request("hy", 1, 1, 0, 2, {RowsSlice("emb", {}, {})}));
+  ASSERT_TRUE(rows_w1.ok()) << rows_w1.status();
+  ASSERT_TRUE(pull2.has_value() && pull2->ok());
+  EXPECT_EQ(Floats((*pull2)->weights(0)), (std::vector<float>{-2, -4}));
 }
 
 // Three BSP workers; worker 2 dies. Steps wait for it until the coordinator removes it, which

@@ -253,7 +253,6 @@ bool ParameterStore::ApplyPushLocked(JobState& job, const PushPullView& request,
                                      const std::vector<PushSlice>& items, PushAck* ack,
                                      int64_t* bytes_pushed) {
   bool version_changed = false;
-  const float scale = job.gate.PushScale(request.step);
   std::vector<float> scratch;
   for (const PushSlice& item : items) {
     item.partition->mu.AssertHeld();
@@ -265,8 +264,8 @@ bool ParameterStore::ApplyPushLocked(JobState& job, const PushPullView& request,
     } else {
       *bytes_pushed += static_cast<int64_t>(item.data_size);
     }
-    const ConsistencyGate::Applied applied =
-        job.gate.ApplyPushLocked(request, scale, item, &scratch);
+    const ConsistencyGate::Applied applied = job.gate.ApplyPushLocked(
+        request, job.gate.PushScale(*item.partition, request.step), item, &scratch);
     version_changed |= applied.version_changed;
     if (applied.updated) {
       CountUpdate(job);

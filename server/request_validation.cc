@@ -88,10 +88,11 @@ absl::Status ValidateJobConfig(const v1::JobConfig& config,
     return absl::InvalidArgumentError(
         absl::StrCat("config.consistency: unknown value ", static_cast<int>(config.consistency())));
   }
-  if (config.consistency() != v1::CONSISTENCY_SSP && config.staleness() != 0) {
+  if (config.consistency() != v1::CONSISTENCY_SSP &&
+      config.consistency() != v1::CONSISTENCY_HYBRID && config.staleness() != 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat("config.staleness: only SSP has a staleness bound, got ", config.staleness(),
-                     " for ", v1::Consistency_Name(config.consistency())));
+        absl::StrCat("config.staleness: only SSP and HYBRID have a staleness bound, got ",
+                     config.staleness(), " for ", v1::Consistency_Name(config.consistency())));
   }
   if (!v1::NonFinitePolicy_IsValid(config.non_finite_policy())) {
     return absl::InvalidArgumentError(absl::StrCat("config.non_finite_policy: unknown value ",

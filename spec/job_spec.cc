@@ -168,19 +168,29 @@ absl::Status ValidateDistributedFields(const v1::JobSpec& spec) {
         absl::StrCat("num_workers: must be in [1, ", kMaxWorkers, "], got ", spec.num_workers()));
   }
   const std::string mode = absl::AsciiStrToLower(spec.consistency());
-  if (!mode.empty() && mode != "bsp" && mode != "ssp" && mode != "asp") {
+  if (!mode.empty() && mode != "bsp" && mode != "ssp" && mode != "asp" && mode != "hybrid") {
     return absl::InvalidArgumentError(
-        absl::StrCat("consistency: must be \"bsp\", \"ssp\" or \"asp\", got \"",
+        absl::StrCat("consistency: must be \"bsp\", \"ssp\", \"asp\" or \"hybrid\", got \"",
                      absl::CEscape(spec.consistency()), "\""));
   }
-  if (mode == "ssp" && (spec.staleness() < 1 || spec.staleness() > 1000000)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("staleness: ssp needs a staleness in [1, 1000000], got ", spec.staleness()));
+  const bool stale = mode == "ssp" || mode == "hybrid";
+  if (stale && (spec.staleness() < 1 || spec.staleness() > 1000000)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "staleness: ", mode, " needs a staleness in [1, 1000000], got ", spec.staleness()));
   }
-  if (mode != "ssp" && spec.staleness() != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("staleness: only ssp takes a staleness, got ",
-                                                   spec.staleness(), " with ",
-                                                   mode.empty() ? "bsp" : mode));
+  if (!stale && spec.staleness() != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("staleness: only ssp and hybrid take a staleness, got ", spec.staleness(),
+                     " with ", mode.empty() ? "bsp" : mode));
+  }
+  if (mode == "hybrid") {
+    // (A model that does not infer gets its own error from the model's checks.)
+    absl::StatusOr<ModelShapes> model = InferModelShapes(spec.model());
+    if (model.ok() && !model->sparse_input && !model->multi_input) {
+      return absl::InvalidArgumentError(
+          "consistency: hybrid keeps the dense parameters synchronous and lets the embedding "
+          "tables lag; the model has no embedding table (use bsp or ssp)");
+    }
   }
   if (spec.partition_bytes() != 0 && (spec.partition_bytes() < kMinPartitionBytes ||
                                       spec.partition_bytes() > kMaxPartitionBytes)) {
@@ -247,6 +257,9 @@ v1::JobConfig MakeJobConfig(const v1::JobSpec& spec) {
   const std::string mode = absl::AsciiStrToLower(spec.consistency());
   if (mode == "ssp") {
     config.set_consistency(v1::CONSISTENCY_SSP);
+    config.set_staleness(static_cast<uint32_t>(spec.staleness()));
+  } else if (mode == "hybrid") {
+    config.set_consistency(v1::CONSISTENCY_HYBRID);
     config.set_staleness(static_cast<uint32_t>(spec.staleness()));
   } else if (mode == "asp") {
     config.set_consistency(v1::CONSISTENCY_ASP);

@@ -296,11 +296,21 @@ INSTANTIATE_TEST_SUITE_P(
         BadSpec{"negative_workers", [](v1::JobSpec* s) { s->set_num_workers(-3); },
                 "num_workers: must be in [1, 1024], got -3"},
         BadSpec{"consistency", [](v1::JobSpec* s) { s->set_consistency("eventual"); },
-                "consistency: must be \"bsp\", \"ssp\" or \"asp\", got \"eventual\""},
+                "consistency: must be \"bsp\", \"ssp\", \"asp\" or \"hybrid\", got "
+                "\"eventual\""},
         BadSpec{"ssp_without_k", [](v1::JobSpec* s) { s->set_consistency("ssp"); },
                 "staleness: ssp needs a staleness in [1, 1000000], got 0"},
+        BadSpec{"hybrid_without_k", [](v1::JobSpec* s) { s->set_consistency("hybrid"); },
+                "staleness: hybrid needs a staleness in [1, 1000000], got 0"},
+        BadSpec{"hybrid_without_a_table",
+                [](v1::JobSpec* s) {
+                  s->set_consistency("hybrid");
+                  s->set_staleness(2);
+                },
+                "consistency: hybrid keeps the dense parameters synchronous and lets the "
+                "embedding tables lag; the model has no embedding table"},
         BadSpec{"k_without_ssp", [](v1::JobSpec* s) { s->set_staleness(2); },
-                "staleness: only ssp takes a staleness, got 2 with bsp"},
+                "staleness: only ssp and hybrid take a staleness, got 2 with bsp"},
         BadSpec{"partition", [](v1::JobSpec* s) { s->set_partition_bytes(100); },
                 "partition_bytes: must be 0 (4 MiB) or in [1024, 1073741824], got 100"},
         BadSpec{"encoding", [](v1::JobSpec* s) { s->set_wire_encoding("int8"); },
@@ -357,6 +367,10 @@ TEST(JobSpecTest, JobConfigFollowsTheSpec) {
   spec.set_wire_encoding("fp16");
   ASSERT_TRUE(ValidateJobSpec(spec, Distributed()).ok());
   EXPECT_EQ(MakeJobConfig(spec).consistency(), v1::CONSISTENCY_ASP);
+  spec.set_consistency("hybrid");
+  spec.set_staleness(3);
+  EXPECT_EQ(MakeJobConfig(spec).consistency(), v1::CONSISTENCY_HYBRID);
+  EXPECT_EQ(MakeJobConfig(spec).staleness(), 3u);
   EXPECT_EQ(WireEncoding(spec), v1::ENCODING_FP16);
   spec.set_num_workers(0);
   EXPECT_EQ(NumWorkers(spec), 1);

@@ -349,7 +349,9 @@ absl::Status DistributedTrainer::PullGated(int64_t step) {
   //   No one can apply step `step` without this rank (it is live from `step` on), so the
   //   weights it ends with are exactly the state at `step`.
   constexpr absl::Duration kSlice = absl::Seconds(1);
-  const bool bsp = spec::MakeJobConfig(options_.task.spec()).consistency() == v1::CONSISTENCY_BSP;
+  // Hybrid gates the dense partitions, which the climb reads, as BSP.
+  const v1::Consistency mode = spec::MakeJobConfig(options_.task.spec()).consistency();
+  const bool bsp = mode == v1::CONSISTENCY_BSP || mode == v1::CONSISTENCY_HYBRID;
   client::ParameterClient::Options o = client_->options();
   o.call_timeout = std::min(options_.call_timeout, kSlice);
   o.retry.max_attempts = 1;

@@ -909,50 +909,89 @@ TEST_F(DistributedTrainerTest, SparseBspMatchesASingleProcessReferenceRowForRow)
   DropJob(job);
 }
 
-// The same for a multi-input model with three tables: two deep ones sharing the 26 fields (13
-// each), a wide one over all of them, and DLRM's dot interaction with a bottom MLP.
-TEST_F(DistributedTrainerTest, MultiTableBspMatchesASingleProcessReferenceRowForRow) {
-  const std::string job = "multi-bsp";
-  WriteSmallCriteo(dir_ + "/train.tsv", 1200, 5);
-  WriteSmallCriteo(dir_ + "/test.tsv", 200, 6);
+// A multi-input model with three tables: two deep ones sharing the 26 fields (13 each), a wide
+// one over all of them, and DLRM's dot interaction with a bottom MLP, on small Criteo files in
+// `dir`.
+v1::JobSpec MultiTableSpec(const std::string& dir, const std::string& name) {
   std::string fields;
   for (int c = 0; c < 26; ++c) {
     absl::StrAppend(&fields, "sparse_features { table: \"", c < 13 ? "a" : "b", "\" }\n");
   }
-  v1::JobSpec spec;
   // Plain strings: clang-format rewrites textproto raw strings, paths included.
-  const std::string text = absl::StrCat(
-      "name: \"multi-bsp\"\n"
-      "model {\n"
-      "  dense_features: 13\n"
-      "  bottom_layers { dense { units: 4 } }\n"
-      "  bottom_layers { tanh {} }\n"
-      "  tables { name: \"a\" dim: 4 }\n"
-      "  tables { name: \"b\" dim: 4 }\n"
-      "  tables { name: \"w\" dim: 1 initializer { kind: KIND_ZEROS } }\n"
-      "  wide_table: \"w\"\n"
-      "  interaction { kind: KIND_DOT }\n"
-      "  layers { dense { units: 8 } }\n"
-      "  layers { relu {} }\n"
-      "  layers { dense { units: 1 } }\n"
-      "  loss: LOSS_SIGMOID_CROSS_ENTROPY\n",
-      fields,
-      "}\n"
-      "dataset { format: FORMAT_CRITEO train_path: \"",
-      dir_, "/train.tsv\" test_path: \"", dir_,
-      "/test.tsv\" }\n"
-      "optimizer { kind: OPTIMIZER_KIND_ADAGRAD learning_rate: 0.1 }\n"
-      "batch_size: 32\n"
-      "seed: 13\n"
-      "partition_bytes: 1024\n"
-      "num_workers: 2\n"
-      "epochs: 2\n");
-  ASSERT_TRUE(google::protobuf::TextFormat::ParseFromString(text, &spec)) << text;
+  const std::string text =
+      absl::StrCat("name: \"", name,
+                   "\"\n"
+                   "model {\n"
+                   "  dense_features: 13\n"
+                   "  bottom_layers { dense { units: 4 } }\n"
+                   "  bottom_layers { tanh {} }\n"
+                   "  tables { name: \"a\" dim: 4 }\n"
+                   "  tables { name: \"b\" dim: 4 }\n"
+                   "  tables { name: \"w\" dim: 1 initializer { kind: KIND_ZEROS } }\n"
+                   "  wide_table: \"w\"\n"
+                   "  interaction { kind: KIND_DOT }\n"
+                   "  layers { dense { units: 8 } }\n"
+                   "  layers { relu {} }\n"
+                   "  layers { dense { units: 1 } }\n"
+                   "  loss: LOSS_SIGMOID_CROSS_ENTROPY\n",
+                   fields,
+                   "}\n"
+                   "dataset { format: FORMAT_CRITEO train_path: \"",
+                   dir, "/train.tsv\" test_path: \"", dir,
+                   "/test.tsv\" }\n"
+                   "optimizer { kind: OPTIMIZER_KIND_ADAGRAD learning_rate: 0.1 }\n"
+                   "batch_size: 32\n"
+                   "seed: 13\n"
+                   "partition_bytes: 1024\n"
+                   "num_workers: 2\n"
+                   "epochs: 2\n");
+  v1::JobSpec parsed;
+  EXPECT_TRUE(google::protobuf::TextFormat::ParseFromString(text, &parsed)) << text;
+  return parsed;
+}
+
+// The same for the multi-input model of MultiTableSpec.
+TEST_F(DistributedTrainerTest, MultiTableBspMatchesASingleProcessReferenceRowForRow) {
+  const std::string job = "multi-bsp";
+  WriteSmallCriteo(dir_ + "/train.tsv", 1200, 5);
+  WriteSmallCriteo(dir_ + "/test.tsv", 200, 6);
+  const v1::JobSpec spec = MultiTableSpec(dir_, job);
   absl::StatusOr<v1::ProgressReport> result = CheckSparseBspAgainstAReference(job, spec, 3);
   ASSERT_TRUE(result.ok()) << result.status();
   EXPECT_TRUE(result->evaluated());
   ASSERT_TRUE(result->has_test_auc());
   EXPECT_GT(result->test_auc(), 0.7) << "the label is C1 < 3";
+  DropJob(job);
+}
+
+// Hybrid consistency (PERSIA's): the dense layers BSP, the tables SSP(2). Both ranks train every
+// step, and the model learns as under BSP.
+TEST_F(DistributedTrainerTest, HybridTrainsTheMultiTableModel) {
+  const std::string job = "multi-hybrid";
+  WriteSmallCriteo(dir_ + "/train.tsv", 1200, 5);
+  WriteSmallCriteo(dir_ + "/test.tsv", 200, 6);
+  v1::JobSpec spec = MultiTableSpec(dir_, job);
+  spec.set_consistency("hybrid");
+  spec.set_staleness(2);
+  FakeCoordinator coordinator(2);
+  std::vector<std::unique_ptr<DistributedTrainer>> ranks;
+  for (int r = 0; r < 2; ++r) {
+    DistributedOptions o = Options(job, spec, r);
+    if (r == 0) {
+      o.report = [&coordinator](const v1::ProgressReport& p) { return coordinator.Report(p); };
+    }
+    ranks.push_back(Make(std::move(o)));
+    ASSERT_NE(ranks.back(), nullptr);
+  }
+  const int64_t total = ranks[0]->total_steps();
+  std::vector<absl::StatusOr<v1::ProgressReport>> results = RunAll(ranks, &coordinator);
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_TRUE(results[r].ok()) << "rank " << r << ": " << results[r].status();
+    EXPECT_EQ(results[r]->step(), total) << "rank " << r;
+  }
+  EXPECT_TRUE(results[0]->evaluated());
+  ASSERT_TRUE(results[0]->has_test_auc());
+  EXPECT_GT(results[0]->test_auc(), 0.7) << "the label is C1 < 3";
   DropJob(job);
 }
 
