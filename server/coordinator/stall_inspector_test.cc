@@ -349,5 +349,37 @@ TEST_F(CoordinatorTest, TheRestartGraceEndsOnceEveryRankIsBack) {
   EXPECT_TRUE(Report(w5, id, 0, v1::TASK_PHASE_TRAINING, 13).cancel());
 }
 
+// After a restart the ranks report under their old member ids (their daemons do not know yet
+// that those are LOST), which ends the grace; then each daemon registers again, under a new id,
+// and its last reports come from that id. Same host and pid: the same daemon, which keeps its
+// rank, and the job ends. (Before, the rank's final report was refused and the job hung.)
+TEST_F(CoordinatorTest, ADaemonRegisteredAgainAfterTheGraceKeepsItsRank) {
+  RegisterShard(0);
+  const std::string w1 = RegisterWorker("host-0", true, 4100);
+  const std::string w2 = RegisterWorker("host-1", true, 4101);
+  v1::JobSpec spec = FashionMlpJob("ft", 2, "/data");
+  spec.set_checkpoint_every_steps(10);
+  auto job = coordinator_->CreateJob(spec);
+  ASSERT_TRUE(job.ok()) << job.status();
+  coordinator_->Tick();
+  const std::string id = job->id();
+  ASSERT_EQ(Job(id).state(), v1::JOB_STATE_RUNNING) << Job(id).reason();
+  Restart();
+  RegisterShard(0);
+  EXPECT_FALSE(Report(w1, id, 0, v1::TASK_PHASE_TRAINING, 12).cancel());
+  EXPECT_FALSE(Report(w2, id, 1, v1::TASK_PHASE_TRAINING, 12).cancel());
+  coordinator_->Tick();
+  const std::string w3 = RegisterWorker("host-0", true, 4100);
+  const std::string w4 = RegisterWorker("host-1", true, 4101);
+  ASSERT_NE(w3, w1);
+  // Another daemon on the host (another pid) is still a stranger.
+  const std::string other = RegisterWorker("host-0", true, 4999);
+  EXPECT_TRUE(Report(other, id, 0, v1::TASK_PHASE_TRAINING, 13).cancel());
+  EXPECT_FALSE(Report(w4, id, 1, v1::TASK_PHASE_TRAINING_DONE, 100).cancel());
+  EXPECT_FALSE(Report(w3, id, 0, v1::TASK_PHASE_SUCCEEDED, 100).cancel());
+  EXPECT_EQ(Job(id).state(), v1::JOB_STATE_SUCCEEDED) << Job(id).reason();
+  EXPECT_EQ(Job(id).workers(0).member_id(), w3);
+}
+
 }  // namespace
 }  // namespace tessera::coordinator

@@ -79,14 +79,20 @@ bool AcceptReport(ClusterState& state, JobEntry& entry, int rank, const v1::Prog
   }
   if (worker.member_id() != report.member_id()) {
     // After a coordinator restart an idle live worker may report a rank: it is rebound to it.
+    // So it is when the rank's member is the same daemon (host and pid) registered again under
+    // a new id: a worker that finds itself LOST after a restart re-registers while its task runs
+    // on, and its last reports may come after the restart's grace has ended (every rank seen).
     // Anyone else (a shard, an unknown or departed member, a worker with another task)
     // would wedge the member or the rank.
-    if (entry.restart_deadline_ms > 0 && member != nullptr &&
+    MemberEntry* previous = state.FindMember(worker.member_id());
+    const bool same_daemon = previous != nullptr && member != nullptr &&
+                             !IsLive(previous->member) && member->member.pid() != 0 &&
+                             member->member.pid() == previous->member.pid() &&
+                             member->member.hostname() == previous->member.hostname();
+    if ((entry.restart_deadline_ms > 0 || same_daemon) && member != nullptr &&
         member->member.role() == v1::MEMBER_ROLE_WORKER && IsLive(member->member) &&
         member->member.job_id().empty()) {
-      if (MemberEntry* previous = state.FindMember(worker.member_id())) {
-        ReleaseWorker(state, *previous, job.id());
-      }
+      if (previous != nullptr) ReleaseWorker(state, *previous, job.id());
       worker.set_member_id(report.member_id());
       worker.set_hostname(member->member.hostname());
       ReserveWorker(state, *member, job.id(), rank);

@@ -1,0 +1,155 @@
+#!/usr/bin/env python3
+"""Distributed click-through benchmark (issue #15): a cluster started by hand, as an operator would.
+
+Starts tessera-coordinator, 2 tessera-server shards (each with its Prometheus endpoint) and
+2 tessera-worker daemons on loopback ports picked at run time, submits one job
+(examples/criteo_dlrm.textproto by default) with `tessera submit --watch`, and prints one JSON
+line: the job's samples per second, the test AUC after each epoch with the seconds since the
+job started when it was reached, and the bytes the shards moved per step (pushed gradient bytes
+and pulled weight bytes, from tessera_shard_pushed_bytes_total and
+tessera_shard_pulled_bytes_total, over both shards, divided by the steps) beside what a dense
+exchange of the same model would move: every worker pushing and pulling every table row the
+shards hold at the end and every dense parameter, each step (counted in the job's export).
+
+  bench/distributed_ctr.py --job examples/criteo_dlrm.textproto --epochs 2
+
+Needs the built binaries (build/bin) and the generated data the job names
+(`tessera datagen criteo --rows 1000000 --out /var/tmp/tessera-criteo`). Python 3 standard
+library only.
+"""
+import argparse
+import json
+import math
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+
+def wait_file(path, seconds=30):
+    end = time.time() + seconds
+    while time.time() < end:
+        if os.path.exists(path) and os.path.getsize(path) > 0:
+            with open(path) as f:
+                return f.read().strip()
+        time.sleep(0.05)
+    raise SystemExit(f"{path} did not appear within {seconds} s")
+
+
+def metrics(port):
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    out = {}
+    for line in text.splitlines():
+        m = re.match(r"^([a-z_]+)(\{[^}]*\})?\s+([0-9.eE+-]+)$", line)
+        if m:
+            out[m.group(1)] = out.get(m.group(1), 0.0) + float(m.group(3))
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--job", default="examples/criteo_dlrm.textproto")
+    ap.add_argument("--epochs", type=int, default=1)
+    ap.add_argument("--consistency", help="override the job's (bsp, ssp, asp, hybrid)")
+    ap.add_argument("--staleness", type=int, default=0)
+    ap.add_argument("--bin", default="build/bin")
+    ap.add_argument("--threads", type=int, default=1, help="per worker")
+    args = ap.parse_args()
+
+    tmp = tempfile.mkdtemp(prefix="tessera-bench-ctr-")
+    procs = []
+    try:
+        spec = open(args.job).read()
+        spec = re.sub(r"(?m)^epochs: \d+", f"epochs: {args.epochs}", spec)
+        if args.consistency:
+            spec = re.sub(r'(?m)^consistency: "[a-z]+"', f'consistency: "{args.consistency}"', spec)
+            if args.staleness:
+                spec += f"\nstaleness: {args.staleness}\n"
+        data_dirs = sorted(set(os.path.dirname(p) for p in re.findall(r'_path: "([^"]+)"', spec)))
+        job_path = os.path.join(tmp, "job.textproto")
+        with open(job_path, "w") as f:
+            f.write(spec)
+
+        def start(name, argv):
+            log = open(os.path.join(tmp, name + ".log"), "w")
+            procs.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT))
+
+        roots = [f"--dataset_root={d}" for d in data_dirs]
+        start("coordinator", [f"{args.bin}/tessera-coordinator", "--listen", "127.0.0.1:0",
+                              "--port_file", f"{tmp}/coordinator.port", "--data_dir",
+                              f"{tmp}/coordinator", "--num_shards", "2", *roots])
+        coordinator = "127.0.0.1:" + wait_file(f"{tmp}/coordinator.port")
+        metric_ports = []
+        for i in range(2):
+            start(f"shard-{i}", [f"{args.bin}/tessera-server", "--listen", "127.0.0.1:0",
+                                 "--port_file", f"{tmp}/shard-{i}.port", "--coordinator",
+                                 coordinator, "--shard_index", str(i), "--metrics_listen",
+                                 "127.0.0.1:0", "--metrics_port_file", f"{tmp}/shard-{i}.metrics"])
+            metric_ports.append(wait_file(f"{tmp}/shard-{i}.metrics"))
+        for i in range(2):
+            start(f"worker-{i}", [f"{args.bin}/tessera-worker", "--coordinator", coordinator,
+                                  "--threads", str(args.threads), "--hostname", f"bench-{i}",
+                                  *roots])
+        time.sleep(2)  # registrations
+        start_time = time.time()
+        watch = subprocess.run([f"{args.bin}/tessera", "submit", job_path, "--watch",
+                                "--coordinator", coordinator, "--output", "json"],
+                               capture_output=True, text=True, timeout=3600)
+        lines = [l for l in watch.stdout.splitlines() if l.startswith("{")]
+        if watch.returncode != 0 or not lines:
+            sys.stderr.write(watch.stdout + watch.stderr)
+            raise SystemExit(f"the job did not succeed (exit {watch.returncode})")
+        job = json.loads(lines[-1])
+        events = [json.loads(l)["event"] for l in lines if l.startswith('{"event":')]
+        started = min((int(e["time_ms"]) for e in events), default=0)
+        epochs = [{"epoch": int(e.get("epoch", 0)), "test_auc": round(e["test_auc"], 4),
+                   "seconds": round((int(e["time_ms"]) - started) / 1000.0, 1)}
+                  for e in events if e.get("evaluated") and "test_auc" in e]
+        totals = {}
+        for port in metric_ports:
+            for k, v in metrics(port).items():
+                totals[k] = totals.get(k, 0.0) + v
+        steps = int(job.get("step", 0))
+        moved = totals.get("tessera_shard_pushed_bytes_total", 0) + \
+            totals.get("tessera_shard_pulled_bytes_total", 0)
+        # What the model holds, from its export: table rows (".ids" tensors) and float values.
+        exported = os.path.join(tmp, "model.safetensors")
+        subprocess.run([f"{args.bin}/tessera", "export", job["id"], "--coordinator", coordinator,
+                        "--out", exported], check=True, capture_output=True, timeout=600)
+        with open(exported, "rb") as f:
+            n = int.from_bytes(f.read(8), "little")
+            header = json.loads(f.read(n))
+        header.pop("__metadata__", None)
+        rows = sum(t["shape"][0] for name, t in header.items() if name.endswith(".ids"))
+        values = sum(math.prod(t["shape"]) for t in header.values() if t["dtype"] == "F32")
+        # A dense exchange: each of the 2 workers pushes and pulls every value, every step.
+        dense_exchange = 2 * 2 * 4 * values
+        print(json.dumps({
+            "job": job.get("spec", {}).get("name"), "consistency": args.consistency or "as spec",
+            "workers": 2, "shards": 2, "steps": steps,
+            "samples_per_second": round(float(job.get("samples_per_second", 0)), 1),
+            "wall_seconds": round(time.time() - start_time, 1),
+            "test_auc": job.get("test_auc"), "epochs": epochs,
+            "bytes_per_step": round(moved / max(steps, 1)),
+            "table_rows_at_end": int(rows),
+            "dense_exchange_bytes_per_step": round(dense_exchange),
+            "fraction_of_dense_exchange": round(moved / max(steps, 1) / max(dense_exchange, 1), 5),
+        }))
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
