@@ -36,7 +36,7 @@ from torch import nn
 
 # The hashing and the AUC are the independent numpy scorer's, so both read the data one way.
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "e2e"))
-from score_criteo import feature_ids, roc_auc  # noqa: E402
+from score_criteo import feature_ids, read_criteo_fields, roc_auc  # noqa: E402
 
 
 def read_criteo(path):
@@ -59,22 +59,6 @@ def read_criteo(path):
     ids = feature_ids(np.array(fields, dtype=np.uint64), np.array(raw, dtype=np.uint64))
     return (np.array(labels, dtype=np.float32), np.array(offsets, dtype=np.int64), ids,
             np.array(weights, dtype=np.float32))
-
-
-def read_criteo_fields(path):
-    """(labels [n], dense [n, 13], ids [n, 26] hashed, -1 where empty)."""
-    labels, dense, raw = [], [], []
-    with open(path) as f:
-        for line in f:
-            parts = line.rstrip("\n").split("\t")
-            labels.append(float(parts[0]))
-            dense.append([np.log1p(float(v)) if v and int(v) > 0 else 0.0 for v in parts[1:14]])
-            raw.append([int(v, 16) if v else -1 for v in parts[14:40]])
-    raw = np.array(raw, dtype=np.int64)
-    fields = np.broadcast_to(np.arange(13, 39, dtype=np.uint64), raw.shape)
-    ids = feature_ids(fields, np.where(raw < 0, 0, raw).astype(np.uint64))
-    return (np.array(labels, dtype=np.float32), np.array(dense, dtype=np.float32),
-            np.where(raw < 0, -1, ids))
 
 
 class Dlrm(nn.Module):
@@ -105,6 +89,7 @@ def bags(ids_rows):
 
 def main_dlrm(args):
     labels, dense, ids = read_criteo_fields(args.train)
+    labels, dense = labels.astype(np.float32), dense.astype(np.float32)
     vocab, inverse = np.unique(ids[ids >= 0], return_inverse=True)
     rows = np.full(ids.shape, -1, dtype=np.int64)
     rows[ids >= 0] = inverse
@@ -141,6 +126,7 @@ def main_dlrm(args):
            "samples_per_second": round(n * args.epochs / seconds, 1), "table_rows": len(vocab)}
     if args.test:
         tl, tdense, tids = read_criteo_fields(args.test)
+        tdense = tdense.astype(np.float32)
         at = np.clip(np.searchsorted(vocab, tids), 0, len(vocab) - 1)
         trows = np.where(tids < 0, -1, np.where(vocab[at] == tids, at, unseen))
         with torch.no_grad():

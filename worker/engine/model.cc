@@ -33,30 +33,12 @@ kernels::LossKind LossKindOf(v1::Loss loss) {
 
 constexpr size_t kMaxCachedBatchSizes = 4;
 
-Shape WithBatch(int64_t n, const Shape& s) {
-  Shape r;
-  r.reserve(s.size() + 1);
-  r.push_back(n);
-  r.insert(r.end(), s.begin(), s.end());
-  return r;
-}
-
-// a + b for sizes >= 0, saturating at the int64 maximum (a saturated size never fits anywhere).
-int64_t SaturatingAdd(int64_t a, int64_t b) {
-  int64_t r = 0;
-  if (a < 0 || b < 0 || __builtin_add_overflow(a, b, &r)) return INT64_MAX;
-  return r;
-}
-
-// a * b for sizes >= 0, saturating at the int64 maximum.
-int64_t SaturatingProduct(int64_t a, int64_t b) {
-  const int64_t r = kernels::CheckedProduct(a, b);
-  return r < 0 ? INT64_MAX : r;
-}
-
 }  // namespace
 
 using internal::Mix;
+using internal::SaturatingAdd;
+using internal::SaturatingProduct;
+using internal::WithBatch;
 
 Model::Model(Backend* backend, uint64_t seed)
     : backend_(backend), seed_(seed), dropout_seed_(Mix(seed, 0x5eed)) {}
@@ -86,25 +68,7 @@ absl::Status Model::Build(const v1::ModelSpec& spec) {
   layer_infos_ = shapes.layers;
   if (shapes.multi_input) return BuildMultiInput(spec, std::move(shapes));
 
-  // Refuse a model whose parameters cannot fit before allocating any of them (the host staging
-  // buffer holds one parameter at a time).
-  int64_t largest = 0;
-  parameter_bytes_ = 0;
-  for (const spec::LayerInfo& info : layer_infos_) {
-    for (const spec::ParameterShape& d : info.parameters) {
-      if (d.sparse) continue;  // rows installed per batch (SetRows)
-      const int64_t bytes = SaturatingProduct(kernels::CheckedNumElements(d.shape), 4);
-      largest = std::max(largest, bytes);
-      parameter_bytes_ =
-          SaturatingAdd(parameter_bytes_, SaturatingProduct(bytes, d.trainable ? 2 : 1));
-    }
-  }
-  const int64_t capacity = backend_->MemoryCapacityBytes();
-  if (SaturatingAdd(parameter_bytes_, largest) > capacity) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("model: the parameters and their gradients need ", parameter_bytes_,
-                     " bytes, more than the ", capacity, " bytes of memory of ", backend_->Name()));
-  }
+  TESSERA_RETURN_IF_ERROR(CheckParameterMemory({&layer_infos_}));
   // Trainable parameters first, then state, each in layer order.
   std::vector<std::vector<int>> index;
   TESSERA_RETURN_IF_ERROR(
@@ -114,6 +78,32 @@ absl::Status Model::Build(const v1::ModelSpec& spec) {
   BindLayers(layers_, index);
   TESSERA_ASSIGN_OR_RETURN(metrics_, backend_->Allocate({2}));
   host_metrics_.assign(2, 0.0f);
+  return absl::OkStatus();
+}
+
+absl::Status Model::CheckParameterMemory(
+    std::initializer_list<const std::vector<spec::LayerInfo>*> layer_lists) {
+  // Refuse a model whose parameters cannot fit before allocating any of them (the host staging
+  // buffer holds one parameter at a time).
+  int64_t largest = 0;
+  parameter_bytes_ = 0;
+  for (const std::vector<spec::LayerInfo>* infos : layer_lists) {
+    for (const spec::LayerInfo& info : *infos) {
+      for (const spec::ParameterShape& d : info.parameters) {
+        if (d.sparse) continue;  // rows installed per batch (SetRows)
+        const int64_t bytes = SaturatingProduct(kernels::CheckedNumElements(d.shape), 4);
+        largest = std::max(largest, bytes);
+        parameter_bytes_ =
+            SaturatingAdd(parameter_bytes_, SaturatingProduct(bytes, d.trainable ? 2 : 1));
+      }
+    }
+  }
+  const int64_t capacity = backend_->MemoryCapacityBytes();
+  if (SaturatingAdd(parameter_bytes_, largest) > capacity) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("model: the parameters and their gradients need ", parameter_bytes_,
+                     " bytes, more than the ", capacity, " bytes of memory of ", backend_->Name()));
+  }
   return absl::OkStatus();
 }
 

@@ -17,6 +17,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <string>
@@ -189,6 +190,10 @@ class Model {
 
   Model(kernels::Backend* backend, uint64_t seed);
   absl::Status Build(const v1::ModelSpec& spec);
+  // Sums the dense parameters' bytes (values and gradients) of the layer lists into
+  // parameter_bytes_; RESOURCE_EXHAUSTED when they cannot fit in the backend's memory.
+  absl::Status CheckParameterMemory(
+      std::initializer_list<const std::vector<spec::LayerInfo>*> layer_lists);
   // Creates, initialises and binds the parameters of `layers` (`infos`), trainable ones when
   // `trainable`, else the state; layer_parameters gets each layer's trainable indices.
   absl::Status AddLayerParameters(const std::vector<std::unique_ptr<Layer>>& layers,

@@ -14,21 +14,12 @@
 
 namespace tessera::engine {
 
+using internal::SaturatingAdd;
+using internal::SaturatingProduct;
 using kernels::DType;
 using kernels::Tensor;
 
 namespace {
-
-int64_t SaturatingAdd(int64_t a, int64_t b) {
-  int64_t r = 0;
-  if (a < 0 || b < 0 || __builtin_add_overflow(a, b, &r)) return INT64_MAX;
-  return r;
-}
-
-int64_t SaturatingProduct(int64_t a, int64_t b) {
-  const int64_t r = kernels::CheckedProduct(a, b);
-  return r < 0 ? INT64_MAX : r;
-}
 
 // Bags per example of a table: one per field (deep), or one (wide).
 int64_t BagsPerExample(const spec::TableShape& t) {
@@ -102,24 +93,7 @@ absl::Status Model::BuildMultiInput(const v1::ModelSpec& spec, spec::ModelShapes
     bag_infos.push_back(std::move(info));
   }
 
-  int64_t largest = 0;
-  parameter_bytes_ = 0;
-  for (const auto* infos : {&multi_.bottom, &layer_infos_}) {
-    for (const spec::LayerInfo& info : *infos) {
-      for (const spec::ParameterShape& d : info.parameters) {
-        const int64_t bytes = SaturatingProduct(kernels::CheckedNumElements(d.shape), 4);
-        largest = std::max(largest, bytes);
-        parameter_bytes_ =
-            SaturatingAdd(parameter_bytes_, SaturatingProduct(bytes, d.trainable ? 2 : 1));
-      }
-    }
-  }
-  const int64_t capacity = backend_->MemoryCapacityBytes();
-  if (SaturatingAdd(parameter_bytes_, largest) > capacity) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("model: the parameters and their gradients need ", parameter_bytes_,
-                     " bytes, more than the ", capacity, " bytes of memory of ", backend_->Name()));
-  }
+  TESSERA_RETURN_IF_ERROR(CheckParameterMemory({&multi_.bottom, &layer_infos_}));
   // Trainable: bottom, top, tables; then the state of bottom and top.
   std::vector<std::vector<int>> bottom_index, top_index, bag_index, bag_parameters;
   TESSERA_RETURN_IF_ERROR(

@@ -7,8 +7,6 @@ namespace tessera::engine::internal {
 using kernels::Shape;
 using kernels::Tensor;
 
-namespace {
-
 Shape WithBatch(int64_t n, const Shape& s) {
   Shape r;
   r.reserve(s.size() + 1);
@@ -27,6 +25,8 @@ int64_t SaturatingProduct(int64_t a, int64_t b) {
   const int64_t r = kernels::CheckedProduct(a, b);
   return r < 0 ? INT64_MAX : r;
 }
+
+namespace {
 
 // A ReLU after Dense or Conv2D overwrites their output, which their backward pass never reads:
 // one activation less to write and keep in cache.

@@ -53,6 +53,13 @@ absl::Status BackwardChain(kernels::Backend* backend, const Layers& layers,
 // The dropout seeds' mix of a seed and a layer index (SplitMix64).
 uint64_t Mix(uint64_t a, uint64_t b);
 
+// [n, s...].
+kernels::Shape WithBatch(int64_t n, const kernels::Shape& s);
+// a + b and a * b for sizes >= 0, saturating at the int64 maximum (a saturated size never fits
+// anywhere).
+int64_t SaturatingAdd(int64_t a, int64_t b);
+int64_t SaturatingProduct(int64_t a, int64_t b);
+
 }  // namespace tessera::engine::internal
 
 #endif  // TESSERA_WORKER_ENGINE_INTERNAL_CHAIN_H_
