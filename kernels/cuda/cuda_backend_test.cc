@@ -521,6 +521,35 @@ TEST_F(CudaVsCpuTest, EmbeddingBagGatherAndScatterAdd) {
   }
 }
 
+// The multi-input model's ops: a strided column copy (and add), and DLRM's dot interaction with
+// its gradient, for a few vector counts and widths (one vector, no pairs, included).
+TEST_F(CudaVsCpuTest, CopyColumnsAndDotInteraction) {
+  for (bool accumulate : {false, true}) {
+    Pair src = RandomF({33, 12});
+    Pair dst = RandomF({33, 40});
+    ASSERT_TRUE(cpu_->CopyColumns(src.cpu, 4, dst.cpu, 17, 8, accumulate).ok());
+    ASSERT_TRUE(gpu_->CopyColumns(src.gpu, 4, dst.gpu, 17, 8, accumulate).ok());
+    ExpectClose(dst, 1e-6, 1e-6, accumulate ? "add columns" : "copy columns");
+  }
+  struct Case {
+    int64_t n, m, d, offset;
+  };
+  for (const Case& c : {Case{5, 1, 4, 2}, Case{37, 27, 16, 16}, Case{9, 4, 3, 2}}) {
+    const std::string what = absl::StrCat("n ", c.n, " m ", c.m, " d ", c.d);
+    const int64_t cols = c.offset + c.m * (c.m - 1) / 2;
+    Pair x = RandomF({c.n, c.m, c.d});
+    Pair y = RandomF({c.n, cols});
+    ASSERT_TRUE(cpu_->DotInteractionForward(x.cpu, y.cpu, c.offset).ok());
+    ASSERT_TRUE(gpu_->DotInteractionForward(x.gpu, y.gpu, c.offset).ok());
+    ExpectClose(y, 1e-4, 1e-4, what + " y");
+    Pair dy = RandomF({c.n, cols});
+    Pair dx = Output({c.n, c.m, c.d});
+    ASSERT_TRUE(cpu_->DotInteractionBackward(x.cpu, dy.cpu, c.offset, dx.cpu).ok());
+    ASSERT_TRUE(gpu_->DotInteractionBackward(x.gpu, dy.gpu, c.offset, dx.gpu).ok());
+    ExpectClose(dx, 1e-4, 1e-4, what + " dx");
+  }
+}
+
 TEST_F(CudaVsCpuTest, LossesValuesGradientsAndAccuracy) {
   struct Case {
     LossKind kind;
