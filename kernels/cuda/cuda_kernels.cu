@@ -380,8 +380,8 @@ cudaError_t LaunchEmbeddingBagBackward(bool mean, int64_t dim, const int64_t* id
 
 namespace {
 
-__global__ void AddColumnsKernel(const float* src, int64_t src_cols, int64_t src_offset,
-                                 float* dst, int64_t dst_cols, int64_t dst_offset, int64_t rows,
+__global__ void AddColumnsKernel(const float* src, int64_t src_cols, int64_t src_offset, float* dst,
+                                 int64_t dst_cols, int64_t dst_offset, int64_t rows,
                                  int64_t width) {
   const int64_t total = rows * width;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
@@ -412,9 +412,8 @@ __global__ void DotInteractionForwardKernel(const float* x, int64_t m, int64_t d
 
 // One block per example; thread t computes the values (i, c) t, t + blockDim.x, ... of dx:
 // dx[i, c] = sum over j != i of g(i, j) * x[j, c], with g(i, j) = dy[pair(max, min)].
-__global__ void DotInteractionBackwardKernel(const float* x, int64_t m, int64_t d,
-                                             const float* dy, int64_t y_cols, int64_t y_offset,
-                                             float* dx) {
+__global__ void DotInteractionBackwardKernel(const float* x, int64_t m, int64_t d, const float* dy,
+                                             int64_t y_cols, int64_t y_offset, float* dx) {
   const int64_t b = blockIdx.x;
   const float* v = x + b * m * d;
   const float* g = dy + b * y_cols + y_offset;
@@ -447,7 +446,7 @@ cudaError_t LaunchDotInteractionForward(const float* x, int64_t n, int64_t m, in
                                         int64_t y_cols, int64_t y_offset, cudaStream_t stream) {
   if (n <= 0 || m < 2) return cudaSuccess;
   DotInteractionForwardKernel<<<static_cast<unsigned>(n), 128, 0, stream>>>(x, m, d, y, y_cols,
-                                                                             y_offset);
+                                                                            y_offset);
   return cudaGetLastError();
 }
 
@@ -456,7 +455,7 @@ cudaError_t LaunchDotInteractionBackward(const float* x, int64_t n, int64_t m, i
                                          float* dx, cudaStream_t stream) {
   if (n <= 0) return cudaSuccess;
   DotInteractionBackwardKernel<<<static_cast<unsigned>(n), 128, 0, stream>>>(x, m, d, dy, y_cols,
-                                                                              y_offset, dx);
+                                                                             y_offset, dx);
   return cudaGetLastError();
 }
 
