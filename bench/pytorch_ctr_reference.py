@@ -79,6 +79,22 @@ class Dlrm(nn.Module):
         return self.top(torch.cat([u, dots], dim=1)).squeeze(1)
 
 
+def train_step(loss, *optimizers):
+    for opt in optimizers:
+        opt.zero_grad()
+    loss.backward()
+    for opt in optimizers:
+        opt.step()
+
+
+def score(logits, labels, out):
+    """Adds the test AUC and log loss of logits against labels to `out`."""
+    p = np.clip(1 / (1 + np.exp(-logits)), 1e-7, 1 - 1e-7)
+    out["test_auc"] = round(roc_auc(logits, labels), 4)
+    loss = -np.mean(labels * np.log(p) + (1 - labels) * np.log(1 - p))
+    out["test_log_loss"] = round(float(loss), 4)
+
+
 def bags(ids_rows):
     """The flat rows and the bag offsets of [n, 26] rows (-1: an empty bag)."""
     present = ids_rows.reshape(-1) >= 0
@@ -112,12 +128,7 @@ def main_dlrm(args):
             idx = order[b:b + args.batch]
             r, off = bags(rows[idx])
             it = torch.from_numpy(idx)
-            loss = loss_fn(model(dense_t[it], r, off), labels_t[it])
-            opt_sparse.zero_grad()
-            opt_dense.zero_grad()
-            loss.backward()
-            opt_sparse.step()
-            opt_dense.step()
+            train_step(loss_fn(model(dense_t[it], r, off), labels_t[it]), opt_sparse, opt_dense)
             steps += 1
         seconds += time.perf_counter() - start
     out = {"framework": "pytorch", "model": "dlrm", "torch": torch.__version__,
@@ -132,9 +143,7 @@ def main_dlrm(args):
         with torch.no_grad():
             r, off = bags(trows)
             logits = model(torch.from_numpy(tdense), r, off).numpy()
-        p = np.clip(1 / (1 + np.exp(-logits)), 1e-7, 1 - 1e-7)
-        out["test_auc"] = round(roc_auc(logits, tl), 4)
-        out["test_log_loss"] = round(float(-np.mean(tl * np.log(p) + (1 - tl) * np.log(1 - p))), 4)
+        score(logits, tl, out)
     print(json.dumps(out))
 
 
@@ -186,12 +195,8 @@ def main():
             off = torch.from_numpy(ends - lens)
             t = torch.from_numpy(take)
             x = bag(rows_t[t], off, per_sample_weights=weights_t[t])
-            loss = loss_fn(mlp(x).squeeze(1), labels_t[torch.from_numpy(idx)])
-            opt_sparse.zero_grad()
-            opt_dense.zero_grad()
-            loss.backward()
-            opt_sparse.step()
-            opt_dense.step()
+            train_step(loss_fn(mlp(x).squeeze(1), labels_t[torch.from_numpy(idx)]), opt_sparse,
+                       opt_dense)
             steps += 1
         seconds += time.perf_counter() - start
     out = {"framework": "pytorch", "torch": torch.__version__, "threads": args.threads,
@@ -205,9 +210,7 @@ def main():
         with torch.no_grad():
             logits = mlp(bag(torch.from_numpy(trow), torch.from_numpy(toff[:-1]),
                              per_sample_weights=torch.from_numpy(tw))).squeeze(1).numpy()
-        p = np.clip(1 / (1 + np.exp(-logits)), 1e-7, 1 - 1e-7)
-        out["test_auc"] = round(roc_auc(logits, tl), 4)
-        out["test_log_loss"] = round(float(-np.mean(tl * np.log(p) + (1 - tl) * np.log(1 - p))), 4)
+        score(logits, tl, out)
     print(json.dumps(out))
 
 

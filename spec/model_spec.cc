@@ -685,12 +685,11 @@ absl::Status InferMultiInput(const v1::ModelSpec& spec, ModelShapes* out) {
   m.bottom_width = NumElements(shape);
 
   // The interaction.
-  int64_t deep_fields = 0;
-  int64_t deep_width = 0;
-  for (const FieldShape& f : m.fields) {
-    ++deep_fields;
-    deep_width += m.tables[f.table].dim();
-  }
+  // [u, e_1, ..., e_F]; u is absent without dense features.
+  const int64_t u_width = m.dense_features > 0 ? m.bottom_width : 0;
+  m.concat_width = u_width;
+  for (const FieldShape& f : m.fields) m.concat_width += m.tables[f.table].dim();
+  m.interaction_width = m.concat_width;
   if (m.interaction == v1::Interaction::KIND_DOT) {
     const int64_t d = m.dense_features > 0 ? m.bottom_width : m.tables[m.fields[0].table].dim();
     for (size_t i = 0; i < m.fields.size(); ++i) {
@@ -702,17 +701,13 @@ absl::Status InferMultiInput(const v1::ModelSpec& spec, ModelShapes* out) {
             "), but sparse_features[", i, "] reads table \"", t.name, "\" of dim ", t.dim()));
       }
     }
-    const int64_t vectors = deep_fields + (m.dense_features > 0 ? 1 : 0);
+    const int64_t vectors = static_cast<int64_t>(m.fields.size()) + (u_width > 0 ? 1 : 0);
     if (vectors < 2) {
       return absl::InvalidArgumentError(
           "interaction.kind: KIND_DOT needs at least two vectors (dense features and a field, or "
           "two fields)");
     }
-    m.concat_width = (m.dense_features > 0 ? m.bottom_width : 0) + deep_width;
-    m.interaction_width = (m.dense_features > 0 ? m.bottom_width : 0) + vectors * (vectors - 1) / 2;
-  } else {
-    m.concat_width = m.bottom_width + deep_width;
-    m.interaction_width = m.concat_width;
+    m.interaction_width = u_width + vectors * (vectors - 1) / 2;
   }
   if (m.interaction_width > kMaxElements) {
     return absl::InvalidArgumentError(
@@ -720,9 +715,6 @@ absl::Status InferMultiInput(const v1::ModelSpec& spec, ModelShapes* out) {
   }
 
   // The top layers.
-  if (spec.layers_size() == 0) {
-    return absl::InvalidArgumentError("layers: a model needs at least one (top) layer");
-  }
   out->input_shape = {m.interaction_width};
   shape = out->input_shape;
   for (int i = 0; i < spec.layers_size(); ++i) {
