@@ -1035,6 +1035,22 @@ void SetRandomScalar(pb::Message* m, const pb::FieldDescriptor* f, Rng& rng, con
   }
 }
 
+// The most bytes one giant repeated field adds (see MutateMessage).
+constexpr size_t kGiantFieldBytes = 1u << 20;
+
+// About the bytes element `i` of the repeated field `f` takes on the wire.
+size_t RepeatedElementBytes(const pb::Message& m, const pb::FieldDescriptor* f, int i) {
+  const pb::Reflection* r = m.GetReflection();
+  if (f->cpp_type() == pb::FieldDescriptor::CPPTYPE_STRING) {
+    std::string scratch;
+    return r->GetRepeatedStringReference(m, f, i, &scratch).size() + 2;
+  }
+  if (f->cpp_type() == pb::FieldDescriptor::CPPTYPE_MESSAGE) {
+    return r->GetRepeatedMessage(m, f, i).ByteSizeLong() + 2;
+  }
+  return 10;
+}
+
 // One random edit of `m` or of a message inside it.
 void MutateMessage(pb::Message* m, Rng& rng, const Targets& t, int depth) {
   const pb::Descriptor* d = m->GetDescriptor();
@@ -1069,14 +1085,23 @@ void MutateMessage(pb::Message* m, Rng& rng, const Targets& t, int depth) {
         }
         [[fallthrough]];
       default: {
-        // A giant repeated field.
+        // A giant repeated field: up to 20,000 elements, as many as fit in kGiantFieldBytes.
+        // Random requests over 2 MiB are replaced by a fresh template before they are sent
+        // (SendOne), so elements past that would only cost the time to make them: 20,000 random
+        // byte strings of up to 1 MiB each once took most of the run's CPU.
         const int n = rng.OneIn(4) ? 20000 : 1 + static_cast<int>(rng.Uniform(64));
+        size_t added = 0;
         if (f->cpp_type() == pb::FieldDescriptor::CPPTYPE_MESSAGE && size > 0) {
-          for (int i = 0; i < std::min(n, 2000); ++i) {
+          const size_t each = r->GetRepeatedMessage(*m, f, 0).ByteSizeLong() + 4;
+          for (int i = 0; i < std::min(n, 2000) && added + each <= kGiantFieldBytes; ++i) {
             r->AddMessage(m, f)->CopyFrom(r->GetRepeatedMessage(*m, f, 0));
+            added += each;
           }
         } else {
-          for (int i = 0; i < n; ++i) SetRandomScalar(m, f, rng, t);
+          for (int i = 0; i < n && added <= kGiantFieldBytes; ++i) {
+            SetRandomScalar(m, f, rng, t);
+            added += RepeatedElementBytes(*m, f, r->FieldSize(*m, f) - 1);
+          }
         }
         return;
       }
