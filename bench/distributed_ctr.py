@@ -13,6 +13,14 @@ shards hold at the end and every dense parameter, each step (counted in the job'
 
   bench/distributed_ctr.py --job examples/criteo_dlrm.textproto --epochs 2
 
+The capacity run (a table of 10^7 rows of width 16 over two shards): data whose ids spread over
+more of each vocabulary, the hashed model on it, no export (the rows held come from
+tessera_shard_table_rows), and each shard's peak resident memory and bytes per row:
+
+  tessera datagen criteo --rows 4000000 --zipf 0.6 --out /var/tmp/tessera-criteo-flat
+  bench/distributed_ctr.py --job examples/criteo_hashed.textproto \
+      --data /var/tmp/tessera-criteo-flat --no_export
+
 Needs the built binaries (build/bin) and the generated data the job names
 (`tessera datagen criteo --rows 1000000 --out /var/tmp/tessera-criteo`). Python 3 standard
 library only.
@@ -59,6 +67,10 @@ def main():
     ap.add_argument("--staleness", type=int, default=0)
     ap.add_argument("--bin", default="build/bin")
     ap.add_argument("--threads", type=int, default=1, help="per worker")
+    ap.add_argument("--data", help="read train.tsv and test.tsv from this folder instead")
+    ap.add_argument("--no_export", action="store_true",
+                    help="count the table rows from the shards' metrics, skip the export and the "
+                         "dense-exchange comparison")
     args = ap.parse_args()
 
     tmp = tempfile.mkdtemp(prefix="tessera-bench-ctr-")
@@ -70,6 +82,9 @@ def main():
             spec = re.sub(r'(?m)^consistency: "[a-z]+"', f'consistency: "{args.consistency}"', spec)
             if args.staleness:
                 spec += f"\nstaleness: {args.staleness}\n"
+        if args.data:
+            spec = re.sub(r'train_path: "[^"]+"', f'train_path: "{args.data}/train.tsv"', spec)
+            spec = re.sub(r'test_path: "[^"]+"', f'test_path: "{args.data}/test.tsv"', spec)
         data_dirs = sorted(set(os.path.dirname(p) for p in re.findall(r'_path: "([^"]+)"', spec)))
         job_path = os.path.join(tmp, "job.textproto")
         with open(job_path, "w") as f:
@@ -85,11 +100,13 @@ def main():
                               f"{tmp}/coordinator", "--num_shards", "2", *roots])
         coordinator = "127.0.0.1:" + wait_file(f"{tmp}/coordinator.port")
         metric_ports = []
+        shard_procs = []
         for i in range(2):
             start(f"shard-{i}", [f"{args.bin}/tessera-server", "--listen", "127.0.0.1:0",
                                  "--port_file", f"{tmp}/shard-{i}.port", "--coordinator",
                                  coordinator, "--shard_index", str(i), "--metrics_listen",
                                  "127.0.0.1:0", "--metrics_port_file", f"{tmp}/shard-{i}.metrics"])
+            shard_procs.append(procs[-1])
             metric_ports.append(wait_file(f"{tmp}/shard-{i}.metrics"))
         for i in range(2):
             start(f"worker-{i}", [f"{args.bin}/tessera-worker", "--coordinator", coordinator,
@@ -117,6 +134,28 @@ def main():
         steps = int(job.get("step", 0))
         moved = totals.get("tessera_shard_pushed_bytes_total", 0) + \
             totals.get("tessera_shard_pulled_bytes_total", 0)
+        result = {
+            "job": job.get("spec", {}).get("name"), "consistency": args.consistency or "as spec",
+            "workers": 2, "shards": 2, "steps": steps,
+            "samples_per_second": round(float(job.get("samples_per_second", 0)), 1),
+            "wall_seconds": round(time.time() - start_time, 1),
+            "test_auc": job.get("test_auc"), "epochs": epochs,
+            "bytes_per_step": round(moved / max(steps, 1)),
+            "table_rows_on_shards": int(totals.get("tessera_shard_table_rows", 0)),
+            "rows_admitted": int(totals.get("tessera_shard_table_rows_admitted_total", 0)),
+            "rows_evicted": int(totals.get("tessera_shard_table_rows_evicted_total", 0)),
+        }
+        # Each shard's peak resident memory, and over both the bytes per row held.
+        peaks = []
+        for p in shard_procs:
+            with open(f"/proc/{p.pid}/status") as f:
+                peaks.append(int(re.search(r"VmHWM:\s+(\d+) kB", f.read()).group(1)) * 1024)
+        result["shard_peak_rss_bytes"] = peaks
+        if result["table_rows_on_shards"]:
+            result["peak_rss_bytes_per_row"] = round(sum(peaks) / result["table_rows_on_shards"], 1)
+        if args.no_export:
+            print(json.dumps(result))
+            return
         # What the model holds, from its export: table rows (".ids" tensors) and float values.
         exported = os.path.join(tmp, "model.safetensors")
         subprocess.run([f"{args.bin}/tessera", "export", job["id"], "--coordinator", coordinator,
@@ -129,17 +168,12 @@ def main():
         values = sum(math.prod(t["shape"]) for t in header.values() if t["dtype"] == "F32")
         # A dense exchange: each of the 2 workers pushes and pulls every value, every step.
         dense_exchange = 2 * 2 * 4 * values
-        print(json.dumps({
-            "job": job.get("spec", {}).get("name"), "consistency": args.consistency or "as spec",
-            "workers": 2, "shards": 2, "steps": steps,
-            "samples_per_second": round(float(job.get("samples_per_second", 0)), 1),
-            "wall_seconds": round(time.time() - start_time, 1),
-            "test_auc": job.get("test_auc"), "epochs": epochs,
-            "bytes_per_step": round(moved / max(steps, 1)),
+        result.update({
             "table_rows_at_end": int(rows),
             "dense_exchange_bytes_per_step": round(dense_exchange),
             "fraction_of_dense_exchange": round(moved / max(steps, 1) / max(dense_exchange, 1), 5),
-        }))
+        })
+        print(json.dumps(result))
     finally:
         for p in procs:
             p.terminate()

@@ -371,6 +371,7 @@ int RunDatagenCriteo(const GlobalOptions& global, const CriteoDatagenFlags& opti
   o.test_rows = options.test_rows;
   o.seed = options.seed;
   o.factorization_machine = options.model == "fm";
+  o.zipf_exponent = options.zipf;
   const bool tty = isatty(fileno(stderr)) == 1;
   o.progress = [tty](int64_t written, int64_t total) {
     std::fprintf(stderr, "%swrote %lld of %lld rows (%.0f%%)%s", tty ? "\r" : "",

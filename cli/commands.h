@@ -64,6 +64,7 @@ struct CriteoDatagenFlags {
   int64_t test_rows = -1;  // -1: the default (criteo_datagen.h)
   uint64_t seed = 1;
   std::string model = "logistic";
+  double zipf = 1.05;
 };
 
 // The exit status for a failed request: 69 for UNAVAILABLE and DEADLINE_EXCEEDED, 64 for

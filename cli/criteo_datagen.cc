@@ -24,7 +24,6 @@ namespace {
 constexpr int kIntegers = 13;
 constexpr int kCategories = 26;
 constexpr int kFactors = 4;
-constexpr double kZipf = 1.05;
 constexpr double kBias = -1.2;
 constexpr double kCategoryStddev = 0.3;
 constexpr double kIntegerStddev = 0.2;
@@ -52,8 +51,8 @@ int64_t Vocabulary(int field) {
 }
 
 // A Zipf-like rank in [1, v]: the inverse of the continuous power law's CDF.
-int64_t ZipfRank(double u, int64_t v) {
-  const double a = 1.0 - kZipf;
+int64_t ZipfRank(double u, int64_t v, double exponent) {
+  const double a = 1.0 - exponent;
   const double top = std::pow(static_cast<double>(v) + 1.0, a);
   const double k = std::pow(u * (top - 1.0) + 1.0, 1.0 / a);
   return std::clamp<int64_t>(static_cast<int64_t>(k), 1, v);
@@ -143,7 +142,7 @@ struct Generator {
     for (int c = 0; c < kCategories; ++c) {
       present[c] = unit(rng) >= kMissingCategory;
       if (!present[c]) continue;
-      const int64_t rank = ZipfRank(unit(rng), vocabularies[c]);
+      const int64_t rank = ZipfRank(unit(rng), vocabularies[c], o.zipf_exponent);
       const uint64_t key = Mix(Mix(o.seed, 0x200 + c), static_cast<uint64_t>(rank));
       hex[c] = static_cast<uint32_t>(key >> 32);
       logit += kCategoryStddev * NormalOf(key);
@@ -191,6 +190,11 @@ absl::StatusOr<CriteoDatagenResult> GenerateCriteo(const CriteoDatagenOptions& o
     return absl::InvalidArgumentError(absl::StrCat("--test_rows: must be >= 1, got ", test_rows));
   }
   if (options.out_dir.empty()) return absl::InvalidArgumentError("--out: must be set");
+  if (!(options.zipf_exponent > 0 && options.zipf_exponent <= 4) ||
+      std::fabs(options.zipf_exponent - 1.0) < 1e-6) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--zipf: must be in (0, 4] and not 1, got ", options.zipf_exponent));
+  }
   if (mkdir(options.out_dir.c_str(), 0755) != 0 && errno != EEXIST) {
     return absl::UnavailableError(
         absl::StrCat(options.out_dir, ": cannot create: ", std::strerror(errno)));
@@ -255,8 +259,9 @@ std::string PlantedJson(const CriteoDatagenResult& r, const CriteoDatagenOptions
   return absl::StrCat(
       "{\"format\":\"criteo\",\"model\":\"",
       options.factorization_machine ? "factorization_machine" : "logistic",
-      "\",\"seed\":", options.seed, ",\"train_rows\":", r.train_rows,
-      ",\"test_rows\":", r.test_rows, ",\"test_positive_rate\":", num(r.positive_rate),
+      "\",\"seed\":", options.seed, ",\"zipf_exponent\":", num(options.zipf_exponent),
+      ",\"train_rows\":", r.train_rows, ",\"test_rows\":", r.test_rows,
+      ",\"test_positive_rate\":", num(r.positive_rate),
       ",\"best_test_log_loss\":", num(r.best_test_log_loss),
       ",\"best_test_auc\":", num(r.best_test_auc), ",\"vocabularies\":[", vocabularies, "]}\n");
 }

@@ -3,7 +3,8 @@
 //
 // Each row: a label, 13 integer features and 26 categorical fields, as Criteo's TSV. Field c
 // (0-based) has a vocabulary of round(10^(1 + 6 c / 25)) values, 10 for C1 up to 10^7 for C26,
-// drawn Zipf-distributed (exponent 1.05: a few values are very common, most are rare) and written
+// drawn Zipf-distributed (exponent 1.05 by default: a few values are very common, most are rare;
+// a smaller one spreads the draws over more of each vocabulary) and written
 // as 8 hex digits; each field is empty with probability 0.05. The integers are log-normal counts
 // (floor(exp(N(1.5, 1.2^2))) - 1), empty with probability 0.1.
 //
@@ -31,6 +32,7 @@ struct CriteoDatagenOptions {
   int64_t test_rows = -1;  // -1: train_rows / 10, at least 1000 (at most train_rows)
   uint64_t seed = 1;
   bool factorization_machine = false;  // else logistic
+  double zipf_exponent = 1.05;         // in (0, 4], not 1 (the CDF's inverse needs 1 - s != 0)
   // Called about once a second with the rows written so far and the total (may be empty).
   std::function<void(int64_t written, int64_t total)> progress;
 };

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <map>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -115,6 +116,34 @@ TEST_F(CriteoDatagenTest, TheSameSeedGivesTheSameBytesAndTheFmModelDiffers) {
   EXPECT_GT(fm->best_test_auc, 0.7);
 }
 
+// The count of distinct values of field C26 (vocabulary 10^7) in a train file.
+size_t DistinctC26(const std::string& train) {
+  std::set<std::string> seen;
+  for (absl::string_view line : absl::StrSplit(train, '\n', absl::SkipEmpty())) {
+    std::vector<absl::string_view> f = absl::StrSplit(line, '\t');
+    if (f.size() == 40 && !f[39].empty()) seen.insert(std::string(f[39]));
+  }
+  return seen.size();
+}
+
+TEST_F(CriteoDatagenTest, ASmallerZipfExponentSpreadsTheIdsOverMoreOfTheVocabulary) {
+  CriteoDatagenOptions o;
+  o.train_rows = 5000;
+  o.test_rows = 1000;
+  o.out_dir = dir_ + "/steep";
+  ASSERT_TRUE(GenerateCriteo(o).ok());
+  o.out_dir = dir_ + "/flat";
+  o.zipf_exponent = 0.6;
+  auto flat = GenerateCriteo(o);
+  ASSERT_TRUE(flat.ok()) << flat.status();
+  const size_t steep_ids = DistinctC26(Read(dir_ + "/steep/train.tsv"));
+  const size_t flat_ids = DistinctC26(Read(flat->train_path));
+  // Expected for 4750 draws of 10^7 values: about 2,560 distinct at 1.05, about 4,740 at 0.6.
+  EXPECT_LT(steep_ids, 3200u);
+  EXPECT_GT(flat_ids, 4500u);
+  EXPECT_THAT(Read(flat->planted_path), HasSubstr("\"zipf_exponent\":0.600000"));
+}
+
 TEST_F(CriteoDatagenTest, BadOptionsAreRefusedByName) {
   CriteoDatagenOptions o;
   o.out_dir = dir_ + "/x";
@@ -124,6 +153,11 @@ TEST_F(CriteoDatagenTest, BadOptionsAreRefusedByName) {
   o.test_rows = 0;
   EXPECT_THAT(std::string(GenerateCriteo(o).status().message()), HasSubstr("--test_rows"));
   o.test_rows = 5;
+  for (double bad : {0.0, 1.0, 4.5, -1.0}) {
+    o.zipf_exponent = bad;
+    EXPECT_THAT(std::string(GenerateCriteo(o).status().message()), HasSubstr("--zipf"));
+  }
+  o.zipf_exponent = 1.05;
   o.out_dir = "/proc/no/such/place";
   auto r = GenerateCriteo(o);
   EXPECT_FALSE(r.ok());

@@ -171,6 +171,10 @@ int main(int argc, char** argv) {
   criteo_cmd->add_option("--seed", datagen.seed, "Seed of the planted model and the draws (1)");
   criteo_cmd->add_option("--model", datagen.model, "logistic (default) or fm")
       ->check(CLI::IsMember({"logistic", "fm"}));
+  criteo_cmd->add_option(
+      "--zipf", datagen.zipf,
+      "Zipf exponent of every field's values, in (0, 4], not 1 (1.05); smaller "
+      "spreads the ids over more of each vocabulary (more distinct ids per row)");
 
   for (CLI::App* sub : {submit_cmd, list_cmd, get_cmd, watch_cmd, cancel_cmd, checkpoint_cmd,
                         cluster_cmd, export_cmd, local_cmd, datagen_cmd, criteo_cmd}) {
