@@ -127,8 +127,7 @@ TEST(SparseRowsTest, AdmissionCreatesARowOnItsNthSightingAndDropsTheGradientsBef
   EXPECT_EQ(t.pending().at(7).sightings, 2u);
   EXPECT_EQ(t.pending().at(7).last_clock, 2);
   // Clock 3: 7's third sighting admits it, with this update's gradient only: 0.5 - 0.25.
-  EXPECT_EQ(t.Apply(3, 1.0f, 1.0f, {8, 7}, g.data()),
-            t.RowBytes() - SparseRows::PendingBytes());
+  EXPECT_EQ(t.Apply(3, 1.0f, 1.0f, {8, 7}, g.data()), t.RowBytes() - SparseRows::PendingBytes());
   EXPECT_EQ(Held(t), (std::vector<int64_t>{7}));
   t.Gather({7, 8}, out.data());
   EXPECT_EQ(out, (std::vector<float>{0.25f, 0.0f}));

@@ -42,7 +42,11 @@ struct PartitionSnapshot {
   std::vector<std::vector<float>> slots;
   std::vector<int64_t> row_ids;
   std::vector<int64_t> row_updates;
+  std::vector<int64_t> row_last_clocks;
   std::vector<float> row_values;
+  std::vector<int64_t> pending_ids;
+  std::vector<uint32_t> pending_sightings;
+  std::vector<int64_t> pending_last_clocks;
 };
 
 // A Checkpoint call waiting for its capture; `cancelled` (optional) is set once nobody wants the

@@ -118,6 +118,21 @@ absl::Status CheckPartitions(const v1::CheckpointHeader& h, absl::string_view da
           check_range(pc.row_updates(), rows * 8, absl::StrCat(name, " row_updates")));
       TESSERA_RETURN_IF_ERROR(
           check_range(pc.row_values(), rows * width * 4, absl::StrCat(name, " row_values")));
+      // Files from before row lifecycles have neither last clocks nor pending ids.
+      if (pc.has_row_last_clocks()) {
+        TESSERA_RETURN_IF_ERROR(
+            check_range(pc.row_last_clocks(), rows * 8, absl::StrCat(name, " row_last_clocks")));
+      }
+      const uint64_t pending = pc.num_pending();
+      if (pending > data.size() / 20) return Loss(h, absl::StrCat(name, ": ", pending, " pending"));
+      if (pending > 0) {
+        TESSERA_RETURN_IF_ERROR(
+            check_range(pc.pending_ids(), pending * 8, absl::StrCat(name, " pending_ids")));
+        TESSERA_RETURN_IF_ERROR(check_range(pc.pending_sightings(), pending * 4,
+                                            absl::StrCat(name, " pending_sightings")));
+        TESSERA_RETURN_IF_ERROR(check_range(pc.pending_last_clocks(), pending * 8,
+                                            absl::StrCat(name, " pending_last_clocks")));
+      }
     }
   }
   return absl::OkStatus();
@@ -142,25 +157,43 @@ absl::Status FillPartition(const v1::CheckpointHeader& h, const v1::PartitionChe
     return absl::OkStatus();
   }
   const size_t rows = pc.num_rows();
+  const size_t pending = pc.num_pending();
   const size_t width = static_cast<size_t>(p.dim) * (1 + p.num_slots);
-  const int64_t bytes = static_cast<int64_t>(rows) * p.RowBytes();
+  const int64_t bytes = static_cast<int64_t>(rows) * p.RowBytes() +
+                        static_cast<int64_t>(pending) * kernels::SparseRows::PendingBytes();
   if (!budget.TryReserve(bytes)) {
     return budget.Exhausted(absl::StrCat("restoring table ", p.name), bytes);
   }
   p.charged.fetch_add(bytes, std::memory_order_relaxed);
+  auto read = [](const char* base, size_t i, auto* out) {
+    std::memcpy(out, base + sizeof(*out) * i, sizeof(*out));
+  };
   const char* ids = at(pc.row_ids());
   const char* updates = at(pc.row_updates());
   const char* values = at(pc.row_values());
-  p.rows.reserve(rows);
+  const char* last_clocks = pc.has_row_last_clocks() ? at(pc.row_last_clocks()) : nullptr;
+  std::vector<float> row(width);
   for (size_t i = 0; i < rows; ++i) {
-    int64_t id;
-    std::memcpy(&id, ids + 8 * i, 8);
-    Partition::Row& row = p.rows[id];
-    if (!row.values.empty()) return Loss(h, absl::StrCat(p.name, ": row ", id, " twice"));
-    std::memcpy(&row.updates, updates + 8 * i, 8);
-    row.values.resize(width);
-    std::memcpy(row.values.data(), values + 4 * width * i, 4 * width);
+    int64_t id, row_updates, last_clock = pc.version();
+    read(ids, i, &id);
+    read(updates, i, &row_updates);
+    if (last_clocks != nullptr) read(last_clocks, i, &last_clock);
+    std::memcpy(row.data(), values + 4 * width * i, 4 * width);
+    const absl::Status added = p.rows->RestoreRow(id, row_updates, last_clock, row);
+    if (!added.ok()) return Loss(h, absl::StrCat(p.name, ": ", added.message()));
   }
+  for (size_t i = 0; i < pending; ++i) {
+    int64_t id, last_clock;
+    uint32_t sightings;
+    read(at(pc.pending_ids()), i, &id);
+    read(at(pc.pending_sightings()), i, &sightings);
+    read(at(pc.pending_last_clocks()), i, &last_clock);
+    const absl::Status added = p.rows->RestorePending(id, sightings, last_clock);
+    if (!added.ok()) return Loss(h, absl::StrCat(p.name, ": ", added.message()));
+  }
+  const v1::RowCounts& c = pc.row_counts();
+  p.rows->RestoreCounts({c.admitted(), c.evicted(), c.dropped_gradients(), c.pending_evicted(),
+                         c.last_sweep_clock()});
   return absl::OkStatus();
 }
 

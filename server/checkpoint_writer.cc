@@ -151,7 +151,7 @@ bool CheckpointWriter::ReserveCopy(JobState& job, Partition& p, int64_t step,
   if (!p.sparse) {
     bytes += p.num_elements * 4 * (1 + slots);
   } else {
-    bytes += static_cast<int64_t>(p.rows.size()) * (int64_t{p.dim} * 4 * (1 + slots) + 16);
+    bytes += p.rows->size() * (int64_t{p.dim} * 4 * (1 + slots) + 24) + p.rows->pending_size() * 20;
   }
   std::vector<CheckpointWaiter> failed_waiters;
   absl::Status failed_status;
@@ -218,17 +218,36 @@ PartitionSnapshot CheckpointWriter::SnapshotLocked(const JobState& job, const Pa
   if (!meta.mutable_table()->ParseFromString(p.table_decl)) {
     meta.mutable_table()->set_name(p.tensor);  // the declaration was serialized by us
   }
-  snap.row_ids.reserve(p.rows.size());
-  for (const auto& [id, row] : p.rows) snap.row_ids.push_back(id);
+  const kernels::SparseRows& rows = *p.rows;
+  snap.row_ids.reserve(rows.rows().size());
+  for (const auto& [id, row] : rows.rows()) snap.row_ids.push_back(id);
   std::sort(snap.row_ids.begin(), snap.row_ids.end());
   const size_t width = static_cast<size_t>(p.dim) * (1 + p.num_slots);
   snap.row_values.resize(snap.row_ids.size() * width);
   snap.row_updates.reserve(snap.row_ids.size());
+  snap.row_last_clocks.reserve(snap.row_ids.size());
   for (size_t i = 0; i < snap.row_ids.size(); ++i) {
-    const Partition::Row& row = p.rows.find(snap.row_ids[i])->second;
+    const kernels::SparseRows::Row& row = *rows.Find(snap.row_ids[i]);
     snap.row_updates.push_back(row.updates);
+    snap.row_last_clocks.push_back(row.last_clock);
     std::copy_n(row.values.data(), width, snap.row_values.data() + i * width);
   }
+  snap.pending_ids.reserve(rows.pending().size());
+  for (const auto& [id, pending] : rows.pending()) snap.pending_ids.push_back(id);
+  std::sort(snap.pending_ids.begin(), snap.pending_ids.end());
+  for (int64_t id : snap.pending_ids) {
+    const kernels::SparseRows::Pending& pending = rows.pending().find(id)->second;
+    snap.pending_sightings.push_back(pending.sightings);
+    snap.pending_last_clocks.push_back(pending.last_clock);
+  }
+  meta.set_num_pending(snap.pending_ids.size());
+  const kernels::SparseRows::Counts& counts = rows.counts();
+  v1::RowCounts* c = meta.mutable_row_counts();
+  c->set_admitted(counts.admitted);
+  c->set_evicted(counts.evicted);
+  c->set_dropped_gradients(counts.dropped_gradients);
+  c->set_pending_evicted(counts.pending_evicted);
+  c->set_last_sweep_clock(counts.last_sweep_clock);
   meta.set_num_rows(snap.row_ids.size());
   return snap;
 }
@@ -550,6 +569,13 @@ v1::CheckpointHeader CheckpointWriter::LayOut(const JobState& job, Capture& capt
       add(snap.row_ids.data(), snap.row_ids.size() * 8, meta->mutable_row_ids());
       add(snap.row_updates.data(), snap.row_updates.size() * 8, meta->mutable_row_updates());
       add(snap.row_values.data(), snap.row_values.size() * 4, meta->mutable_row_values());
+      add(snap.row_last_clocks.data(), snap.row_last_clocks.size() * 8,
+          meta->mutable_row_last_clocks());
+      add(snap.pending_ids.data(), snap.pending_ids.size() * 8, meta->mutable_pending_ids());
+      add(snap.pending_sightings.data(), snap.pending_sightings.size() * 4,
+          meta->mutable_pending_sightings());
+      add(snap.pending_last_clocks.data(), snap.pending_last_clocks.size() * 8,
+          meta->mutable_pending_last_clocks());
     }
   }
   return header;

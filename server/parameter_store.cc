@@ -1,6 +1,7 @@
 #include "server/parameter_store.h"
 
 #include <algorithm>
+#include <tuple>
 
 #include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
@@ -448,7 +449,18 @@ ShardStats ParameterStore::GetShardStats() const {
   stats.jobs = static_cast<int64_t>(jobs.size());
   for (const std::shared_ptr<JobState>& job : jobs) {
     stats.parked_pulls += static_cast<int64_t>(job->gate.NumParked());
+    for (const std::shared_ptr<Partition>& p : job->AllPartitions()) {
+      if (!p->sparse) continue;
+      absl::ReaderMutexLock lock(&p->mu);
+      const kernels::SparseRows::Counts& counts = p->rows->counts();
+      stats.tables.push_back({job->id, p->tensor, p->rows->size(), p->rows->pending_size(),
+                              counts.admitted, counts.evicted, counts.pending_evicted,
+                              counts.dropped_gradients});
+    }
   }
+  std::sort(stats.tables.begin(), stats.tables.end(), [](const TableStats& a, const TableStats& b) {
+    return std::tie(a.job_id, a.table) < std::tie(b.job_id, b.table);
+  });
   const ShardCounters& c = *counters_;
   stats.bytes_pushed = c.bytes_pushed.load(std::memory_order_relaxed);
   stats.bytes_pulled = c.bytes_pulled.load(std::memory_order_relaxed);

@@ -85,6 +85,15 @@ struct JobStats {
 };
 
 // Counters of the whole shard since it started (jobs dropped included), for metrics. Read by
+// One sparse table's rows on this shard and what its lifecycle did (kernels/sparse_rows.h).
+struct TableStats {
+  std::string job_id;
+  std::string table;
+  int64_t rows = 0;     // held now
+  int64_t pending = 0;  // ids counted, not admitted yet
+  int64_t admitted = 0, evicted = 0, pending_evicted = 0, dropped_gradients = 0;
+};
+
 // ParameterStore::GetShardStats().
 struct ShardStats {
   int64_t jobs = 0;             // held now
@@ -104,6 +113,8 @@ struct ShardStats {
   // SSP: per applied push slice, step - the slowest live worker's clock on that partition when
   // the push was admitted (clocks only grow, so at apply it is at most this).
   StoreHistogram::Snapshot ssp_staleness;
+  // Every sparse table of every job, by job and table name.
+  std::vector<TableStats> tables;
 };
 
 struct ParameterStoreOptions {

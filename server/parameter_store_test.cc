@@ -24,26 +24,14 @@
 #include "common/testing/push_pull_requests.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "server/testing/store_calls.h"
 
 namespace tessera::server {
 namespace {
 
 using ::testing::HasSubstr;
-using namespace ::tessera::push_pull_requests;  // NOLINT: request builders
-
-absl::StatusOr<std::vector<v1::Slice>> PullNow(ParameterStore& store, const std::string& job,
-                                               const std::vector<v1::Slice>& keys,
-                                               v1::Encoding encoding = v1::ENCODING_FP32) {
-  v1::PullRequest r;
-  r.set_job_id(job);
-  r.set_step(-1);
-  r.set_encoding(encoding);
-  for (const v1::Slice& k : keys) *r.add_keys() = k;
-  std::optional<absl::StatusOr<std::vector<v1::Slice>>> out;
-  store.Pull(r, [&out](absl::StatusOr<std::vector<v1::Slice>> w) { out = std::move(w); });
-  if (!out.has_value()) return absl::InternalError("an ungated pull parked");
-  return *std::move(out);
-}
+using namespace ::tessera::push_pull_requests;   // NOLINT: request builders
+using namespace ::tessera::server::store_calls;  // NOLINT: store calls
 
 std::vector<float> PullDense(ParameterStore& store, const std::string& job,
                              const std::string& tensor, uint32_t index) {
@@ -51,13 +39,6 @@ std::vector<float> PullDense(ParameterStore& store, const std::string& job,
   EXPECT_TRUE(w.ok()) << w.status();
   if (!w.ok()) return {};
   return Floats((*w)[0]);
-}
-
-v1::CreateJobStateRequest JobRequest(const std::string& id, const v1::JobConfig& config) {
-  v1::CreateJobStateRequest r;
-  r.set_job_id(id);
-  *r.mutable_config() = config;
-  return r;
 }
 
 // --- CreateJobState --------------------------------------------------------------------------
@@ -394,27 +375,6 @@ TEST(ParameterStoreTest, ConcurrentRandomPushesMatchReferenceExactly) {
 }
 
 // --- Sparse tables ----------------------------------------------------------------------------
-
-v1::SparseTableDecl Table(const std::string& name, uint32_t dim, v1::Initializer::Kind kind,
-                          uint64_t seed) {
-  v1::SparseTableDecl t;
-  t.set_name(name);
-  t.set_dim(dim);
-  t.mutable_initializer()->set_kind(kind);
-  t.mutable_initializer()->set_scale(0.5f);
-  t.mutable_initializer()->set_value(0.25f);
-  t.mutable_initializer()->set_seed(seed);
-  return t;
-}
-
-std::vector<float> PullRows(ParameterStore& store, const std::string& job, const std::string& table,
-                            const std::vector<int64_t>& rows) {
-  auto w = PullNow(store, job, {PullKey(table, 0, rows)});
-  EXPECT_TRUE(w.ok()) << w.status();
-  if (!w.ok()) return {};
-  EXPECT_EQ((*w)[0].row_ids_size(), static_cast<int>(rows.size()));
-  return Floats((*w)[0]);
-}
 
 TEST(ParameterStoreTest, SparseRowsInitialiseDeterministicallyFromSeedAndRow) {
   ParameterStore store;
@@ -1430,39 +1390,6 @@ TEST(StoreHistogramTest, BucketsAreInclusiveUpperBounds) {
 }
 
 // --- Checkpoint and Restore (issue #6) --------------------------------------------------------
-
-std::string MakeCheckpointDir() {
-  std::string tmpl = ::testing::TempDir() + "/storeckptXXXXXX";
-  EXPECT_NE(::mkdtemp(tmpl.data()), nullptr);
-  return tmpl;
-}
-
-// Runs store.Checkpoint and waits (bounded) for its answer.
-absl::StatusOr<v1::CheckpointResponse> CheckpointAndWait(ParameterStore& store,
-                                                         const std::string& job, int64_t step,
-                                                         int64_t retain_from_step = 0) {
-  v1::CheckpointRequest r;
-  r.set_job_id(job);
-  r.set_step(step);
-  r.set_retain_from_step(retain_from_step);
-  auto out = std::make_shared<std::optional<absl::StatusOr<v1::CheckpointResponse>>>();
-  auto done = std::make_shared<absl::Notification>();
-  store.Checkpoint(r, [out, done](absl::StatusOr<v1::CheckpointResponse> result) {
-    *out = std::move(result);
-    done->Notify();
-  });
-  if (!done->WaitForNotificationWithTimeout(absl::Seconds(30))) {
-    return absl::DeadlineExceededError("checkpoint not answered in 30 s");
-  }
-  return **out;
-}
-
-ParameterStoreOptions CheckpointOptions(const std::string& dir, uint32_t shard = 0) {
-  ParameterStoreOptions o;
-  o.checkpoint_dir = dir;
-  o.shard_index = shard;
-  return o;
-}
 
 // A BSP job with two dense partitions (Adam: two slots) and an Adagrad table, two workers.
 v1::CreateJobStateRequest CheckpointJob(const std::string& id, int64_t every = 0) {

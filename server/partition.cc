@@ -9,7 +9,6 @@
 #include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
 #include "common/encoding.h"
-#include "kernels/row_table.h"
 #include "kernels/schedule.h"
 
 namespace tessera::server {
@@ -78,9 +77,9 @@ std::shared_ptr<Partition> Partition::Table(const v1::SparseTableDecl& decl,
   p->tensor = decl.name();
   p->sparse = true;
   p->dim = decl.dim();
-  p->initializer = decl.initializer();
   p->table_decl = decl.SerializeAsString();
   absl::MutexLock lock(&p->mu);
+  p->rows.emplace(decl.dim(), decl.initializer(), params, decl.lifecycle());
   p->last_applied.resize(setup.workers);
   p->staging.contributed.assign(setup.workers, 0);
   p->staging.skipped.assign(setup.workers, 0);
@@ -100,10 +99,7 @@ int64_t Partition::FixedBytes(uint32_t workers, size_t name_size) {
                                                  sizeof(int64_t) + sizeof(std::atomic<int64_t>));
 }
 
-int64_t Partition::RowBytes() const {
-  return int64_t{dim} * 4 * (1 + num_slots) +
-         static_cast<int64_t>(sizeof(Row) + sizeof(int64_t) + 16);
-}
+int64_t Partition::RowBytes() const { return kernels::SparseRows::RowBytes(dim, num_slots); }
 
 int64_t Partition::NewRowsBound(const SliceView& slice) const {
   if (!sparse) return 0;
@@ -124,22 +120,6 @@ absl::StatusOr<bool> Partition::IsAppliedLocked(uint32_t worker, uint64_t incarn
                      " is older than incarnation ", last.incarnation, " already applied"));
   }
   return last.seen && incarnation == last.incarnation && seq <= last.seq;
-}
-
-Partition::Row& Partition::RowLocked(int64_t id) {
-  auto [it, inserted] = rows.try_emplace(id);
-  if (inserted) {
-    // The push that creates rows checked that they fit (NewRowsBound).
-    budget->ForceReserve(RowBytes());
-    charged.fetch_add(RowBytes(), std::memory_order_relaxed);
-    it->second.values.resize(static_cast<size_t>(dim) * (1 + num_slots));
-    kernels::InitializeRow(initializer, id, it->second.values.data(), dim);
-    for (int s = 0; s < num_slots; ++s) {
-      float* slot = it->second.values.data() + static_cast<size_t>(dim) * (1 + s);
-      std::fill(slot, slot + dim, kernels::SlotInitialValue(params, s));
-    }
-  }
-  return it->second;
 }
 
 float* Partition::MutableWeightsLocked() {
@@ -173,28 +153,13 @@ void Partition::ApplyDenseBytesLocked(int64_t step, float scale, const char* g, 
 
 void Partition::ApplySparseLocked(int64_t step, float scale, const SparseGrad& grad) {
   const float lr = kernels::ScheduledLearningRate(schedule, params.learning_rate, step);
-  // Two passes, so that the rows' cache misses overlap instead of following one another: find
-  // (or create) every row first, with room reserved so that no insertion moves the others, then
-  // update them, prefetching a few rows ahead.
-  const size_t n = grad.ids.size();
-  rows.reserve(rows.size() + n);
-  absl::InlinedVector<Row*, 64> found(n);
-  for (size_t i = 0; i < n; ++i) found[i] = &RowLocked(grad.ids[i]);
-  constexpr size_t kAhead = 4;
-  for (size_t i = 0; i < n; ++i) {
-    if (i + kAhead < n) {
-      const float* next = found[i + kAhead]->values.data();
-      for (int s = 0; s <= num_slots; ++s)
-        __builtin_prefetch(next + static_cast<size_t>(dim) * s, 1);
-    }
-    Row& row = *found[i];
-    float* slot_ptrs[4] = {nullptr, nullptr, nullptr, nullptr};
-    for (int s = 0; s < num_slots; ++s) {
-      slot_ptrs[s] = row.values.data() + static_cast<size_t>(dim) * (1 + s);
-    }
-    ++row.updates;
-    kernels::ApplyUpdateCpu(params, lr, row.updates, scale, grad.values.data() + i * dim,
-                            row.values.data(), slot_ptrs, dim);
+  const int64_t clock = version.load(std::memory_order_relaxed) + 1;
+  const int64_t added = rows->Apply(clock, lr, scale, grad.ids, grad.values.data());
+  if (added > 0) {
+    budget->ForceReserve(added);
+    charged.fetch_add(added, std::memory_order_relaxed);
+  } else if (added < 0) {
+    ReleaseCharge(-added);
   }
 }
 
@@ -233,14 +198,7 @@ void Partition::ReadInto(const std::vector<int64_t>& row_ids, v1::Encoding encod
     return;
   }
   std::vector<float> out(row_ids.size() * dim);
-  for (size_t i = 0; i < row_ids.size(); ++i) {
-    auto it = rows.find(row_ids[i]);
-    if (it != rows.end()) {
-      std::copy_n(it->second.values.data(), dim, out.data() + i * dim);
-    } else {
-      kernels::InitializeRow(initializer, row_ids[i], out.data() + i * dim, dim);
-    }
-  }
+  rows->Gather(row_ids, out.data());
   for (int64_t id : row_ids) slice->add_row_ids(id);
   EncodeValues(encoding, out.data(), out.size(), slice->mutable_data());
 }

@@ -1,8 +1,9 @@
 // Partition: one dense partition or one sparse table of a job on this shard, and its apply
 // (DESIGN.md §2).
 //
-// A partition holds its weights (dense: SharedWeights, copy-on-write; sparse: rows created on first
-// touch from the table's initializer), its optimizer slots, its version, each worker's clock on it
+// A partition holds its weights (dense: SharedWeights, copy-on-write; sparse: the table's rows,
+// kernels/sparse_rows.h, created on first touch or on admission and evicted as the table's
+// lifecycle says), its optimizer slots, its version, each worker's clock on it
 // and last applied (incarnation, seq), and the consistency gate's BSP staging. One lock, `mu`,
 // guards all of that: independent partitions never share a lock, so pushes to different
 // partitions run in parallel. The version and the clocks are atomics besides, written under `mu`
@@ -28,6 +29,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/push_pull_view.h"
 #include "kernels/optimizer.h"
+#include "kernels/sparse_rows.h"
 #include "server/gradient_payload.h"
 #include "server/memory_budget.h"
 #include "server/shard_counters.h"
@@ -84,11 +86,6 @@ struct PartitionSetup {
 // Owned by its job (JobState) by std::shared_ptr; parked pulls and checkpoints hold references
 // too. The fields above `mu` are set at creation and then only read. Thread-safe as annotated.
 struct Partition {
-  struct Row {
-    std::vector<float> values;  // dim weights, then NumSlots * dim slot values
-    int64_t updates = 0;
-  };
-
   // A dense partition declared by `decl` (zeros or its initial values; slots at their initial
   // values), owning `charged` bytes already reserved in setup.budget.
   static std::shared_ptr<Partition> Dense(const v1::DensePartitionDecl& decl,
@@ -105,7 +102,7 @@ struct Partition {
   // Bytes of bookkeeping that do not depend on the values: this struct, the name and the
   // per-worker vectors.
   static int64_t FixedBytes(uint32_t workers, size_t name_size);
-  // Bytes of one sparse row: weights, slots and the hash map entry.
+  // Bytes of one sparse row: weights, slots and the hash map entry (kernels::SparseRows).
   int64_t RowBytes() const;
   // Bytes the rows of a push slice to a table may add (at most one row per row id; 0 for a dense
   // partition), to be checked against the budget before they are created.
@@ -121,10 +118,6 @@ struct Partition {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     last_applied[worker] = AppliedSeq{true, incarnation, seq};
   }
-
-  // The sparse row `id`, created from the initializer (and charged to the budget, which the push
-  // that creates it checked) when absent.
-  Row& RowLocked(int64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
 
   // The dense weights to write in place. When an answer or a checkpoint still holds a reference
   // to them, they are copied first and the partition keeps the copy (the holders keep the old
@@ -144,7 +137,10 @@ struct Partition {
                         int64_t count = -1) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   void ApplyDenseBytesLocked(int64_t step, float scale, const char* g, int64_t begin, int64_t count)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
-  // Applies a merged sparse gradient row by row (each row's own update count for Adam).
+  // Applies a merged sparse gradient row by row (each row's own update count for Adam), as one
+  // update of the table at clock version + 1, admitting and evicting rows as its lifecycle says;
+  // rows created are charged to the budget (the push that carried them checked that they fit,
+  // NewRowsBound) and rows dropped given back.
   void ApplySparseLocked(int64_t step, float scale, const SparseGrad& grad)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   // Applies a pushed slice at once, reading an fp32 gradient where it lies. False when there was
@@ -152,9 +148,9 @@ struct Partition {
   bool ApplySliceLocked(int64_t step, float scale, const SliceView& slice,
                         std::vector<float>* scratch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
 
-  // Copies the weights (dense) or rows `row_ids` (sparse; absent rows as their initializer makes
-  // them) into `slice` with its version; the data goes into slice->mutable_data(), reusing its
-  // capacity.
+  // Copies the weights (dense) or rows `row_ids` (sparse; absent rows as SparseRows::Gather
+  // reads them) into `slice` with its version; the data goes into slice->mutable_data(), reusing
+  // its capacity.
   void ReadInto(const std::vector<int64_t>& row_ids, v1::Encoding encoding, v1::Slice* slice) const
       ABSL_SHARED_LOCKS_REQUIRED(mu);
 
@@ -168,8 +164,7 @@ struct Partition {
   bool sparse = false;
   int64_t num_elements = 0;  // dense
   uint32_t dim = 0;          // sparse
-  v1::Initializer initializer;
-  std::string table_decl;  // serialized SparseTableDecl, to check redeclarations
+  std::string table_decl;    // sparse: serialized SparseTableDecl, to check redeclarations
   kernels::OptimizerParams params;
   int num_slots = 0;
   v1::LearningRateSchedule schedule;  // the job's
@@ -185,8 +180,8 @@ struct Partition {
   // lock, and every write goes through MutableWeightsLocked (copy-on-write).
   SharedWeights weights ABSL_GUARDED_BY(mu);
   std::vector<std::vector<float>> slots ABSL_GUARDED_BY(mu);
-  // Sparse.
-  absl::flat_hash_map<int64_t, Row> rows ABSL_GUARDED_BY(mu);
+  // Sparse: the table's rows and their lifecycle (empty for a dense partition).
+  std::optional<kernels::SparseRows> rows ABSL_GUARDED_BY(mu);
   // The next step this partition must be captured at (kNoCapture, INT64_MAX: none); kept by the
   // CheckpointWriter.
   int64_t next_capture ABSL_GUARDED_BY(mu) = std::numeric_limits<int64_t>::max();

@@ -136,8 +136,13 @@ TEST(PartitionTest, SparseRowsAreInitialisedOnFirstTouchAndChargedToTheBudget) {
   EXPECT_EQ(t->NewRowsBound(two_rows), 2 * t->RowBytes());
   {
     absl::MutexLock lock(&t->mu);
-    const Partition::Row& row = t->RowLocked(9);
-    EXPECT_EQ(row.values, (std::vector<float>{0.25f, 0.25f, 0.25f}));
+    SparseGrad zero;
+    zero.ids = {9};
+    zero.values = {0.0f, 0.0f, 0.0f};
+    t->ApplySparseLocked(0, 1.0f, zero);
+    ASSERT_NE(t->rows->Find(9), nullptr);
+    EXPECT_EQ(t->rows->Find(9)->values, (std::vector<float>{0.25f, 0.25f, 0.25f}));
+    EXPECT_EQ(t->rows->Find(4), nullptr);
     EXPECT_EQ(t->charged.load(), t->RowBytes());
   }
   // The budget holds exactly the row: a reservation of the rest fits, one byte more does not.

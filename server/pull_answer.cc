@@ -21,8 +21,8 @@ int64_t ReadAllRows(const PullItem& item, v1::Encoding encoding, v1::Slice* firs
   const size_t rows_per_slice = std::max<size_t>(1, (size_t{1} << 18) / std::max(p.dim, 1u));
   absl::ReaderMutexLock lock(&p.mu);
   std::vector<int64_t> ids;
-  ids.reserve(p.rows.size());
-  for (const auto& [id, row] : p.rows) ids.push_back(id);
+  ids.reserve(p.rows->rows().size());
+  for (const auto& [id, row] : p.rows->rows()) ids.push_back(id);
   std::sort(ids.begin(), ids.end());
   int64_t bytes = 0;
   std::vector<v1::Slice> more;

@@ -12,6 +12,7 @@
 #include "server/gradient_payload.h"
 #include "server/store_limits.h"
 #include "spec/optimizer_spec.h"
+#include "spec/row_lifecycle_spec.h"
 #include "spec/schedule_spec.h"
 
 namespace tessera::server {
@@ -174,6 +175,11 @@ absl::Status ValidateTableDecl(const v1::JobConfig& config, const v1::SparseTabl
         field, ".initializer (table ", t.name(), "): needs a known kind and finite value and ",
         "scale >= 0, got kind ", static_cast<int>(init.kind()), " value ", init.value(), " scale ",
         init.scale()));
+  }
+  const absl::Status lifecycle =
+      spec::ValidateRowLifecycle(t.lifecycle(), absl::StrCat(field, ".lifecycle"));
+  if (!lifecycle.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(lifecycle.message(), " (table ", t.name(), ")"));
   }
   const v1::OptimizerConfig& opt = t.has_optimizer() ? t.optimizer() : config.optimizer();
   absl::StatusOr<kernels::OptimizerParams> params = ValidOptimizerParams(opt, true);

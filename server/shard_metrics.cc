@@ -44,6 +44,43 @@ prometheus::ClientMetric Histogram(const StoreHistogram::Snapshot& snapshot, dou
   return metric;
 }
 
+// Per sparse table, labelled {job, table}: its rows and what its lifecycle did.
+void AddTableFamilies(const std::vector<TableStats>& tables,
+                      std::vector<prometheus::MetricFamily>* out) {
+  using prometheus::MetricType;
+  struct Family {
+    const char* name;
+    const char* help;
+    MetricType type;
+    int64_t TableStats::*value;
+  };
+  const Family families[] = {
+      {"tessera_shard_table_rows", "Rows a sparse table holds on this shard.", MetricType::Gauge,
+       &TableStats::rows},
+      {"tessera_shard_table_pending_ids",
+       "Ids of a sparse table seen but not admitted yet (lifecycle.admit_after).",
+       MetricType::Gauge, &TableStats::pending},
+      {"tessera_shard_table_rows_admitted_total", "Rows of a sparse table created.",
+       MetricType::Counter, &TableStats::admitted},
+      {"tessera_shard_table_rows_evicted_total",
+       "Rows of a sparse table dropped after lifecycle.evict_after idle updates.",
+       MetricType::Counter, &TableStats::evicted},
+      {"tessera_shard_table_pending_evicted_total",
+       "Pending ids of a sparse table dropped idle before admission.", MetricType::Counter,
+       &TableStats::pending_evicted},
+      {"tessera_shard_table_unadmitted_gradients_total",
+       "Row gradients dropped because their id was not admitted yet.", MetricType::Counter,
+       &TableStats::dropped_gradients},
+  };
+  for (const Family& f : families) {
+    prometheus::MetricFamily family = MetricFamilyOf(f.name, f.help, f.type);
+    for (const TableStats& t : tables) {
+      AddSample(&family, static_cast<double>(t.*f.value), {{"job", t.job_id}, {"table", t.table}});
+    }
+    out->push_back(std::move(family));
+  }
+}
+
 class ShardCollectable final : public prometheus::Collectable {
  public:
   explicit ShardCollectable(const ParameterStore* store) : store_(store) {}
@@ -89,6 +126,7 @@ class ShardCollectable final : public prometheus::Collectable {
                        MetricType::Histogram);
     staleness.metric.push_back(Histogram(s.ssp_staleness, 1, {}));
     out.push_back(std::move(staleness));
+    AddTableFamilies(s.tables, &out);
     return out;
   }
 

@@ -14,6 +14,13 @@
 //   tessera_shard_gate_wait_seconds{consistency} histogram  how long a gated pull waited (bsp, ssp)
 //   tessera_shard_ssp_staleness_steps            histogram  SSP: step - slowest live clock, per
 //                                                           applied push slice
+// and per sparse table, labelled {job, table} (kernels/sparse_rows.h):
+//   tessera_shard_table_rows                        gauge    rows held
+//   tessera_shard_table_pending_ids                 gauge    ids seen, not admitted yet
+//   tessera_shard_table_rows_admitted_total         counter  rows created
+//   tessera_shard_table_rows_evicted_total          counter  rows dropped idle
+//   tessera_shard_table_pending_evicted_total       counter  pending ids dropped idle
+//   tessera_shard_table_unadmitted_gradients_total  counter  row gradients dropped before admission
 #ifndef TESSERA_SERVER_SHARD_METRICS_H_
 #define TESSERA_SERVER_SHARD_METRICS_H_
 

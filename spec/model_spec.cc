@@ -13,6 +13,7 @@
 #include "google/protobuf/reflection.h"
 #include "google/protobuf/unknown_field_set.h"
 #include "spec/internal/shape_math.h"
+#include "spec/row_lifecycle_spec.h"
 
 namespace tessera::spec {
 namespace {
@@ -379,8 +380,11 @@ absl::Status InferEmbeddingBag(const v1::EmbeddingBag& e, int index, LayerInfo* 
                      " needs the table's row count; a hashed table (num_rows 0) takes KIND_NORMAL, "
                      "KIND_ZEROS or KIND_CONSTANT"));
   }
+  const absl::Status lifecycle = ValidateRowLifecycle(e.lifecycle(), "embedding_bag.lifecycle");
+  if (!lifecycle.ok()) return LayerError(index, name, std::string(lifecycle.message()));
   ParameterShape table{"embeddings", {e.num_rows(), e.dim()}, init, e.num_rows(), e.dim()};
   table.sparse = true;
+  table.lifecycle = e.lifecycle();
   info->parameters = {table};
   return absl::OkStatus();
 }
@@ -597,10 +601,13 @@ absl::Status InferMultiInput(const v1::ModelSpec& spec, ModelShapes* out) {
                        " needs a row count; a table of hashed ids takes KIND_NORMAL, "
                        "KIND_ZEROS or KIND_CONSTANT"));
     }
+    const absl::Status lifecycle = ValidateRowLifecycle(t.lifecycle(), "lifecycle");
+    if (!lifecycle.ok()) return TableError(i, t, std::string(lifecycle.message()));
     TableShape table;
     table.name = t.name();
     table.embeddings = {"embeddings", {0, t.dim()}, resolved, 0, t.dim()};
     table.embeddings.sparse = true;
+    table.embeddings.lifecycle = t.lifecycle();
     table_index[t.name()] = i;
     m.tables.push_back(std::move(table));
   }

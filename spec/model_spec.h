@@ -33,6 +33,7 @@ struct ParameterShape {
   int64_t fan_in = 0, fan_out = 0;
   bool trainable = true;  // false for the batch-norm moving statistics
   bool sparse = false;    // embedding tables: sparse rows on the shards (DESIGN.md §2)
+  v1::RowLifecycle lifecycle = v1::RowLifecycle();  // sparse: admission and eviction of rows
 };
 
 // The window of a conv2d or pooling layer over its input seen as [channels, height, width] (a

@@ -24,7 +24,7 @@
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
 #include "kernels/optimizer.h"
-#include "kernels/row_table.h"
+#include "kernels/sparse_rows.h"
 #include "spec/testing/example_jobs.h"
 #include "worker/client/local_shards.h"
 #include "worker/client/parameter_client.h"
@@ -761,9 +761,10 @@ absl::StatusOr<v1::ProgressReport> DistributedTrainerTest::CheckSparseBspAgainst
   const std::vector<engine::SparseTableInfo> tables = m.sparse_tables();
   const kernels::OptimizerParams params = kernels::MakeOptimizerParams(spec.optimizer());
   const std::vector<v1::SparseTableDecl> decls = internal::SparseTableDecls(m, spec);
-  std::vector<kernels::RowTable> rows;
+  std::vector<kernels::SparseRows> rows;
   for (size_t k = 0; k < tables.size(); ++k) {
-    rows.emplace_back(static_cast<uint32_t>(tables[k].dim), decls[k].initializer(), params);
+    rows.emplace_back(static_cast<uint32_t>(tables[k].dim), decls[k].initializer(), params,
+                      decls[k].lifecycle());
   }
   std::vector<int> dense;
   std::vector<std::vector<float>> weights, slots;
@@ -786,7 +787,7 @@ absl::StatusOr<v1::ProgressReport> DistributedTrainerTest::CheckSparseBspAgainst
       for (size_t k = 0; k < tables.size(); ++k) {
         EXPECT_TRUE(mapper.Map(b, tables[k], &br[k]).ok());
         std::vector<float> values(br[k].rows.size() * tables[k].dim);
-        rows[k].Gather(br[k].rows, absl::MakeSpan(values));
+        rows[k].Gather(br[k].rows, values.data());
         EXPECT_TRUE(
             m.SetRows(static_cast<int>(k), static_cast<int64_t>(br[k].rows.size()), values).ok());
       }
@@ -832,7 +833,7 @@ absl::StatusOr<v1::ProgressReport> DistributedTrainerTest::CheckSparseBspAgainst
         ids.push_back(id);
         grads.insert(grads.end(), g.begin(), g.end());
       }
-      rows[k].Apply(params.learning_rate, 0.5f, ids, grads);
+      rows[k].Apply(step + 1, params.learning_rate, 0.5f, ids, grads.data());
     }
   }
 
@@ -865,12 +866,29 @@ absl::StatusOr<v1::ProgressReport> DistributedTrainerTest::CheckSparseBspAgainst
   }
   for (size_t k = 0; k < tables.size(); ++k) {
     const size_t dim = static_cast<size_t>(tables[k].dim);
-    EXPECT_EQ(rows[k].size(), static_cast<int64_t>(touched[k].size())) << tables[k].name;
     EXPECT_GT(touched[k].size(), 0u) << tables[k].name;
+    // The shards hold exactly the rows the reference holds: every row touched, or under a
+    // lifecycle those admitted and not evicted.
+    std::vector<int64_t> held_ids;
+    std::vector<float> held_values;
+    EXPECT_TRUE((*c)->PullAllRows(tables[k].name, &held_ids, &held_values).ok());
+    std::set<int64_t> want_held;
+    for (const auto& [id, row] : rows[k].rows()) want_held.insert(id);
+    EXPECT_EQ(std::set<int64_t>(held_ids.begin(), held_ids.end()), want_held) << tables[k].name;
+    if (decls[k].lifecycle().ByteSizeLong() == 0) {
+      EXPECT_EQ(rows[k].size(), static_cast<int64_t>(touched[k].size())) << tables[k].name;
+    }
+    // A lifecycle the spec asks for did its work.
+    if (decls[k].lifecycle().admit_after() > 1) {
+      EXPECT_GT(rows[k].counts().dropped_gradients, 0) << tables[k].name;
+    }
+    if (decls[k].lifecycle().evict_after() > 0) {
+      EXPECT_GT(rows[k].counts().evicted, 0) << tables[k].name;
+    }
     const std::vector<int64_t> ids(touched[k].begin(), touched[k].end());
     std::vector<float> got(ids.size() * dim), want(ids.size() * dim);
     EXPECT_TRUE((*c)->PullSparse(tables[k].name, -1, ids, absl::MakeSpan(got)).ok());
-    rows[k].Gather(ids, absl::MakeSpan(want));
+    rows[k].Gather(ids, want.data());
     for (size_t i = 0; i < got.size(); ++i) {
       if (!near(got[i], want[i]) && ++bad <= 10) {
         ADD_FAILURE() << tables[k].name << " row " << ids[i / dim] << "[" << i % dim << "]: shards "
@@ -961,6 +979,22 @@ TEST_F(DistributedTrainerTest, MultiTableBspMatchesASingleProcessReferenceRowFor
   EXPECT_TRUE(result->evaluated());
   ASSERT_TRUE(result->has_test_auc());
   EXPECT_GT(result->test_auc(), 0.7) << "the label is C1 < 3";
+  DropJob(job);
+}
+
+// The same with row lifecycles: table "a" admits an id on its third sighting, the wide table
+// evicts every row not updated in the step (evict_after 1), so that both paths run at every
+// step on the shards and in the reference alike.
+TEST_F(DistributedTrainerTest, MultiTableBspWithAdmissionAndEvictionMatchesTheReference) {
+  const std::string job = "multi-lifecycle";
+  WriteSmallCriteo(dir_ + "/train.tsv", 1200, 5);
+  WriteSmallCriteo(dir_ + "/test.tsv", 200, 6);
+  v1::JobSpec spec = MultiTableSpec(dir_, job);
+  spec.mutable_model()->mutable_tables(0)->mutable_lifecycle()->set_admit_after(3);
+  spec.mutable_model()->mutable_tables(2)->mutable_lifecycle()->set_evict_after(1);
+  absl::StatusOr<v1::ProgressReport> result = CheckSparseBspAgainstAReference(job, spec, 3);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_TRUE(result->evaluated());
   DropJob(job);
 }
 

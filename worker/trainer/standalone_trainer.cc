@@ -107,7 +107,8 @@ absl::Status StandaloneTrainer::Init() {
   const std::vector<engine::Parameter>& params = model_->parameters();
   for (const engine::SparseTableInfo& t : model_->sparse_tables()) {
     tables_.emplace_back(static_cast<uint32_t>(t.dim),
-                         spec::RowInitializer(t.shape, spec.seed(), t.name), optimizer_);
+                         spec::RowInitializer(t.shape, spec.seed(), t.name), optimizer_,
+                         t.shape.lifecycle);
   }
   batch_rows_.resize(tables_.size());
   for (int i = 0; i < static_cast<int>(params.size()); ++i) {
@@ -153,7 +154,8 @@ absl::Status StandaloneTrainer::ApplyOptimizer() {
   for (size_t t = 0; t < tables_.size(); ++t) {
     const engine::SparseTableInfo& info = model_->sparse_tables()[t];
     TESSERA_RETURN_IF_ERROR(model_->CopyGradToHost(info.name, &row_values_));
-    tables_[t].Apply(lr, scale, batch_rows_[t].rows, row_values_);
+    // The table's clock is the step, as a shard's version is under BSP.
+    tables_[t].Apply(updates_, lr, scale, batch_rows_[t].rows, row_values_.data());
   }
   return absl::OkStatus();
 }
@@ -165,7 +167,7 @@ absl::StatusOr<engine::BatchView> StandaloneTrainer::Prepare(const data::Batch& 
     TESSERA_RETURN_IF_ERROR(mapper_.Map(batch, info, &batch_rows_[t]));
     const int64_t count = static_cast<int64_t>(batch_rows_[t].rows.size());
     row_values_.resize(static_cast<size_t>(count * info.dim));
-    tables_[t].Gather(batch_rows_[t].rows, absl::MakeSpan(row_values_));
+    tables_[t].Gather(batch_rows_[t].rows, row_values_.data());
     TESSERA_RETURN_IF_ERROR(model_->SetRows(static_cast<int>(t), count, row_values_));
   }
   return internal::ViewWithRows(batch, *model_, batch_rows_, &field_uses_);

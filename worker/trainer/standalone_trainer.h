@@ -2,7 +2,7 @@
 // the servers' own (kernels/optimizer.h through Backend::ApplyUpdate, kernels/schedule.h for the
 // learning rate and global-norm clipping), so a standalone run is the single-device baseline for
 // the distributed ones. A sparse table (an embedding_bag's) lives in a host row table
-// (kernels/row_table.h) as it would on a shard: each step installs in the model only the rows its
+// (kernels/sparse_rows.h) as it would on a shard: each step installs in the model only the rows its
 // batch touches, and applies the sparse optimizer to those rows alone.
 //
 // Life cycle: Create() validates the spec, loads both splits, builds the backend and the model
@@ -20,7 +20,7 @@
 #include "absl/status/statusor.h"
 #include "kernels/backend.h"
 #include "kernels/optimizer.h"
-#include "kernels/row_table.h"
+#include "kernels/sparse_rows.h"
 #include "tessera/v1/job_spec.pb.h"
 #include "worker/data/dataset.h"
 #include "worker/engine/model.h"
@@ -94,7 +94,7 @@ class StandaloneTrainer {
   const kernels::Backend& backend() const { return *backend_; }
   const data::Dataset& train_data() const { return *train_; }
   // The rows of the model's sparse tables (model().sparse_tables() order).
-  const std::vector<kernels::RowTable>& tables() const { return tables_; }
+  const std::vector<kernels::SparseRows>& tables() const { return tables_; }
 
   // Test loss, accuracy (and AUC for binary tasks) of the current weights (the whole test split).
   // FAILED_PRECONDITION when the spec has no test split.
@@ -118,7 +118,7 @@ class StandaloneTrainer {
   std::vector<int> trainable_;
   std::vector<std::vector<kernels::Tensor>> slots_;
   // Sparse tables: their rows, and the rows of the batch in flight.
-  std::vector<kernels::RowTable> tables_;
+  std::vector<kernels::SparseRows> tables_;
   internal::RowMapper mapper_;
   std::vector<internal::BatchRows> batch_rows_;  // per table
   std::vector<engine::SparseFieldView> field_uses_;

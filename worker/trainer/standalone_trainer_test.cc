@@ -336,7 +336,7 @@ TEST_F(BlobsTest, HashedEmbeddingsKeepOnlyTouchedRows) {
   }
   EXPECT_EQ(t->tables()[0].size(), static_cast<int64_t>(train_ids.size()));
   std::set<int64_t> held;
-  t->tables()[0].ForEach([&](int64_t id, absl::Span<const float>) { held.insert(id); });
+  for (const auto& [id, row] : t->tables()[0].rows()) held.insert(id);
   EXPECT_EQ(held, train_ids);
   // The model's copy: the last evaluation batch's rows only (at most 6 per example).
   const engine::Parameter* table = t->model().FindParameter("embedding_bag_1/embeddings");

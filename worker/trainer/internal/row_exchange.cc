@@ -19,6 +19,7 @@ std::vector<v1::SparseTableDecl> SparseTableDecls(const engine::Model& model,
     d.set_name(t.name);
     d.set_dim(static_cast<uint32_t>(t.dim));
     *d.mutable_initializer() = spec::RowInitializer(t.shape, spec.seed(), t.name);
+    if (t.shape.lifecycle.ByteSizeLong() > 0) *d.mutable_lifecycle() = t.shape.lifecycle;
     out.push_back(std::move(d));
   }
   return out;
