@@ -14,6 +14,7 @@
 #include "common/daemon_runner.h"
 #include "common/membership.h"
 #include "common/metrics.h"
+#include "common/crash_reporter.h"
 #include "common/process.h"
 #include "common/security.h"
 #include "common/status_macros.h"
@@ -126,6 +127,7 @@ int main(int argc, char** argv) {
   tessera::ExecWithPassiveOpenMpWait(argv);
   tessera::ConfigureDaemonAllocator();
   tessera::BlockDaemonSignals();
+  tessera::InstallCrashReporter(argv[0]);
   // Partitions are 4 MiB: keep freed message buffers in the heap for reuse instead of returning
   // them to the kernel (mmap/munmap and page faults on every message).
   mallopt(M_MMAP_THRESHOLD, 256 << 20);

@@ -32,6 +32,7 @@
 #include "common/daemon_runner.h"
 #include "common/grpc_server.h"
 #include "common/metrics.h"
+#include "common/crash_reporter.h"
 #include "common/process.h"
 #include "common/security.h"
 #include "common/status_macros.h"
@@ -347,6 +348,7 @@ int main(int argc, char** argv) {
     if (!flags.standalone) {
       tessera::ConfigureDaemonAllocator();
       tessera::BlockDaemonSignals();
+      tessera::InstallCrashReporter(argv[0]);
     }
     return ValidateDaemon(flags, &security);
   });

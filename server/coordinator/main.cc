@@ -9,6 +9,7 @@
 #include "common/daemon_metrics.h"
 #include "common/daemon_runner.h"
 #include "common/metrics.h"
+#include "common/crash_reporter.h"
 #include "common/process.h"
 #include "common/security.h"
 #include "common/status_macros.h"
@@ -98,6 +99,7 @@ class CoordinatorDaemon final : public tessera::Daemon {
 int main(int argc, char** argv) {
   tessera::ConfigureDaemonAllocator();
   tessera::BlockDaemonSignals();
+  tessera::InstallCrashReporter(argv[0]);
   Flags flags;
   CLI::App app{
       "tessera-coordinator: the Tessera control plane, one per cluster. It queues jobs, tracks\n"
