@@ -288,8 +288,10 @@ grpc::ServerWriteReactor<v1::WatchJobResponse>* GrpcJobService::WatchJob(
     grpc::CallbackServerContext* context, const v1::WatchJobRequest* request) {
   auto reactor = std::make_shared<WatchReactor>();
   reactor->Begin(reactor);
+  // A copy: a watcher that goes away ends the call (OnCancel finishes it at once), and gRPC frees
+  // `request` with it, maybe before the pool gets here.
   store_pool_->Schedule(
-      [this, reactor, request] { reactor->Attach(coordinator_->WatchJob(*request)); });
+      [this, reactor, request = *request] { reactor->Attach(coordinator_->WatchJob(request)); });
   return reactor.get();
 }
 

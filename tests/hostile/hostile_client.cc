@@ -1290,6 +1290,13 @@ class Failures {
     if (static_cast<int>(shown_.size()) < kMaxShown) shown_.push_back(std::move(what));
     ++count_;
   }
+  // A failure that explains the others (a daemon that died): shown first.
+  void AddFirst(std::string what) {
+    absl::MutexLock lock(&mu_);
+    shown_.insert(shown_.begin(), std::move(what));
+    if (static_cast<int>(shown_.size()) > kMaxShown) shown_.pop_back();
+    ++count_;
+  }
   int64_t count() const {
     absl::MutexLock lock(&mu_);
     return count_;
@@ -1633,8 +1640,9 @@ void HostileRun::CheckHealthAndLife(const char* when) {
   for (int i = 0; i < kNumDaemons; ++i) {
     Daemon& d = daemons_[i];
     if (d.process.HasExited()) {
-      failures_.Add(absl::StrCat(kDaemonNames[i], " ", d.process.DescribeExit(), " ", when,
-                                 "; stderr tail:\n", testlib::FileTail(d.process.stderr_path())));
+      failures_.AddFirst(absl::StrCat(kDaemonNames[i], " ", d.process.DescribeExit(), " ", when,
+                                      "; stderr tail:\n",
+                                      testlib::FileTail(d.process.stderr_path())));
       continue;
     }
     if (!HealthServing(Channel(d.address).get())) {
