@@ -101,7 +101,7 @@ SparseRows::Row& SparseRows::CreateRow(int64_t id) {
     float* slot = row.values.data() + static_cast<size_t>(dim_) * (1 + s);
     std::fill(slot, slot + dim_, SlotInitialValue(params_, s));
   }
-  ++counts_.admitted;
+  counts_.set_admitted(counts_.admitted() + 1);
   return row;
 }
 
@@ -126,7 +126,7 @@ int64_t SparseRows::Apply(int64_t clock, float lr, float grad_scale, absl::Span<
       ++p.sightings;
       p.last_clock = clock;
       if (p.sightings < admit_after) {
-        ++counts_.dropped_gradients;
+        counts_.set_dropped_gradients(counts_.dropped_gradients() + 1);
         continue;
       }
       pending_.erase(ids[i]);
@@ -153,7 +153,7 @@ int64_t SparseRows::Apply(int64_t clock, float lr, float grad_scale, absl::Span<
                    dim_);
   }
   const int64_t every = lifecycle_.evict_after();
-  if (every > 0 && clock / every > counts_.last_sweep_clock / every) Evict(clock);
+  if (every > 0 && clock / every > counts_.last_sweep_clock() / every) Evict(clock);
   return BytesHeld() - before;
 }
 
@@ -164,9 +164,9 @@ int64_t SparseRows::Evict(int64_t clock) {
   absl::erase_if(rows_, [&](const auto& entry) { return clock - entry.second.last_clock >= idle; });
   absl::erase_if(pending_,
                  [&](const auto& entry) { return clock - entry.second.last_clock >= idle; });
-  counts_.evicted += rows_before - size();
-  counts_.pending_evicted += pending_before - pending_size();
-  counts_.last_sweep_clock = clock;
+  counts_.set_evicted(counts_.evicted() + rows_before - size());
+  counts_.set_pending_evicted(counts_.pending_evicted() + pending_before - pending_size());
+  counts_.set_last_sweep_clock(clock);
   return before - BytesHeld();
 }
 

@@ -13,7 +13,7 @@
 // - Eviction (evict_after = T > 0): at the first update whose clock reaches a multiple of T past
 //   the last check, every row and pending id whose last update is at least T ticks old is dropped.
 //   An id idle for T ticks is thus gone within T more. A dropped id starts over.
-// Every count is exact and is kept in checkpoints (Counts, Restore*).
+// Every count is exact and is kept in checkpoints (counts(), Restore*).
 #ifndef TESSERA_KERNELS_SPARSE_ROWS_H_
 #define TESSERA_KERNELS_SPARSE_ROWS_H_
 
@@ -24,6 +24,7 @@
 #include "absl/status/status.h"
 #include "absl/types/span.h"
 #include "kernels/optimizer.h"
+#include "tessera/v1/checkpoint.pb.h"  // RowCounts
 #include "tessera/v1/optimizer.pb.h"
 #include "tessera/v1/parameter.pb.h"
 
@@ -46,13 +47,6 @@ class SparseRows {
     uint32_t sightings = 0;  // updates that carried the id so far (< admit_after)
     int64_t last_clock = 0;
   };
-  struct Counts {
-    int64_t admitted = 0;           // rows created
-    int64_t evicted = 0;            // rows dropped idle
-    int64_t dropped_gradients = 0;  // row gradients dropped while their id was pending
-    int64_t pending_evicted = 0;    // pending ids dropped idle
-    int64_t last_sweep_clock = 0;   // the clock of the last eviction check
-  };
 
   // REQUIRES: dim >= 1; params came from MakeOptimizerParams of a sparse-capable config.
   SparseRows(uint32_t dim, v1::Initializer initializer, OptimizerParams params,
@@ -66,7 +60,7 @@ class SparseRows {
 
   int64_t size() const { return static_cast<int64_t>(rows_.size()); }
   int64_t pending_size() const { return static_cast<int64_t>(pending_.size()); }
-  const Counts& counts() const { return counts_; }
+  const v1::RowCounts& counts() const { return counts_; }
   // Bytes one row holds (weights, slots, its map entry), and one pending id. RowBytes() is the
   // larger, so that ids * RowBytes() bounds what an update adds.
   int64_t RowBytes() const { return RowBytes(dim_, num_slots_); }
@@ -96,7 +90,7 @@ class SparseRows {
   absl::Status RestoreRow(int64_t id, int64_t updates, int64_t last_clock,
                           absl::Span<const float> values);
   absl::Status RestorePending(int64_t id, uint32_t sightings, int64_t last_clock);
-  void RestoreCounts(const Counts& counts) { counts_ = counts; }
+  void RestoreCounts(const v1::RowCounts& counts) { counts_ = counts; }
 
  private:
   // The new row `id` from the initializer, slots at their initial values.
@@ -111,7 +105,7 @@ class SparseRows {
   int num_slots_;
   absl::flat_hash_map<int64_t, Row> rows_;
   absl::flat_hash_map<int64_t, Pending> pending_;
-  Counts counts_;
+  v1::RowCounts counts_;
 };
 
 }  // namespace tessera::kernels

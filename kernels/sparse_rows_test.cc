@@ -88,7 +88,7 @@ TEST(SparseRowsTest, SgdMovesOnlyTheRowsPushedAndAdamCountsUpdatesPerRow) {
   sgd.Gather({10, 20, 30}, out.data());
   EXPECT_EQ(out, (std::vector<float>{-1, -2, -3, -4, 0, 0}));
   EXPECT_EQ(sgd.size(), 2);
-  EXPECT_EQ(sgd.counts().admitted, 2);
+  EXPECT_EQ(sgd.counts().admitted(), 2);
   std::map<int64_t, std::vector<float>> seen;
   for (const auto& [id, row] : sgd.rows()) {
     seen[id] = std::vector<float>(row.values.begin(), row.values.begin() + 2);
@@ -138,9 +138,9 @@ TEST(SparseRowsTest, AdmissionCreatesARowOnItsNthSightingAndDropsTheGradientsBef
   t.Gather({7, 8}, out.data());
   EXPECT_EQ(out, (std::vector<float>{0.125f, 0.25f}));
   EXPECT_EQ(t.pending_size(), 0);
-  EXPECT_EQ(t.counts().admitted, 2);
+  EXPECT_EQ(t.counts().admitted(), 2);
   // Dropped: 7 at clocks 1 and 2, 8 at 1 and 3.
-  EXPECT_EQ(t.counts().dropped_gradients, 4);
+  EXPECT_EQ(t.counts().dropped_gradients(), 4);
   EXPECT_EQ(t.BytesHeld(), 2 * t.RowBytes());
 }
 
@@ -154,23 +154,23 @@ TEST(SparseRowsTest, EvictionDropsRowsIdleForTheWindowAtEachMultipleAndTheyStart
   // Clock 4 is the first check: row 1 (last at 1) is 3 ticks old, under 4: nothing goes.
   EXPECT_EQ(t.Apply(4, 1.0f, 1.0f, {3}, g.data()), 0);
   EXPECT_EQ(Held(t), (std::vector<int64_t>{1, 2, 3}));
-  EXPECT_EQ(t.counts().last_sweep_clock, 4);
+  EXPECT_EQ(t.counts().last_sweep_clock(), 4);
   // Clocks 5-7 check nothing; row 1 is idle 4 at clock 5 but stays until the next multiple.
   for (int64_t c = 5; c <= 7; ++c) EXPECT_EQ(t.Apply(c, 1.0f, 1.0f, {3}, g.data()), 0);
-  EXPECT_EQ(t.counts().evicted, 0);
+  EXPECT_EQ(t.counts().evicted(), 0);
   // Clock 9 (8 skipped: an update of the table without this table's rows) is past the multiple
   // 8: rows 1 (idle 8) and 2 (idle 7) go, 3 (updated now) stays.
   EXPECT_EQ(t.Apply(9, 1.0f, 1.0f, {3}, g.data()), -2 * t.RowBytes());
   EXPECT_EQ(Held(t), (std::vector<int64_t>{3}));
-  EXPECT_EQ(t.counts().evicted, 2);
-  EXPECT_EQ(t.counts().last_sweep_clock, 9);
+  EXPECT_EQ(t.counts().evicted(), 2);
+  EXPECT_EQ(t.counts().last_sweep_clock(), 9);
   // Row 1 comes back from its initializer, a fresh row (its own update count from 1).
   t.Apply(10, 1.0f, 1.0f, {1}, g.data());
   std::vector<float> out(1);
   t.Gather({1}, out.data());
   EXPECT_EQ(out[0], -1.0f);
   EXPECT_EQ(t.Find(1)->updates, 1);
-  EXPECT_EQ(t.counts().admitted, 4);
+  EXPECT_EQ(t.counts().admitted(), 4);
 }
 
 TEST(SparseRowsTest, PendingIdsAreEvictedToo) {
@@ -185,8 +185,8 @@ TEST(SparseRowsTest, PendingIdsAreEvictedToo) {
   EXPECT_EQ(t.Apply(4, 1.0f, 1.0f, {}, g.data()), -t.RowBytes() - SparseRows::PendingBytes());
   EXPECT_EQ(t.size(), 0);
   EXPECT_EQ(t.pending_size(), 0);
-  EXPECT_EQ(t.counts().evicted, 1);
-  EXPECT_EQ(t.counts().pending_evicted, 1);
+  EXPECT_EQ(t.counts().evicted(), 1);
+  EXPECT_EQ(t.counts().pending_evicted(), 1);
   // 5 counts from zero again: one sighting does not admit it.
   t.Apply(5, 1.0f, 1.0f, {5}, g.data());
   EXPECT_EQ(t.size(), 0);

@@ -47,6 +47,17 @@ struct PartitionSnapshot {
   std::vector<int64_t> pending_ids;
   std::vector<uint32_t> pending_sightings;
   std::vector<int64_t> pending_last_clocks;
+
+  // What a copy holds per row of a sparse table with `width` values a row (weights and slots),
+  // and per pending id: the checkpoint's memory charge (CheckpointWriter::ReserveCopy).
+  static int64_t BytesPerRow(size_t width) {
+    return static_cast<int64_t>(sizeof(row_ids[0]) + sizeof(row_updates[0]) +
+                                sizeof(row_last_clocks[0]) + width * sizeof(row_values[0]));
+  }
+  static int64_t BytesPerPendingId() {
+    return static_cast<int64_t>(sizeof(pending_ids[0]) + sizeof(pending_sightings[0]) +
+                                sizeof(pending_last_clocks[0]));
+  }
 };
 
 // A Checkpoint call waiting for its capture; `cancelled` (optional) is set once nobody wants the

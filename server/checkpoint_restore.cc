@@ -191,9 +191,7 @@ absl::Status FillPartition(const v1::CheckpointHeader& h, const v1::PartitionChe
     const absl::Status added = p.rows->RestorePending(id, sightings, last_clock);
     if (!added.ok()) return Loss(h, absl::StrCat(p.name, ": ", added.message()));
   }
-  const v1::RowCounts& c = pc.row_counts();
-  p.rows->RestoreCounts({c.admitted(), c.evicted(), c.dropped_gradients(), c.pending_evicted(),
-                         c.last_sweep_clock()});
+  p.rows->RestoreCounts(pc.row_counts());
   return absl::OkStatus();
 }
 

@@ -151,7 +151,9 @@ bool CheckpointWriter::ReserveCopy(JobState& job, Partition& p, int64_t step,
   if (!p.sparse) {
     bytes += p.num_elements * 4 * (1 + slots);
   } else {
-    bytes += p.rows->size() * (int64_t{p.dim} * 4 * (1 + slots) + 24) + p.rows->pending_size() * 20;
+    const size_t width = static_cast<size_t>(p.dim) * (1 + slots);
+    bytes += p.rows->size() * PartitionSnapshot::BytesPerRow(width) +
+             p.rows->pending_size() * PartitionSnapshot::BytesPerPendingId();
   }
   std::vector<CheckpointWaiter> failed_waiters;
   absl::Status failed_status;
@@ -241,13 +243,7 @@ PartitionSnapshot CheckpointWriter::SnapshotLocked(const JobState& job, const Pa
     snap.pending_last_clocks.push_back(pending.last_clock);
   }
   meta.set_num_pending(snap.pending_ids.size());
-  const kernels::SparseRows::Counts& counts = rows.counts();
-  v1::RowCounts* c = meta.mutable_row_counts();
-  c->set_admitted(counts.admitted);
-  c->set_evicted(counts.evicted);
-  c->set_dropped_gradients(counts.dropped_gradients);
-  c->set_pending_evicted(counts.pending_evicted);
-  c->set_last_sweep_clock(counts.last_sweep_clock);
+  *meta.mutable_row_counts() = rows.counts();
   meta.set_num_rows(snap.row_ids.size());
   return snap;
 }

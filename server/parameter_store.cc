@@ -452,10 +452,10 @@ ShardStats ParameterStore::GetShardStats() const {
     for (const std::shared_ptr<Partition>& p : job->AllPartitions()) {
       if (!p->sparse) continue;
       absl::ReaderMutexLock lock(&p->mu);
-      const kernels::SparseRows::Counts& counts = p->rows->counts();
+      const v1::RowCounts& counts = p->rows->counts();
       stats.tables.push_back({job->id, p->tensor, p->rows->size(), p->rows->pending_size(),
-                              counts.admitted, counts.evicted, counts.pending_evicted,
-                              counts.dropped_gradients});
+                              counts.admitted(), counts.evicted(), counts.pending_evicted(),
+                              counts.dropped_gradients()});
     }
   }
   std::sort(stats.tables.begin(), stats.tables.end(), [](const TableStats& a, const TableStats& b) {

@@ -880,10 +880,10 @@ absl::StatusOr<v1::ProgressReport> DistributedTrainerTest::CheckSparseBspAgainst
     }
     // A lifecycle the spec asks for did its work.
     if (decls[k].lifecycle().admit_after() > 1) {
-      EXPECT_GT(rows[k].counts().dropped_gradients, 0) << tables[k].name;
+      EXPECT_GT(rows[k].counts().dropped_gradients(), 0) << tables[k].name;
     }
     if (decls[k].lifecycle().evict_after() > 0) {
-      EXPECT_GT(rows[k].counts().evicted, 0) << tables[k].name;
+      EXPECT_GT(rows[k].counts().evicted(), 0) << tables[k].name;
     }
     const std::vector<int64_t> ids(touched[k].begin(), touched[k].end());
     std::vector<float> got(ids.size() * dim), want(ids.size() * dim);
