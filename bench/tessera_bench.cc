@@ -2,6 +2,7 @@
 //
 //   tessera-bench pushpull --shards S --clients C --bytes B --seconds T --output json|text
 //                          [--rounds R] [--partition_bytes P] [--server PATH]
+//                          [--reference tcp,zmq]
 //
 // starts S tessera-server processes (port 0), declares one B-byte fp32 tensor (ASP, SGD), and
 // runs C client threads, each with its own ParameterClient, that PushPull the whole tensor in a
@@ -10,7 +11,10 @@
 // and read B bytes back per round (the push/pull pattern without gRPC, protobuf or the shard),
 // and prints goodput / TCP as the ratio. The two alternate in --rounds rounds (T / rounds of gRPC,
 // then TCP with the bytes that round moved), and the ratio is the median of the rounds' ratios,
-// because machines are shared: compare ratios, not absolutes.
+// because machines are shared: compare ratios, not absolutes. With --reference zmq (the default
+// runs both) each round also moves the same iterations through a parameter server over plain
+// ZeroMQ (bench/zmq_reference.h: S server processes, C DEALER clients, the same SGD update), and
+// goodput / ZeroMQ's is `zmq_ratio`, again the median of the rounds'.
 #include <arpa/inet.h>
 #include <malloc.h>
 #include <netinet/in.h>
@@ -33,8 +37,10 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "bench/zmq_reference.h"
 #include "worker/client/local_shards.h"
 #include "worker/client/parameter_client.h"
 
@@ -54,6 +60,7 @@ struct PushPullFlags {
   int rounds = 3;
   int streams = 1;
   bool copy_push = false;
+  std::string reference = "tcp,zmq";
 };
 
 // "64K", "4M", "1G" or a plain number of bytes.
@@ -270,6 +277,12 @@ absl::StatusOr<double> RunTcp(int clients, int64_t bytes, int64_t rounds_total) 
   return seconds;
 }
 
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 == 1 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
+}
+
 int PushPullMain(const PushPullFlags& flags) {
   auto bytes = ParseBytes("bytes", flags.bytes);
   auto partition_bytes = ParseBytes("partition_bytes", flags.partition_bytes);
@@ -284,6 +297,28 @@ int PushPullMain(const PushPullFlags& flags) {
                  static_cast<long long>(*bytes));
     return 2;
   }
+  bool with_tcp = false, with_zmq = false;
+  for (absl::string_view r : absl::StrSplit(flags.reference, ',')) {
+    if (r == "tcp") {
+      with_tcp = true;
+    } else if (r == "zmq") {
+      with_zmq = true;
+    } else {
+      std::fprintf(stderr, "tessera-bench: --reference: want tcp, zmq or tcp,zmq, got '%s'\n",
+                   flags.reference.c_str());
+      return 2;
+    }
+  }
+  // The ZeroMQ servers fork first, while this process has one thread.
+  std::unique_ptr<ZmqReference> zmq;
+  if (with_zmq) {
+    auto started = ZmqReference::Start(flags.shards, *bytes, 1e-6f);
+    if (!started.ok()) {
+      std::fprintf(stderr, "tessera-bench: %s\n", started.status().ToString().c_str());
+      return 1;
+    }
+    zmq = *std::move(started);
+  }
   client::LocalShards::Options so;
   so.server_path = flags.server.empty() ? DefaultServerPath() : flags.server;
   so.num_shards = flags.shards;
@@ -294,16 +329,16 @@ int PushPullMain(const PushPullFlags& flags) {
     std::fprintf(stderr, "tessera-bench: %s\n", shards.status().ToString().c_str());
     return 1;
   }
-  // gRPC and TCP alternate in rounds so that both see the same machine load; the reported ratio
-  // is the median of the rounds' ratios, and goodput and TCP figures are totals over all rounds.
+  // gRPC, TCP and ZeroMQ alternate in rounds so that all see the same machine load; the reported
+  // ratios are the medians of the rounds' ratios, and the goodputs are totals over all rounds.
   struct Round {
     double goodput;
-    double tcp;
-    double ratio;
+    double tcp = 0, ratio = 0;
+    double zmq = 0, zmq_ratio = 0;
   };
   std::vector<Round> rounds;
   int64_t iterations = 0, retries = 0;
-  double grpc_bytes = 0, grpc_seconds = 0, tcp_bytes = 0, tcp_seconds = 0;
+  double grpc_bytes = 0, grpc_seconds = 0, tcp_seconds = 0, zmq_seconds = 0;
   {
     auto loop = PushPullLoop::Create(flags.clients, *bytes, *partition_bytes, flags.streams,
                                      flags.copy_push, (*shards)->addresses());
@@ -318,20 +353,33 @@ int PushPullMain(const PushPullFlags& flags) {
         std::fprintf(stderr, "tessera-bench: pushpull: %s\n", run.status().ToString().c_str());
         return 1;
       }
-      auto tcp = RunTcp(flags.clients, *bytes, run->iterations);
-      if (!tcp.ok()) {
-        std::fprintf(stderr, "tessera-bench: tcp: %s\n", tcp.status().ToString().c_str());
-        return 1;
-      }
       const double moved = static_cast<double>(run->iterations) * 2.0 * static_cast<double>(*bytes);
-      rounds.push_back(
-          {moved / run->seconds, moved / *tcp, (moved / run->seconds) / (moved / *tcp)});
+      Round round{moved / run->seconds};
+      if (with_tcp) {
+        auto tcp = RunTcp(flags.clients, *bytes, run->iterations);
+        if (!tcp.ok()) {
+          std::fprintf(stderr, "tessera-bench: tcp: %s\n", tcp.status().ToString().c_str());
+          return 1;
+        }
+        round.tcp = moved / *tcp;
+        round.ratio = round.goodput / round.tcp;
+        tcp_seconds += *tcp;
+      }
+      if (with_zmq) {
+        auto z = zmq->Run(flags.clients, run->iterations);
+        if (!z.ok()) {
+          std::fprintf(stderr, "tessera-bench: %s\n", z.status().ToString().c_str());
+          return 1;
+        }
+        round.zmq = moved / *z;
+        round.zmq_ratio = round.goodput / round.zmq;
+        zmq_seconds += *z;
+      }
+      rounds.push_back(round);
       iterations += run->iterations;
       retries += run->retries;
       grpc_bytes += moved;
       grpc_seconds += run->seconds;
-      tcp_bytes += moved;
-      tcp_seconds += *tcp;
     }
   }
   absl::Status stopped = (*shards)->Stop(absl::Seconds(15));
@@ -339,42 +387,59 @@ int PushPullMain(const PushPullFlags& flags) {
     std::fprintf(stderr, "tessera-bench: %s\n", stopped.ToString().c_str());
     return 1;
   }
-  std::vector<double> ratios;
-  for (const Round& r : rounds) ratios.push_back(r.ratio);
-  std::sort(ratios.begin(), ratios.end());
-  const double median = ratios.size() % 2 == 1
-                            ? ratios[ratios.size() / 2]
-                            : (ratios[ratios.size() / 2 - 1] + ratios[ratios.size() / 2]) / 2;
+  std::vector<double> ratios, zmq_ratios;
+  for (const Round& r : rounds) {
+    ratios.push_back(r.ratio);
+    zmq_ratios.push_back(r.zmq_ratio);
+  }
+  const double median = Median(ratios), zmq_median = Median(zmq_ratios);
   const double goodput = grpc_bytes / grpc_seconds;
-  const double tcp = tcp_bytes / tcp_seconds;
+  const double tcp = with_tcp ? grpc_bytes / tcp_seconds : 0;
+  const double zmq_goodput = with_zmq ? grpc_bytes / zmq_seconds : 0;
   if (flags.output == "json") {
     std::string per_round;
     for (const Round& r : rounds) {
-      absl::StrAppend(&per_round, per_round.empty() ? "" : ", ",
-                      absl::StrFormat("{\"goodput\": %.0f, \"tcp\": %.0f, \"ratio\": %.3f}",
-                                      r.goodput, r.tcp, r.ratio));
+      std::string one = absl::StrFormat("{\"goodput\": %.0f", r.goodput);
+      if (with_tcp) absl::StrAppendFormat(&one, ", \"tcp\": %.0f, \"ratio\": %.3f", r.tcp, r.ratio);
+      if (with_zmq) {
+        absl::StrAppendFormat(&one, ", \"zmq\": %.0f, \"zmq_ratio\": %.3f", r.zmq, r.zmq_ratio);
+      }
+      absl::StrAppend(&per_round, per_round.empty() ? "" : ", ", one, "}");
+    }
+    std::string references;
+    if (with_tcp) {
+      absl::StrAppendFormat(&references, "\"tcp_bytes_per_second\": %.0f, \"ratio\": %.3f, ", tcp,
+                            median);
+    }
+    if (with_zmq) {
+      absl::StrAppendFormat(&references, "\"zmq_bytes_per_second\": %.0f, \"zmq_ratio\": %.3f, ",
+                            zmq_goodput, zmq_median);
     }
     std::printf(
         "{\"benchmark\": \"pushpull\", \"shards\": %d, \"clients\": %d, \"bytes\": %lld, "
         "\"partition_bytes\": %lld, \"streams\": %d, \"seconds\": %.3f, \"iterations\": %lld, "
-        "\"retries\": %lld, "
-        "\"goodput_bytes_per_second\": %.0f, \"tcp_bytes_per_second\": %.0f, "
-        "\"ratio\": %.3f, \"rounds\": [%s]}\n",
+        "\"retries\": %lld, \"goodput_bytes_per_second\": %.0f, %s\"rounds\": [%s]}\n",
         flags.shards, flags.clients, static_cast<long long>(*bytes),
         static_cast<long long>(*partition_bytes), flags.streams, grpc_seconds,
-        static_cast<long long>(iterations), static_cast<long long>(retries), goodput, tcp, median,
-        per_round.c_str());
+        static_cast<long long>(iterations), static_cast<long long>(retries), goodput,
+        references.c_str(), per_round.c_str());
   } else {
     std::printf(
         "pushpull: %d shard(s), %d client(s), %lld bytes per tensor, partitions of %lld bytes, "
         "%d stream(s) per shard\n"
-        "  gRPC push+pull: %lld iterations in %.2f s, goodput %.3f GB/s (%lld retries)\n"
-        "  plain TCP:      same bytes in %.2f s, %.3f GB/s\n"
-        "  ratio (median of %d interleaved rounds): %.3f\n",
+        "  gRPC push+pull: %lld iterations in %.2f s, goodput %.3f GB/s (%lld retries)\n",
         flags.shards, flags.clients, static_cast<long long>(*bytes),
         static_cast<long long>(*partition_bytes), flags.streams, static_cast<long long>(iterations),
-        grpc_seconds, goodput / 1e9, static_cast<long long>(retries), tcp_seconds, tcp / 1e9,
-        flags.rounds, median);
+        grpc_seconds, goodput / 1e9, static_cast<long long>(retries));
+    if (with_tcp) {
+      std::printf("  plain TCP:      same bytes in %.2f s, %.3f GB/s; ratio %.3f\n", tcp_seconds,
+                  tcp / 1e9, median);
+    }
+    if (with_zmq) {
+      std::printf("  ZeroMQ PS:      same bytes in %.2f s, %.3f GB/s; zmq_ratio %.3f\n",
+                  zmq_seconds, zmq_goodput / 1e9, zmq_median);
+    }
+    std::printf("  (ratios: medians of %d interleaved rounds)\n", flags.rounds);
   }
   return 0;
 }
@@ -420,8 +485,14 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::Range(1, 64));
   pushpull
+      ->add_option("--reference", pp.reference,
+                   "what the goodput is compared with, in the same run: tcp (plain sockets), "
+                   "zmq (a parameter server over ZeroMQ, as ps-lite), or tcp,zmq")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"tcp", "zmq", "tcp,zmq", "zmq,tcp"}));
+  pushpull
       ->add_option("--rounds", pp.rounds,
-                   "gRPC and TCP alternate this many times; the ratio is their median")
+                   "gRPC and the references alternate this many times; a ratio is the median")
       ->capture_default_str()
       ->check(CLI::Range(1, 100));
   pushpull

@@ -23,6 +23,8 @@ PACKAGES=(
   # tests
   libgtest-dev libgmock-dev libbenchmark-dev
   openssl iproute2 systemd prometheus python3 python3-numpy python3-grpcio
+  # benchmarks: tessera-bench's ZeroMQ reference (pushpull --reference zmq)
+  libzmq3-dev
   # fuzzers (scripts/fuzz.sh): clang with libFuzzer/ASan and its OpenMP runtime
   clang libclang-rt-14-dev libomp-dev
   # data: Fashion-MNIST in /usr/share/datasets/fashion-mnist
