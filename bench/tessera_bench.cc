@@ -489,7 +489,13 @@ int main(int argc, char** argv) {
                    "what the goodput is compared with, in the same run: tcp (plain sockets), "
                    "zmq (a parameter server over ZeroMQ, as ps-lite), or tcp,zmq")
       ->capture_default_str()
-      ->check(CLI::IsMember({"tcp", "zmq", "tcp,zmq", "zmq,tcp"}));
+      ->check(CLI::Validator(
+          [](std::string& v) -> std::string {
+            return v == "tcp" || v == "zmq" || v == "tcp,zmq" || v == "zmq,tcp"
+                       ? std::string()
+                       : "want tcp, zmq or tcp,zmq, got '" + v + "'";
+          },
+          "tcp|zmq|tcp,zmq"));
   pushpull
       ->add_option("--rounds", pp.rounds,
                    "gRPC and the references alternate this many times; a ratio is the median")
