@@ -202,6 +202,7 @@ absl::StatusOr<double> ZmqReference::Run(int clients, int64_t iterations) {
     for (void* socket : c.sockets) zmq_close(socket);
   }
   if (!status.ok()) return status;
+  last_weights_ = std::move(all[0].weights);
   return seconds;
 }
 

@@ -38,6 +38,8 @@ class ZmqReference {
   absl::StatusOr<double> Run(int clients, int64_t iterations);
 
   const std::vector<std::string>& endpoints() const { return endpoints_; }
+  // Client 0's weights after its last iteration of the last Run: the servers' weights then.
+  const std::vector<float>& last_weights() const { return last_weights_; }
 
  private:
   ZmqReference() = default;
@@ -47,6 +49,7 @@ class ZmqReference {
   std::vector<std::string> endpoints_;  // tcp://127.0.0.1:PORT, one per server
   std::vector<int64_t> slice_floats_;   // per server
   void* context_ = nullptr;             // the clients' ZeroMQ context
+  std::vector<float> last_weights_;
 };
 
 }  // namespace tessera::bench
