@@ -67,7 +67,6 @@ absl::StatusOr<std::vector<NamedTensor>> PullJobWeights(const v1::Job& job,
   std::vector<client::DenseTensorSpec> dense;
   std::vector<v1::SparseTableDecl> tables;
   for (const engine::Parameter& p : (*model)->parameters()) {
-    if (!p.trainable) continue;
     if (p.sparse) {
       v1::SparseTableDecl table;
       table.set_name(p.name);
@@ -81,7 +80,6 @@ absl::StatusOr<std::vector<NamedTensor>> PullJobWeights(const v1::Job& job,
 
   std::vector<NamedTensor> out;
   for (const engine::Parameter& p : (*model)->parameters()) {
-    if (!p.trainable) continue;
     if (p.sparse) {
       // A table: the rows the shards hold, as "<name>.ids" (int64 [n]) and "<name>" ([n, dim]).
       NamedTensor ids;

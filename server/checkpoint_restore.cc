@@ -35,6 +35,7 @@ absl::Status CheckHeader(const v1::CheckpointHeader& h, v1::CreateJobStateReques
       v1::DensePartitionDecl* d = request->add_partitions();
       *d->mutable_key() = pc.key();
       d->set_num_elements(pc.num_elements());
+      d->set_update(pc.update());
     } else {
       if (pc.key().tensor() != pc.table().name() || pc.key().index() != 0) {
         return Loss(h, absl::StrCat("table ", pc.table().name(), " has key ", KeyName(pc.key())));
@@ -95,7 +96,9 @@ absl::Status CheckPartitions(const v1::CheckpointHeader& h, absl::string_view da
       }
     }
     if (!pc.sparse()) {
-      const int slots = kernels::NumSlots(dense_params->kind);
+      // The header validated as a request: an optimizer partition has a dense optimizer.
+      const int slots =
+          pc.update() == v1::DENSE_UPDATE_AVERAGE ? 0 : kernels::NumSlots(dense_params->kind);
       const uint64_t bytes = static_cast<uint64_t>(pc.num_elements()) * 4;
       TESSERA_RETURN_IF_ERROR(check_range(pc.weights(), bytes, absl::StrCat(name, " weights")));
       if (pc.slots_size() != slots) {

@@ -213,6 +213,7 @@ PartitionSnapshot CheckpointWriter::SnapshotLocked(const JobState& job, const Pa
   }
   if (!p.sparse) {
     meta.set_num_elements(p.num_elements);
+    if (p.average) meta.set_update(v1::DENSE_UPDATE_AVERAGE);
     snap.weights = p.weights;  // a reference (copy-on-write)
     snap.slots = p.slots;
     return snap;

@@ -171,7 +171,8 @@ int64_t ConsistencyGate::StagingBytesLocked(const Partition& p, uint32_t worker,
 }
 
 float ConsistencyGate::PushScale(const Partition& p, int64_t step) const {
-  return ssp(p) ? 1.0f / static_cast<float>(NumLive(step)) : 1.0f;
+  // An averaging partition moves 1/L of the way to each push in ASP as in SSP.
+  return ssp(p) || p.average ? 1.0f / static_cast<float>(NumLive(step)) : 1.0f;
 }
 
 ConsistencyGate::Applied ConsistencyGate::ApplyPushLocked(const PushPullView& request, float scale,
@@ -251,8 +252,10 @@ ConsistencyGate::Applied ConsistencyGate::CompleteStepLocked(Partition& p) {
 bool ConsistencyGate::ApplyStagedDenseLocked(Partition& p, int64_t step, float scale) {
   BspStaging& staging = p.staging;
   std::vector<float>* sum = nullptr;
+  int summed = 0;
   for (size_t w = 0; w < staging.contributed.size(); ++w) {
     if (!staging.contributed[w] || staging.skipped[w]) continue;
+    ++summed;
     if (sum == nullptr) {
       sum = &staging.dense[w];
       continue;
@@ -262,6 +265,14 @@ bool ConsistencyGate::ApplyStagedDenseLocked(Partition& p, int64_t step, float s
     for (int64_t i = 0; i < p.num_elements; ++i) dst[i] += src[i];
   }
   if (sum == nullptr) return false;
+  if (p.average) {
+    // The mean of the finite pushes (a skipped one is no value, where it is a zero gradient).
+    const float inverse = 1.0f / static_cast<float>(summed);
+    float* values = sum->data();
+    for (int64_t i = 0; i < p.num_elements; ++i) values[i] *= inverse;
+    p.ApplyDenseLocked(step, 1.0f, values);
+    return true;
+  }
   p.ApplyDenseLocked(step, scale, sum->data());
   return true;
 }

@@ -158,7 +158,8 @@ class ConsistencyGate {
   int64_t StagingBytesLocked(const Partition& p, uint32_t worker, const SliceView& slice) const
       ABSL_SHARED_LOCKS_REQUIRED(p.mu);
   // The gradient scale of a push for `step` to `p`: SSP 1 / live workers at `step`; 1 for BSP
-  // (which divides at completion) and ASP.
+  // (which divides at completion) and ASP. An averaging partition (DENSE_UPDATE_AVERAGE) outside
+  // BSP: 1 / live workers, the weight each push gets (Partition::ApplyDenseLocked).
   float PushScale(const Partition& p, int64_t step) const;
   // Applies one admitted slice of `request` to item.partition: advances the worker's clock to
   // step + 1, records the (incarnation, seq), and then BSP stages the gradient and completes the

@@ -63,6 +63,12 @@ absl::Status JobState::CheckRedeclarationsLocked(const v1::CreateJobStateRequest
           absl::StrCat("partitions[", i, "]: key ", KeyName(d.key()), " already exists with ",
                        it->second->num_elements, " elements, redeclared with ", d.num_elements()));
     }
+    if (it != dense.end() && it->second->average != (d.update() == v1::DENSE_UPDATE_AVERAGE)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "partitions[", i, "]: key ", KeyName(d.key()), " already exists with update ",
+          it->second->average ? "DENSE_UPDATE_AVERAGE" : "DENSE_UPDATE_OPTIMIZER",
+          ", redeclared with ", v1::DenseUpdate_Name(d.update())));
+    }
     if (d.key().index() == 0 && tables.contains(d.key().tensor())) {
       return absl::FailedPreconditionError(absl::StrCat(
           "partitions[", i, "]: key ", KeyName(d.key()), " is already a sparse table"));
@@ -91,7 +97,8 @@ absl::StatusOr<v1::CreateJobStateResponse> JobState::AddDeclared(
   const int dense_slots = dense_params.ok() ? kernels::NumSlots(dense_params->kind) : 0;
   auto dense_bytes = [&](const v1::DensePartitionDecl& d) {
     return Partition::FixedBytes(workers, KeyName(d.key()).size()) +
-           d.num_elements() * 4 * (1 + dense_slots);
+           d.num_elements() * 4 *
+               (1 + (d.update() == v1::DENSE_UPDATE_AVERAGE ? 0 : dense_slots));
   };
   auto table_bytes = [&](const v1::SparseTableDecl& t) {
     return Partition::FixedBytes(workers, t.name().size() + 2) +
@@ -133,7 +140,9 @@ absl::StatusOr<v1::CreateJobStateResponse> JobState::AddDeclared(
   std::vector<std::shared_ptr<Partition>> new_partitions;
   for (int i : new_dense) {
     const v1::DensePartitionDecl& d = request.partitions(i);
-    new_partitions.push_back(Partition::Dense(d, *dense_params, setup, dense_bytes(d)));
+    // An averaging partition uses no optimizer; a job with only those may have none for dense.
+    new_partitions.push_back(Partition::Dense(
+        d, dense_params.ok() ? *dense_params : kernels::OptimizerParams{}, setup, dense_bytes(d)));
   }
   std::vector<std::shared_ptr<Partition>> new_table_states;
   for (int i : new_tables) {

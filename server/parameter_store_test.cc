@@ -33,14 +33,6 @@ using ::testing::HasSubstr;
 using namespace ::tessera::push_pull_requests;   // NOLINT: request builders
 using namespace ::tessera::server::store_calls;  // NOLINT: store calls
 
-std::vector<float> PullDense(ParameterStore& store, const std::string& job,
-                             const std::string& tensor, uint32_t index) {
-  auto w = PullNow(store, job, {PullKey(tensor, index)});
-  EXPECT_TRUE(w.ok()) << w.status();
-  if (!w.ok()) return {};
-  return Floats((*w)[0]);
-}
-
 // --- CreateJobState --------------------------------------------------------------------------
 
 TEST(ParameterStoreTest, CreateJobStateIsAdditiveAndIdempotent) {

@@ -51,6 +51,8 @@ std::shared_ptr<Partition> Partition::Dense(const v1::DensePartitionDecl& decl,
   p->tensor = decl.key().tensor();
   p->index = decl.key().index();
   p->num_elements = decl.num_elements();
+  p->average = decl.update() == v1::DENSE_UPDATE_AVERAGE;
+  if (p->average) p->num_slots = 0;
   absl::MutexLock lock(&p->mu);
   p->last_applied.resize(setup.workers);
   p->staging.contributed.assign(setup.workers, 0);
@@ -130,20 +132,45 @@ float* Partition::MutableWeightsLocked() {
   return weights.mutable_data();
 }
 
+namespace {
+
+// w += scale * (values - w), the values read as fp32 bytes at any alignment; scale 1 copies them.
+void BlendValues(float scale, const char* values, float* w, int64_t n) {
+  if (scale == 1.0f) {
+    std::memcpy(w, values, static_cast<size_t>(n) * 4);
+    return;
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    float v;
+    std::memcpy(&v, values + i * 4, 4);
+    w[i] += scale * (v - w[i]);
+  }
+}
+
+}  // namespace
+
 void Partition::ApplyDenseLocked(int64_t step, float scale, const float* g, int64_t begin,
                                  int64_t count) {
+  const int64_t n_values = count < 0 ? num_elements : count;
+  if (average) {
+    BlendValues(scale, reinterpret_cast<const char*>(g), MutableWeightsLocked() + begin, n_values);
+    return;
+  }
   const int64_t v = version.load(std::memory_order_relaxed);
   const float lr = kernels::ScheduledLearningRate(schedule, params.learning_rate, step);
   float* slot_ptrs[4] = {nullptr, nullptr, nullptr, nullptr};
   for (int s = 0; s < num_slots; ++s) slot_ptrs[s] = slots[s].data() + begin;
   float* const w = MutableWeightsLocked() + begin;
-  const int64_t n = count < 0 ? num_elements : count;
-  kernels::ApplyUpdateCpu(params, lr, v + 1, scale, g, w, slot_ptrs, n);
+  kernels::ApplyUpdateCpu(params, lr, v + 1, scale, g, w, slot_ptrs, n_values);
 }
 
 void Partition::ApplyDenseBytesLocked(int64_t step, float scale, const char* g, int64_t begin,
                                       int64_t count) {
   const int64_t v = version.load(std::memory_order_relaxed);
+  if (average) {
+    BlendValues(scale, g, MutableWeightsLocked() + begin, count);
+    return;
+  }
   const float lr = kernels::ScheduledLearningRate(schedule, params.learning_rate, step);
   float* slot_ptrs[4] = {nullptr, nullptr, nullptr, nullptr};
   for (int s = 0; s < num_slots; ++s) slot_ptrs[s] = slots[s].data() + begin;

@@ -133,6 +133,8 @@ struct Partition {
   // or (ApplyDenseBytesLocked) as fp32 bytes at any alignment, read in place. The optimizers are
   // elementwise, so applying one gradient block by block gives the same weights. The caller
   // bumps the version once per update.
+  // An averaging partition (`average`) takes `g` as values instead: w += scale * (g - w), so that
+  // scale 1 sets w to g.
   void ApplyDenseLocked(int64_t step, float scale, const float* g, int64_t begin = 0,
                         int64_t count = -1) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   void ApplyDenseBytesLocked(int64_t step, float scale, const char* g, int64_t begin, int64_t count)
@@ -165,6 +167,9 @@ struct Partition {
   int64_t num_elements = 0;  // dense
   uint32_t dim = 0;          // sparse
   std::string table_decl;    // sparse: serialized SparseTableDecl, to check redeclarations
+  // Dense: DENSE_UPDATE_AVERAGE, pushes are values to average in (no slots, no learning rate),
+  // not gradients (v1::DenseUpdate).
+  bool average = false;
   kernels::OptimizerParams params;
   int num_slots = 0;
   v1::LearningRateSchedule schedule;  // the job's

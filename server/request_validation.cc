@@ -143,7 +143,11 @@ absl::Status ValidatePartitionDecl(
     return absl::InvalidArgumentError(
         absl::StrCat(field, ".key: ", KeyName(d.key()), " is declared twice in one request"));
   }
-  if (!has_dense_optimizer) {
+  if (!v1::DenseUpdate_IsValid(d.update())) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ".update (key ", KeyName(d.key()),
+                                                   "): unknown value ", d.update()));
+  }
+  if (!has_dense_optimizer && d.update() == v1::DENSE_UPDATE_OPTIMIZER) {
     return absl::InvalidArgumentError(absl::StrCat(
         field, " (key ", KeyName(d.key()), "): config.optimizer.kind ",
         v1::OptimizerKind_Name(config.optimizer().kind()), " cannot update dense partitions"));

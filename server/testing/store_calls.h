@@ -37,6 +37,15 @@ inline absl::StatusOr<std::vector<v1::Slice>> PullNow(ParameterStore& store, con
   return *std::move(out);
 }
 
+// A dense partition's weights, pulled ungated (a failure is a test failure, and reads as none).
+inline std::vector<float> PullDense(ParameterStore& store, const std::string& job,
+                                    const std::string& tensor, uint32_t index) {
+  auto w = PullNow(store, job, {PullKey(tensor, index)});
+  EXPECT_TRUE(w.ok()) << w.status();
+  if (!w.ok()) return {};
+  return Floats((*w)[0]);
+}
+
 inline v1::CreateJobStateRequest JobRequest(const std::string& id, const v1::JobConfig& config) {
   v1::CreateJobStateRequest r;
   r.set_job_id(id);

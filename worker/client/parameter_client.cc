@@ -324,6 +324,7 @@ absl::Status ParameterClient::DeclareJob(const v1::JobConfig& config,
       d->mutable_key()->set_tensor(t.name);
       d->mutable_key()->set_index(p.index);
       d->set_num_elements(p.num_elements);
+      d->set_update(t.update);
       if (!t.initial_values.empty()) {
         EncodeValues(v1::ENCODING_FP32, t.initial_values.data() + p.offset,
                      static_cast<size_t>(p.num_elements), d->mutable_initial_values());

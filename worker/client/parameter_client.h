@@ -69,6 +69,9 @@ struct DenseTensorSpec {
   std::vector<int64_t> shape;
   // Starting weights, one per element; empty means zeros. Only read during DeclareJob.
   absl::Span<const float> initial_values;
+  // How the shards apply its pushes: gradients through the job's optimizer, or (state that is
+  // not trained, such as BatchNorm moving statistics) values they average.
+  v1::DenseUpdate update = v1::DENSE_UPDATE_OPTIMIZER;
 };
 
 // Outcome of one PushPull over all the partitions (or sparse shard groups) it touched.

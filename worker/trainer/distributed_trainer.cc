@@ -205,10 +205,12 @@ absl::Status DistributedTrainer::Init() {
   const std::vector<engine::Parameter>& params = model_->parameters();
   slot_of_.assign(params.size(), -1);
   for (int i = 0; i < static_cast<int>(params.size()); ++i) {
-    // BatchNorm moving statistics stay local to this rank; sparse tables travel by row.
-    if (!params[i].trainable || params[i].sparse) continue;
-    slot_of_[i] = static_cast<int>(trainable_.size());
-    trainable_.push_back(i);
+    // Sparse tables travel by row (rows_). Non-trainable state (BatchNorm moving statistics)
+    // travels as values the shards average (DENSE_UPDATE_AVERAGE); it has no gradient slot.
+    if (params[i].sparse) continue;
+    if (params[i].trainable) slot_of_[i] = static_cast<int>(dense_.size());
+    averaged_.push_back(!params[i].trainable);
+    dense_.push_back(i);
     const size_t n = static_cast<size_t>(kernels::NumElements(params[i].shape));
     grads_.emplace_back(n);
     weights_.emplace_back(n);
@@ -303,15 +305,16 @@ absl::Status DistributedTrainer::Connect() {
   TESSERA_ASSIGN_OR_RETURN(client_, client::ParameterClient::Create(o));
 
   const std::vector<engine::Parameter>& params = model_->parameters();
-  std::vector<std::vector<float>> initial(trainable_.size());
+  std::vector<std::vector<float>> initial(dense_.size());
   std::vector<client::DenseTensorSpec> tensors;
-  for (size_t k = 0; k < trainable_.size(); ++k) {
-    const engine::Parameter& p = params[trainable_[k]];
+  for (size_t k = 0; k < dense_.size(); ++k) {
+    const engine::Parameter& p = params[dense_[k]];
     TESSERA_RETURN_IF_ERROR(model_->CopyValueToHost(p.name, &initial[k]));
     client::DenseTensorSpec t;
     t.name = p.name;
     t.shape.assign(p.shape.begin(), p.shape.end());
     t.initial_values = initial[k];
+    if (averaged_[k]) t.update = v1::DENSE_UPDATE_AVERAGE;
     tensors.push_back(std::move(t));
   }
   // Additive and idempotent on the shards: whichever rank comes first declares, and the others'
@@ -330,10 +333,10 @@ absl::Status DistributedTrainer::Connect() {
 
 absl::Status DistributedTrainer::PullAll() {
   const std::vector<engine::Parameter>& params = model_->parameters();
-  for (size_t k = 0; k < trainable_.size(); ++k) {
+  for (size_t k = 0; k < dense_.size(); ++k) {
     TESSERA_RETURN_IF_ERROR(CheckCancelled());
     TESSERA_RETURN_IF_ERROR(
-        ShardStatus(client_->Pull(params[trainable_[k]].name, -1, absl::MakeSpan(weights_[k]))));
+        ShardStatus(client_->Pull(params[dense_[k]].name, -1, absl::MakeSpan(weights_[k]))));
   }
   return InstallWeights();
 }
@@ -359,12 +362,12 @@ absl::Status DistributedTrainer::PullGated(int64_t step) {
                            client::ParameterClient::Create(o));
   const std::vector<engine::Parameter>& params = model_->parameters();
   std::vector<client::DenseTensorSpec> tensors;
-  for (int index : trainable_) {
+  for (int index : dense_) {
     const engine::Parameter& p = params[index];
     tensors.push_back({p.name, std::vector<int64_t>(p.shape.begin(), p.shape.end()), {}});
   }
   TESSERA_RETURN_IF_ERROR(gate->AttachJob(tensors, tables_));
-  for (size_t k = 0; k < trainable_.size(); ++k) {
+  for (size_t k = 0; k < dense_.size(); ++k) {
     // BSP: -1 first (ungated, reads the versions); then one step above the smallest version.
     int64_t gate_step = bsp ? -1 : step;
     // An unreachable shard is retried for as long as one ordinary call may take.
@@ -399,8 +402,8 @@ absl::Status DistributedTrainer::PullGated(int64_t step) {
 
 absl::Status DistributedTrainer::InstallWeights() {
   const std::vector<engine::Parameter>& params = model_->parameters();
-  for (size_t k = 0; k < trainable_.size(); ++k) {
-    TESSERA_RETURN_IF_ERROR(model_->CopyValueFromHost(params[trainable_[k]].name, weights_[k]));
+  for (size_t k = 0; k < dense_.size(); ++k) {
+    TESSERA_RETURN_IF_ERROR(model_->CopyValueFromHost(params[dense_[k]].name, weights_[k]));
   }
   return absl::OkStatus();
 }
@@ -466,7 +469,7 @@ absl::StatusOr<engine::StepResult> DistributedTrainer::Step(const engine::BatchV
     small_bytes = 0;
   };
   const auto push = [&](size_t k) {
-    const std::string& name = params[trainable_[k]].name;
+    const std::string& name = params[dense_[k]].name;
     if (grads_[k].size() <= batch_values) {
       small.push_back({name, grads_[k], absl::MakeSpan(weights_[k])});
       small_bytes += grads_[k].size() * sizeof(float);
@@ -503,15 +506,28 @@ absl::StatusOr<engine::StepResult> DistributedTrainer::Step(const engine::BatchV
     }
     row_norm = *copied;
   }
+  // The state this step's forward pass moved (BatchNorm moving statistics): this rank's values,
+  // which the shards average with the other ranks' (the average comes back with the weights).
+  for (size_t k = 0; k < dense_.size(); ++k) {
+    if (!averaged_[k]) continue;
+    absl::Status copied = model_->CopyValueToHost(params[dense_[k]].name, &grads_[k]);
+    if (!copied.ok()) {
+      push_small();
+      WaitExchange().IgnoreError();
+      return copied;
+    }
+    if (!clip) push(k);
+  }
   float scale = 1.0f;
   if (clip) {
     double sum = row_norm;
-    for (const std::vector<float>& g : grads_) {
-      sum += kernels::SumOfSquares(g.data(), static_cast<int64_t>(g.size()));
+    for (size_t k = 0; k < grads_.size(); ++k) {
+      if (averaged_[k]) continue;  // values, not a gradient
+      sum += kernels::SumOfSquares(grads_[k].data(), static_cast<int64_t>(grads_[k].size()));
     }
     scale = kernels::ClipScale(sum, spec.clipping().max_global_norm());
     for (size_t k = 0; k < grads_.size(); ++k) {
-      if (scale != 1.0f) {
+      if (scale != 1.0f && !averaged_[k]) {
         for (float& v : grads_[k]) v *= scale;
       }
       push(k);

@@ -26,8 +26,12 @@
 // finished step S - 1. Dropout masks are a function of (spec.seed, rank, step), so a resumed rank
 // draws the masks an uninterrupted one would have drawn.
 //
-// Non-trainable state (BatchNorm moving statistics) stays local to each rank: it is never pushed,
-// and rank 0's copy is what its evaluations use. Exporting such models is a known gap.
+// Non-trainable state (BatchNorm moving statistics, DESIGN.md §5) lives on the shards beside the
+// weights, declared DENSE_UPDATE_AVERAGE: after each step's forward pass a rank pushes its own
+// values, the shards average the ranks' values (BSP: the mean of the step's pushes), and every
+// rank installs the average with the fresh weights. So the state is checkpointed and restored
+// with the weights, rank 0 evaluates with the average, and `tessera export` writes it: the
+// exported model is the single-device model.
 //
 // Sparse tables (an EmbeddingBag's) are declared on the shards with their row initializer and
 // travel by row (internal/row_exchange.h): each step fetches the rows its batch touches, gated
@@ -182,9 +186,9 @@ class DistributedTrainer {
   bool ExchangeDone() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(exchange_mu_);
   // Rank 0: reports TRAINING_DONE until all_workers_done.
   absl::Status WaitAllWorkersDone(const v1::ProgressReport& done);
-  // Ungated pull of every trainable tensor (initial and final weights), installed in the model.
+  // Ungated pull of every dense tensor (initial and final weights), installed in the model.
   absl::Status PullAll();
-  // Pulls every trainable tensor gated for `step` (a resume), in slices of at most a second so a
+  // Pulls every dense tensor gated for `step` (a resume), in slices of at most a second so a
   // Cancel() is seen, and installs them.
   absl::Status PullGated(int64_t step);
   // Dropout masks of `step`: a function of (spec.seed, rank, step) only.
@@ -202,8 +206,11 @@ class DistributedTrainer {
   std::unique_ptr<engine::Model> model_;
   std::shared_ptr<const data::Dataset> train_;
   std::shared_ptr<const data::Dataset> test_;  // rank 0 only
-  std::vector<int> trainable_;                 // indices into model_->parameters(): dense ones
-  std::vector<int> slot_of_;  // per parameter, its index into trainable_ (-1: not pushed dense)
+  // Indices into model_->parameters() of the dense tensors the shards hold: trainable ones, and
+  // state the shards average (averaged_[k]).
+  std::vector<int> dense_;
+  std::vector<bool> averaged_;
+  std::vector<int> slot_of_;  // per parameter, its gradient's index into dense_ (-1: none)
   std::vector<v1::SparseTableDecl> tables_;
   int64_t steps_per_epoch_ = 0;
   int64_t batches_per_pass_ = 0;
@@ -215,7 +222,8 @@ class DistributedTrainer {
   std::atomic<bool> cancelled_{false};
   std::atomic<int64_t> steps_done_{0};
 
-  // Host buffers per trainable parameter: the gradient being pushed and the weights coming back.
+  // Host buffers per dense_ entry: the gradient (averaged state: the values) being pushed and the
+  // weights coming back.
   // Declared before client_, so they outlive every call the client still has in flight.
   std::vector<std::vector<float>> grads_;
   std::vector<std::vector<float>> weights_;
