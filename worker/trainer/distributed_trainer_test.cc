@@ -30,15 +30,13 @@
 #include "worker/client/parameter_client.h"
 #include "worker/trainer/internal/batch_rows.h"
 #include "worker/trainer/internal/row_exchange.h"
-
-#ifndef TESSERA_SERVER_BINARY
-#error "TESSERA_SERVER_BINARY must name the tessera-server binary"
-#endif
+#include "worker/trainer/testing/ranks.h"
 
 namespace tessera::trainer {
 namespace {
 
 using ::testing::HasSubstr;
+using namespace ::tessera::trainer::testing_ranks;  // NOLINT: ranks in one process
 
 // 641 training examples: with 2 workers rank 0 reads 321 and rank 1 reads 320, so with batch 32
 // rank 0's shard holds 11 batches but every rank must run ceil(floor(641 / 2) / 32) = 10 per epoch.
@@ -46,43 +44,10 @@ constexpr int kTrainExamples = 641;
 constexpr int kBatch = 32;
 constexpr int64_t kStepsPerEpoch = 10;
 
-// The coordinator's side of TRAINING_DONE for ranks in one process.
-class FakeCoordinator {
- public:
-  explicit FakeCoordinator(int world) : world_(world) {}
-  void MarkDone(int rank) {
-    absl::MutexLock lock(&mu_);
-    done_.insert(rank);
-  }
-  absl::StatusOr<v1::ProgressAck> Report(const v1::ProgressReport& r) {
-    EXPECT_EQ(r.phase(), v1::TASK_PHASE_TRAINING_DONE);
-    absl::MutexLock lock(&mu_);
-    done_.insert(r.rank());
-    ++polls_;
-    v1::ProgressAck ack;
-    ack.set_all_workers_done(static_cast<int>(done_.size()) == world_);
-    return ack;
-  }
-  int polls() {
-    absl::MutexLock lock(&mu_);
-    return polls_;
-  }
-
- private:
-  const int world_;
-  absl::Mutex mu_;
-  std::set<int> done_ ABSL_GUARDED_BY(mu_);
-  int polls_ ABSL_GUARDED_BY(mu_) = 0;
-};
-
 class DistributedTrainerTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    client::LocalShards::Options o;
-    const char* override_path = std::getenv("TESSERA_SERVER_BINARY");
-    o.server_path = override_path != nullptr ? override_path : TESSERA_SERVER_BINARY;
-    o.num_shards = 2;
-    auto shards = client::LocalShards::Start(o);
+    auto shards = StartShards(2);
     ASSERT_TRUE(shards.ok()) << shards.status();
     shards_ = std::move(*shards).release();
   }
@@ -119,19 +84,7 @@ class DistributedTrainerTest : public ::testing::Test {
 
   DistributedOptions Options(const std::string& job_id, const v1::JobSpec& spec, int rank,
                              std::vector<std::string> shards = {}) {
-    DistributedOptions o;
-    o.task.set_job_id(job_id);
-    o.task.set_rank(rank);
-    o.task.set_world_size(spec.num_workers());
-    o.task.set_incarnation(1);
-    if (shards.empty()) shards = shards_->addresses();
-    for (const std::string& s : shards) o.task.add_shard_addresses(s);
-    *o.task.mutable_spec() = spec;
-    o.num_threads = 1;
-    o.call_timeout = absl::Seconds(5);
-    o.progress_interval = absl::ZeroDuration();
-    o.done_poll_interval = absl::Milliseconds(20);
-    return o;
+    return RankOptions(job_id, spec, rank, shards.empty() ? shards_->addresses() : shards);
   }
 
   // Sparse BSP against a single-process reference (defined below, by its tests).
@@ -220,29 +173,7 @@ TEST_F(DistributedTrainerTest, BspRanksEndWithIdenticalWeightsEqualToTheShards) 
   EXPECT_EQ(ranks[0]->train_data().size(), 321);
   EXPECT_EQ(ranks[1]->train_data().size(), 320);
 
-  std::vector<absl::StatusOr<v1::ProgressReport>> results(2, absl::UnknownError("not run"));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < 2; ++r) {
-    threads.emplace_back([&, r] {
-      results[r] = ranks[r]->Run();
-      if (r != 0) coordinator.MarkDone(r);
-    });
-  }
-  // A watchdog, so a BSP step that never completes fails the test instead of hanging it.
-  std::atomic<bool> finished{false};
-  std::thread watchdog([&] {
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-    while (!finished && std::chrono::steady_clock::now() < deadline) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-    if (!finished) {
-      ADD_FAILURE() << "training did not finish in 30 s";
-      for (auto& t : ranks) t->Cancel();
-    }
-  });
-  for (std::thread& t : threads) t.join();
-  finished = true;
-  watchdog.join();
+  const std::vector<absl::StatusOr<v1::ProgressReport>> results = RunAll(ranks, &coordinator);
 
   ASSERT_TRUE(results[0].ok()) << results[0].status();
   ASSERT_TRUE(results[1].ok()) << results[1].status();
@@ -437,35 +368,6 @@ TEST(DataPositionTest, FollowsEpochOffsetAndPass) {
     EXPECT_EQ(p.pass(), c.pass) << c.step;
     EXPECT_EQ(p.seed(), 100u + static_cast<uint64_t>(c.pass)) << c.step;
   }
-}
-
-// Runs every rank of `ranks` to the end (bounded by a watchdog); returns their results.
-std::vector<absl::StatusOr<v1::ProgressReport>> RunAll(
-    std::vector<std::unique_ptr<DistributedTrainer>>& ranks, FakeCoordinator* coordinator) {
-  std::vector<absl::StatusOr<v1::ProgressReport>> results(ranks.size(),
-                                                          absl::UnknownError("not run"));
-  std::vector<std::thread> threads;
-  for (size_t r = 0; r < ranks.size(); ++r) {
-    threads.emplace_back([&, r] {
-      results[r] = ranks[r]->Run();
-      if (r != 0 && coordinator != nullptr) coordinator->MarkDone(static_cast<int>(r));
-    });
-  }
-  std::atomic<bool> finished{false};
-  std::thread watchdog([&] {
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-    while (!finished && std::chrono::steady_clock::now() < deadline) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-    if (!finished) {
-      ADD_FAILURE() << "training did not finish in 30 s";
-      for (auto& t : ranks) t->Cancel();
-    }
-  });
-  for (std::thread& t : threads) t.join();
-  finished = true;
-  watchdog.join();
-  return results;
 }
 
 // The labels of every batch each rank trained on, by step.
