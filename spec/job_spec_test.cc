@@ -31,13 +31,19 @@ v1::JobSpec Mlp() {
 }
 
 TEST(JobSpecTest, ExamplesParseAndValidate) {
-  for (const char* name : {"fashion_mlp.textproto", "fashion_cnn.textproto"}) {
+  for (const char* name :
+       {"fashion_mlp.textproto", "fashion_cnn.textproto", "fashion_cnn_bn.textproto"}) {
     absl::StatusOr<v1::JobSpec> spec = ReadJobSpecFile(Example(name));
     ASSERT_TRUE(spec.ok()) << name << ": " << spec.status();
     EXPECT_TRUE(ValidateJobSpec(*spec).ok()) << name << ": " << ValidateJobSpec(*spec);
     EXPECT_EQ(spec->batch_size(), 64);
     EXPECT_EQ(spec->optimizer().kind(), v1::OPTIMIZER_KIND_ADAM);
     EXPECT_EQ(spec->dataset().num_classes(), 10);
+    // Distributed too: the coordinator refuses at submission what the workers could not run.
+    ValidateOptions distributed;
+    distributed.distributed = true;
+    EXPECT_TRUE(ValidateJobSpec(*spec, distributed).ok())
+        << name << ": " << ValidateJobSpec(*spec, distributed);
   }
   // The click-log example: its data is generated (tessera datagen), so files are not checked.
   absl::StatusOr<v1::JobSpec> ctr = ReadJobSpecFile(Example("criteo_hashed.textproto"));

@@ -5,6 +5,8 @@
 //  - `tessera local` trains the Fashion-MNIST MLP for 2 epochs in BSP, SSP(2) and ASP, each to
 //    SUCCEEDED with test accuracy >= 0.84, and exports it; an independent numpy reader
 //    (score_safetensors.py) reproduces the reported accuracy within 0.001.
+//  - The BatchNorm CNN example trains the same way, its averaged moving statistics are exported,
+//    and the numpy reader scoring it in evaluation mode reproduces the reported accuracy.
 //  - A cancelled job ends CANCELLED and its workers go back to READY; `tessera local` cancelled
 //    by `tessera cancel` or by SIGINT leaves no process behind.
 //  - Bad specs are refused with INVALID_ARGUMENT naming the field, and the coordinator serves on.
@@ -189,6 +191,17 @@ std::unique_ptr<LocalCluster> StartCluster(int shards, int workers) {
 
 // --- Training in each consistency mode, export, independent scoring --------------------------
 
+// The numpy reader (score_safetensors.py) scores the exported Fashion-MNIST model on the test
+// split from the file alone; exits 0 when its accuracy is within 0.001 of `expect`.
+CommandResult ScoreFashionExport(const std::string& model, double expect, const std::string& dir) {
+  return RunCommand(
+      {TESSERA_PYTHON, absl::StrCat(TESSERA_SOURCE_DIR, "/tests/e2e/score_safetensors.py"),
+       "--model", model, "--images", absl::StrCat(kFashionMnistDir, "/t10k-images-idx3-ubyte.gz"),
+       "--labels", absl::StrCat(kFashionMnistDir, "/t10k-labels-idx1-ubyte.gz"), "--divide_by",
+       "255", "--expect", absl::StrCat(expect), "--tolerance", "0.001"},
+      dir, "score", absl::Seconds(120));
+}
+
 struct ModeCase {
   const char* name;
   const char* consistency;
@@ -247,12 +260,7 @@ TEST_P(TrainE2eTest, LocalTrainsExportsAndTheExportScoresTheSame) {
               static_cast<long long>(job.step()), job.samples_per_second(), seconds);
 
   ASSERT_TRUE(std::filesystem::exists(model)) << r.err;
-  CommandResult score = RunCommand(
-      {TESSERA_PYTHON, absl::StrCat(TESSERA_SOURCE_DIR, "/tests/e2e/score_safetensors.py"),
-       "--model", model, "--images", absl::StrCat(kFashionMnistDir, "/t10k-images-idx3-ubyte.gz"),
-       "--labels", absl::StrCat(kFashionMnistDir, "/t10k-labels-idx1-ubyte.gz"), "--divide_by",
-       "255", "--expect", absl::StrCat(job.test_accuracy()), "--tolerance", "0.001"},
-      dir.path(), "score", absl::Seconds(60));
+  const CommandResult score = ScoreFashionExport(model, job.test_accuracy(), dir.path());
   EXPECT_EQ(score.code, 0) << score.out << score.err;
   std::printf("[%s] numpy scorer: %s\n", GetParam().name, LastLine(score.out).c_str());
   EXPECT_NE(score.out.find("\"examples\": 10000"), std::string::npos) << score.out;
@@ -267,6 +275,40 @@ INSTANTIATE_TEST_SUITE_P(Modes, TrainE2eTest,
                          [](const ::testing::TestParamInfo<ModeCase>& info) {
                            return std::string(info.param.name);
                          });
+
+// The BatchNorm CNN example on 2 shards and 2 BSP workers: the moving statistics are averaged on
+// the shards, exported with the weights, and numpy scoring the file in evaluation mode (moving
+// statistics, not batch ones) reproduces the accuracy the job reported.
+TEST(BatchNormE2eTest, CnnWithBatchNormExportsItsStatisticsAndScoresTheSame) {
+  TESSERA_SKIP_WITHOUT_FASHION_MNIST();
+  ScratchDirectory dir("tessera-e2e-bn");
+  ASSERT_FALSE(dir.path().empty());
+  const std::string model = dir.path() + "/model.safetensors";
+  CommandResult r = RunCommand(
+      {Tessera(), "local", "--job",
+       absl::StrCat(TESSERA_SOURCE_DIR, "/examples/fashion_cnn_bn.textproto"), "--shards", "2",
+       "--workers", "2", "--threads", "1", "--out", model, "--output", "json"},
+      dir.path(), "local", absl::Seconds(280));
+  ASSERT_EQ(r.code, 0) << "stderr:\n" << r.err << "\nstdout:\n" << r.out;
+  v1::Job job;
+  ASSERT_TRUE(ParseJob(LastLine(r.out), &job)) << r.out;
+  EXPECT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.reason();
+  EXPECT_EQ(job.epochs(), 2);
+  EXPECT_TRUE(job.evaluated());
+  EXPECT_GE(job.test_accuracy(), 0.88) << "test loss " << job.test_loss();
+  std::printf("[cnn-bn] test accuracy %.4f, test loss %.4f, %lld steps, %.0f samples/s\n",
+              job.test_accuracy(), job.test_loss(), static_cast<long long>(job.step()),
+              job.samples_per_second());
+  ASSERT_TRUE(std::filesystem::exists(model)) << r.err;
+  const CommandResult score = ScoreFashionExport(model, job.test_accuracy(), dir.path());
+  EXPECT_EQ(score.code, 0) << score.out << score.err;
+  std::printf("[cnn-bn] numpy scorer: %s\n", LastLine(score.out).c_str());
+  EXPECT_NE(score.out.find("\"examples\": 10000"), std::string::npos) << score.out;
+  EXPECT_NE(score.out.find("\"tensors\": [\"conv2d_1\", \"batch_norm_1\", \"conv2d_2\", "
+                           "\"batch_norm_2\", \"dense_1\", \"batch_norm_3\", \"dense_2\"]"),
+            std::string::npos)
+      << score.out;
+}
 
 // --- Click logs: a sparse table end to end ---------------------------------------------------
 
