@@ -3,6 +3,8 @@
 #include <string>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 
 namespace tessera::spec {
@@ -14,6 +16,24 @@ absl::StatusOr<DeviceChoice> ParseDeviceChoice(absl::string_view text) {
   if (t == "cuda" || t == "gpu") return DeviceChoice::kCuda;
   return absl::InvalidArgumentError(
       absl::StrCat("device: must be one of auto, cpu, cuda; got \"", text, "\""));
+}
+
+absl::StatusOr<int> ParseCpuReplicas(absl::string_view devices) {
+  const std::string t = absl::AsciiStrToLower(devices);
+  if (t.empty()) return 1;
+  int n = 0;
+  if (absl::StartsWith(t, "cpu:") && absl::SimpleAtoi(absl::string_view(t).substr(4), &n) &&
+      n >= 1 && n <= kMaxCpuReplicas) {
+    return n;
+  }
+  if (absl::StartsWith(t, "cuda") || absl::StartsWith(t, "gpu")) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("devices: \"", devices,
+                     "\": several GPUs in one worker are not supported yet; run one "
+                     "worker per GPU (CUDA_VISIBLE_DEVICES) or use cpu:N"));
+  }
+  return absl::InvalidArgumentError(absl::StrCat("devices: must be cpu:N with N in [1, ",
+                                                 kMaxCpuReplicas, "]; got \"", devices, "\""));
 }
 
 }  // namespace tessera::spec

@@ -14,6 +14,15 @@ enum class DeviceChoice { kAuto, kCpu, kCuda };
 // value otherwise: "device: must be one of auto, cpu, cuda; got \"tpu\"". Pure; thread-safe.
 absl::StatusOr<DeviceChoice> ParseDeviceChoice(absl::string_view text);
 
+// The most CPU replicas one worker drives.
+inline constexpr int kMaxCpuReplicas = 256;
+
+// A worker's --devices: "cpu:N" (N model replicas on the host's CPU, 1 <= N <= kMaxCpuReplicas)
+// gives N; empty gives 1 (the one device --device names). INVALID_ARGUMENT naming `devices`
+// otherwise. Several GPUs in one worker (cuda:0,cuda:1) are not built yet and are refused as
+// such. Pure; thread-safe.
+absl::StatusOr<int> ParseCpuReplicas(absl::string_view devices);
+
 }  // namespace tessera::spec
 
 #endif  // TESSERA_SPEC_DEVICE_SPEC_H_
