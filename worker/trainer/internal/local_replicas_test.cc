@@ -1,0 +1,233 @@
+// cpu:N replicas in one worker: N replicas with B/N examples each reduce to the gradient one
+// device computes with B, for even and uneven splits and batches smaller than N; BatchNorm state
+// is the replicas' mean; Install keeps the replicas equal; sparse models are refused.
+#include "worker/trainer/internal/local_replicas.h"
+
+#include <cmath>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "google/protobuf/text_format.h"
+#include "gtest/gtest.h"
+#include "kernels/backend.h"
+
+namespace tessera::trainer::internal {
+namespace {
+
+using ::testing::HasSubstr;
+
+// Convolution, pooling, dense: every layer kind whose gradient a split must reproduce.
+constexpr char kCnn[] = R"pb(
+  input_shape: [ 1, 6, 6 ]
+  layers { conv2d { filters: 4 kernel_h: 3 kernel_w: 3 padding_h: 1 padding_w: 1 } }
+  layers { relu {} }
+  layers { max_pool2d { pool_h: 2 pool_w: 2 } }
+  layers { flatten {} }
+  layers { dense { units: 5 } }
+  layers { tanh {} }
+  layers { dense { units: 3 } }
+  loss: LOSS_SOFTMAX_CROSS_ENTROPY
+)pb";
+
+constexpr char kBatchNormMlp[] = R"pb(
+  input_shape: [ 3 ]
+  layers { batch_norm {} }
+  layers { dense { units: 4 } }
+  layers { relu {} }
+  layers { dense { units: 2 } }
+  loss: LOSS_SOFTMAX_CROSS_ENTROPY
+)pb";
+
+v1::ModelSpec Parse(const char* text) {
+  v1::ModelSpec spec;
+  EXPECT_TRUE(google::protobuf::TextFormat::ParseFromString(text, &spec));
+  return spec;
+}
+
+struct Batch {
+  std::vector<float> features;
+  std::vector<int32_t> labels;
+  engine::BatchView View() const {
+    engine::BatchView v;
+    v.size = static_cast<int64_t>(labels.size());
+    v.features = features;
+    v.labels = labels;
+    return v;
+  }
+};
+
+Batch RandomBatch(int64_t size, int64_t width, int classes, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> x(0.5f, 1.0f);
+  Batch b;
+  for (int64_t i = 0; i < size * width; ++i) b.features.push_back(x(rng));
+  for (int64_t i = 0; i < size; ++i) b.labels.push_back(static_cast<int32_t>(rng() % classes));
+  return b;
+}
+
+// The trainable tensors' names, in parameter order.
+std::vector<std::string> TrainableNames(const engine::Model& m) {
+  std::vector<std::string> out;
+  for (const engine::Parameter& p : m.parameters()) {
+    if (p.trainable) out.push_back(p.name);
+  }
+  return out;
+}
+
+struct Reference {
+  std::unique_ptr<kernels::Backend> backend;
+  std::unique_ptr<engine::Model> model;
+};
+
+Reference OneDevice(const v1::ModelSpec& spec) {
+  kernels::BackendOptions o;
+  o.device = kernels::DeviceChoice::kCpu;
+  o.num_threads = 1;
+  Reference r;
+  auto backend = kernels::CreateBackend(o);
+  EXPECT_TRUE(backend.ok()) << backend.status();
+  r.backend = std::move(*backend);
+  auto model = engine::Model::Create(spec, r.backend.get(), 11);
+  EXPECT_TRUE(model.ok()) << model.status();
+  r.model = std::move(*model);
+  return r;
+}
+
+std::unique_ptr<LocalReplicas> Replicas(const v1::ModelSpec& spec, int n) {
+  LocalReplicas::Options o;
+  o.replicas = n;
+  o.threads = 1;
+  auto r = LocalReplicas::Create(spec, 11, o);
+  EXPECT_TRUE(r.ok()) << r.status();
+  return r.ok() ? std::move(*r) : nullptr;
+}
+
+TEST(LocalReplicasTest, NReplicasWithBOverNExamplesGiveTheGradientOfOneDeviceWithB) {
+  const v1::ModelSpec spec = Parse(kCnn);
+  // Even (12 over 1, 2, 4), uneven (10 over 4: 3, 3, 2, 2) and smaller than N (3 over 4).
+  for (const auto& [n, size] : {std::pair{1, 12}, {2, 12}, {4, 12}, {4, 10}, {4, 3}}) {
+    SCOPED_TRACE(testing::Message() << "cpu:" << n << ", batch " << size);
+    const Batch batch = RandomBatch(size, 36, 3, static_cast<uint32_t>(size * 7 + n));
+    Reference one = OneDevice(spec);
+    absl::StatusOr<engine::StepResult> expected = one.model->TrainStep(batch.View());
+    ASSERT_TRUE(expected.ok()) << expected.status();
+
+    std::unique_ptr<LocalReplicas> replicas = Replicas(spec, n);
+    ASSERT_NE(replicas, nullptr);
+    ASSERT_EQ(replicas->size(), n);
+    const std::vector<std::string> names = TrainableNames(*one.model);
+    ASSERT_EQ(names.size(), 6u);
+    std::vector<std::vector<float>> want(names.size()), got(names.size());
+    for (size_t k = 0; k < names.size(); ++k) {
+      ASSERT_TRUE(one.model->CopyGradToHost(names[k], &want[k]).ok());
+      got[k].assign(want[k].size(), NAN);
+    }
+    const std::vector<bool> no_state(names.size(), false);
+    absl::StatusOr<engine::StepResult> r =
+        replicas->TrainStep(batch.View(), 0, names, no_state, &got);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->examples, size);
+    EXPECT_EQ(r->correct, expected->correct);
+    EXPECT_NEAR(r->loss, expected->loss, 1e-5);
+    double norm = 0;
+    for (size_t k = 0; k < names.size(); ++k) {
+      ASSERT_EQ(got[k].size(), want[k].size());
+      for (size_t e = 0; e < want[k].size(); ++e) {
+        norm += std::abs(want[k][e]);
+        EXPECT_NEAR(got[k][e], want[k][e], 1e-5f + 1e-4f * std::abs(want[k][e]))
+            << names[k] << "[" << e << "]";
+      }
+    }
+    EXPECT_GT(norm, 1e-3) << "a zero gradient would compare equal to anything";
+  }
+}
+
+TEST(LocalReplicasTest, BatchNormStateIsTheMeanOfThePerReplicaMovingStatistics) {
+  const v1::ModelSpec spec = Parse(kBatchNormMlp);
+  const Batch batch = RandomBatch(8, 3, 2, 5);
+  std::unique_ptr<LocalReplicas> replicas = Replicas(spec, 2);
+  ASSERT_NE(replicas, nullptr);
+  const std::vector<std::string> names = {"batch_norm_1/moving_mean", "dense_1/kernel"};
+  const std::vector<bool> state = {true, false};
+  std::vector<std::vector<float>> out = {std::vector<float>(3), std::vector<float>(12)};
+  ASSERT_TRUE(replicas->TrainStep(batch.View(), 0, names, state, &out).ok());
+  // From zeros with momentum 0.1: 0.1 x the mean over the two halves of each half's batch mean.
+  for (int c = 0; c < 3; ++c) {
+    double halves = 0;
+    for (int half = 0; half < 2; ++half) {
+      double mean = 0;
+      for (int i = 0; i < 4; ++i) mean += batch.features[(half * 4 + i) * 3 + c];
+      halves += mean / 4;
+    }
+    EXPECT_NEAR(out[0][c], 0.1 * halves / 2, 1e-6) << "channel " << c;
+  }
+  // Each replica still holds its own statistics until the average is installed.
+  std::vector<float> m0, m1;
+  ASSERT_TRUE(replicas->model(0).CopyValueToHost(names[0], &m0).ok());
+  ASSERT_TRUE(replicas->model(1).CopyValueToHost(names[0], &m1).ok());
+  EXPECT_NE(m0, m1);
+  ASSERT_TRUE(replicas->Install({names[0]}, {out[0]}).ok());
+  ASSERT_TRUE(replicas->model(0).CopyValueToHost(names[0], &m0).ok());
+  ASSERT_TRUE(replicas->model(1).CopyValueToHost(names[0], &m1).ok());
+  EXPECT_EQ(m0, out[0]);
+  EXPECT_EQ(m1, out[0]);
+}
+
+TEST(LocalReplicasTest, ReplicasStartEqualAndInstallKeepsThemEqual) {
+  const v1::ModelSpec spec = Parse(kCnn);
+  std::unique_ptr<LocalReplicas> replicas = Replicas(spec, 3);
+  ASSERT_NE(replicas, nullptr);
+  std::vector<float> w0, w2;
+  ASSERT_TRUE(replicas->model(0).CopyValueToHost("dense_1/kernel", &w0).ok());
+  ASSERT_TRUE(replicas->model(2).CopyValueToHost("dense_1/kernel", &w2).ok());
+  EXPECT_EQ(w0, w2);
+  std::vector<float> fresh(w0.size());
+  for (size_t i = 0; i < fresh.size(); ++i) fresh[i] = 0.01f * static_cast<float>(i);
+  ASSERT_TRUE(replicas->Install({"dense_1/kernel"}, {fresh}).ok());
+  for (int i = 0; i < 3; ++i) {
+    std::vector<float> w;
+    ASSERT_TRUE(replicas->model(i).CopyValueToHost("dense_1/kernel", &w).ok());
+    EXPECT_EQ(w, fresh) << "replica " << i;
+  }
+  // A wrong size is the model's INVALID_ARGUMENT, and the replicas serve on.
+  EXPECT_EQ(replicas->Install({"dense_1/kernel"}, {std::vector<float>(3)}).code(),
+            absl::StatusCode::kInvalidArgument);
+  const Batch batch = RandomBatch(6, 36, 3, 1);
+  std::vector<std::vector<float>> out = {std::vector<float>(fresh.size())};
+  const std::vector<bool> state = {false};
+  EXPECT_TRUE(replicas->TrainStep(batch.View(), 0, {"dense_1/kernel"}, state, &out).ok());
+}
+
+TEST(LocalReplicasTest, RefusesSparseModelsAndBadCounts) {
+  v1::ModelSpec sparse;
+  ASSERT_TRUE(google::protobuf::TextFormat::ParseFromString(
+      R"pb(
+        input_shape: [ 100 ]
+        layers { embedding_bag { num_rows: 100 dim: 4 } }
+        layers { dense { units: 1 } }
+        loss: LOSS_SIGMOID_CROSS_ENTROPY
+      )pb",
+      &sparse));
+  LocalReplicas::Options o;
+  auto refused = LocalReplicas::Create(sparse, 1, o);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(refused.status().message(), HasSubstr("devices"));
+  EXPECT_THAT(refused.status().message(), HasSubstr("sparse tables"));
+  o.replicas = 0;
+  auto zero = LocalReplicas::Create(Parse(kCnn), 1, o);
+  EXPECT_EQ(zero.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(zero.status().message(), HasSubstr("cpu:N"));
+  // A spec the engine refuses comes back with the replica named, and nothing is left running.
+  v1::ModelSpec bad = Parse(kCnn);
+  bad.mutable_layers(0)->mutable_conv2d()->set_filters(0);
+  o.replicas = 2;
+  auto engine_error = LocalReplicas::Create(bad, 1, o);
+  EXPECT_EQ(engine_error.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(engine_error.status().message(), HasSubstr("cpu replica"));
+}
+
+}  // namespace
+}  // namespace tessera::trainer::internal
