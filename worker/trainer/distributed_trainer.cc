@@ -11,6 +11,7 @@
 #include "common/failpoint.h"
 #include "common/status_macros.h"
 #include "kernels/schedule.h"
+#include "spec/device_spec.h"
 #include "spec/job_spec.h"
 #include "worker/data/batch_prefetcher.h"
 #include "worker/trainer/internal/row_exchange.h"
@@ -171,12 +172,34 @@ absl::Status DistributedTrainer::Init() {
   kernels::BackendOptions backend_options;
   TESSERA_ASSIGN_OR_RETURN(backend_options.device,
                            ParseDeviceChoice(spec.device().empty() ? "auto" : spec.device()));
+  if (options_.cpu_replicas < 1 || options_.cpu_replicas > spec::kMaxCpuReplicas) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "devices: cpu:N needs N in [1, ", spec::kMaxCpuReplicas, "], got ", options_.cpu_replicas));
+  }
+  if (options_.cpu_replicas > 1) {
+    if (backend_options.device == kernels::DeviceChoice::kCuda) {
+      return absl::InvalidArgumentError(absl::StrCat("devices: cpu:", options_.cpu_replicas,
+                                                     " trains on the CPU, but device is \"",
+                                                     spec.device(), "\""));
+    }
+    // The replicas train; this model evaluates and holds what is exported, on the CPU as well.
+    backend_options.device = kernels::DeviceChoice::kCpu;
+  }
   backend_options.num_threads = options_.num_threads;
   backend_options.memory_limit_bytes = options_.memory_limit_bytes;
   TESSERA_ASSIGN_OR_RETURN(backend_, kernels::CreateBackend(backend_options));
   // The spec's seed on every rank: identical starting weights everywhere.
   TESSERA_ASSIGN_OR_RETURN(model_,
                            engine::Model::Create(spec.model(), backend_.get(), spec.seed()));
+  if (options_.cpu_replicas > 1) {
+    internal::LocalReplicas::Options r;
+    r.replicas = options_.cpu_replicas;
+    // One thread per replica unless --threads says otherwise: the replicas are the parallelism.
+    r.threads = options_.num_threads > 0 ? options_.num_threads : 1;
+    r.memory_limit_bytes = options_.memory_limit_bytes;
+    TESSERA_ASSIGN_OR_RETURN(replicas_,
+                             internal::LocalReplicas::Create(spec.model(), spec.seed(), r));
+  }
   // Dropout masks must differ between ranks, or every rank drops the same units; each step's
   // derive from this base and the step alone (SetDropoutSeed).
   dropout_base_ = model_->dropout_seed() + 0x9E3779B97F4A7C15ULL * static_cast<uint64_t>(rank_);
@@ -211,6 +234,7 @@ absl::Status DistributedTrainer::Init() {
     if (params[i].trainable) slot_of_[i] = static_cast<int>(dense_.size());
     averaged_.push_back(!params[i].trainable);
     dense_.push_back(i);
+    dense_names_.push_back(params[i].name);
     const size_t n = static_cast<size_t>(kernels::NumElements(params[i].shape));
     grads_.emplace_back(n);
     weights_.emplace_back(n);
@@ -405,6 +429,7 @@ absl::Status DistributedTrainer::InstallWeights() {
   for (size_t k = 0; k < dense_.size(); ++k) {
     TESSERA_RETURN_IF_ERROR(model_->CopyValueFromHost(params[dense_[k]].name, weights_[k]));
   }
+  if (replicas_ != nullptr) return replicas_->Install(dense_names_, weights_);
   return absl::OkStatus();
 }
 
@@ -489,6 +514,7 @@ absl::StatusOr<engine::StepResult> DistributedTrainer::Step(const engine::BatchV
     copy_error = model_->CopyGradToHost(params[p].name, &grads_[k]);
     if (copy_error.ok() && !clip) push(static_cast<size_t>(k));
   };
+  if (replicas_ != nullptr) return ReplicaStep(batch, push, push_small);
   absl::StatusOr<engine::StepResult> r = model_->TrainStep(batch, on_grad_ready);
   if (!r.ok() || !copy_error.ok()) {
     // Pushes already under way still complete on their own; wait for them so that nothing
@@ -541,6 +567,34 @@ absl::StatusOr<engine::StepResult> DistributedTrainer::Step(const engine::BatchV
     }
     rows_->Push(step, scale, on_done);
   }
+  return r;
+}
+
+absl::StatusOr<engine::StepResult> DistributedTrainer::ReplicaStep(
+    const engine::BatchView& batch, const std::function<void(size_t)>& push,
+    const std::function<void()>& push_small) {
+  const v1::JobSpec& spec = options_.task.spec();
+  // Every replica's part, reduced into grads_ (the state: the replicas' mean), before any push:
+  // one push per worker and step, as one device would make.
+  absl::StatusOr<engine::StepResult> r =
+      replicas_->TrainStep(batch, model_->dropout_seed(), dense_names_, averaged_, &grads_);
+  if (!r.ok()) return r;
+  float scale = 1.0f;
+  if (spec.clipping().max_global_norm() > 0) {
+    double sum = 0;
+    for (size_t k = 0; k < grads_.size(); ++k) {
+      if (averaged_[k]) continue;  // values, not a gradient
+      sum += kernels::SumOfSquares(grads_[k].data(), static_cast<int64_t>(grads_[k].size()));
+    }
+    scale = kernels::ClipScale(sum, spec.clipping().max_global_norm());
+  }
+  for (size_t k = 0; k < grads_.size(); ++k) {
+    if (scale != 1.0f && !averaged_[k]) {
+      for (float& v : grads_[k]) v *= scale;
+    }
+    push(k);
+  }
+  push_small();
   return r;
 }
 

@@ -64,6 +64,7 @@
 #include "worker/data/batch.h"
 #include "worker/data/dataset.h"
 #include "worker/engine/model.h"
+#include "worker/trainer/internal/local_replicas.h"
 #include "worker/trainer/internal/row_exchange.h"
 #include "worker/trainer/internal/splits.h"
 
@@ -92,6 +93,10 @@ struct DistributedOptions {
   int num_threads = 0;
   // CPU backend memory bound (0: the host's physical memory); see TrainerOptions.
   int64_t memory_limit_bytes = 0;
+  // --devices cpu:N: N model replicas on the CPU split each batch and reduce their gradients on
+  // the host before the one push (internal/local_replicas.h); num_threads is then per replica
+  // (0: 1). 1: the single device `device` names.
+  int cpu_replicas = 1;
   // The folders the task's dataset files must lie in (tessera-worker --dataset_root); empty:
   // anywhere. A spec naming a file elsewhere fails the task before anything is read.
   std::vector<std::string> dataset_roots;
@@ -167,6 +172,8 @@ class DistributedTrainer {
   // Where this rank's data stands at `step` (see DataPositionAt).
   v1::DataPosition DataPosition(int64_t step) const;
   int64_t total_steps() const { return total_steps_; }
+  // The CPU replicas that train each batch (1: the one device, no local reduce).
+  int cpu_replicas() const { return replicas_ != nullptr ? replicas_->size() : 1; }
   // Steps Run() has completed (pushed and installed).
   int64_t steps_done() const { return steps_done_.load(std::memory_order_acquire); }
   const engine::Model& model() const { return *model_; }
@@ -194,6 +201,11 @@ class DistributedTrainer {
   // Dropout masks of `step`: a function of (spec.seed, rank, step) only.
   void SetDropoutSeed(int64_t step);
   absl::Status InstallWeights();
+  // Step() with cpu:N replicas: trains the batch split across them, then pushes every reduced
+  // gradient and the replicas' mean state (`push` one tensor, `push_small` the batched ones).
+  absl::StatusOr<engine::StepResult> ReplicaStep(const engine::BatchView& batch,
+                                                 const std::function<void(size_t)>& push,
+                                                 const std::function<void()>& push_small);
   absl::StatusOr<internal::SplitScore> Evaluate();
   // CANCELLED "cancelled" when Cancel() was called, otherwise OK.
   absl::Status CheckCancelled() const;
@@ -204,12 +216,15 @@ class DistributedTrainer {
   std::string failpoint_;  // "trainer.rank<R>.step" (common/failpoint.h)
   std::unique_ptr<kernels::Backend> backend_;
   std::unique_ptr<engine::Model> model_;
+  // cpu:N (N > 1): the replicas that train; model_ then evaluates and is what is exported.
+  std::unique_ptr<internal::LocalReplicas> replicas_;
   std::shared_ptr<const data::Dataset> train_;
   std::shared_ptr<const data::Dataset> test_;  // rank 0 only
   // Indices into model_->parameters() of the dense tensors the shards hold: trainable ones, and
   // state the shards average (averaged_[k]).
   std::vector<int> dense_;
   std::vector<bool> averaged_;
+  std::vector<std::string> dense_names_;  // per dense_ entry, the parameter's name
   std::vector<int> slot_of_;  // per parameter, its gradient's index into dense_ (-1: none)
   std::vector<v1::SparseTableDecl> tables_;
   int64_t steps_per_epoch_ = 0;

@@ -1,0 +1,171 @@
+// --devices cpu:N in the distributed trainer: two BSP ranks whose batches are split over 1, 2 or 4
+// CPU replicas each train to the same weights (to float rounding), because each rank still pushes
+// the gradient of its whole batch once per step; and a BatchNorm model trains with replicas, its
+// statistics averaged over replicas and ranks and equal everywhere.
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "google/protobuf/text_format.h"
+#include "gtest/gtest.h"
+#include "spec/testing/example_jobs.h"
+#include "worker/client/parameter_client.h"
+#include "worker/trainer/distributed_trainer.h"
+#include "worker/trainer/testing/ranks.h"
+
+namespace tessera::trainer {
+namespace {
+
+using ::testing::HasSubstr;
+using namespace ::tessera::trainer::testing_ranks;  // NOLINT: ranks in one process
+
+class CpuReplicasTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    auto shards = StartShards(2);
+    ASSERT_TRUE(shards.ok()) << shards.status();
+    shards_ = std::move(*shards).release();
+  }
+  static void TearDownTestSuite() {
+    if (shards_ != nullptr) {
+      EXPECT_TRUE(shards_->Stop(absl::Seconds(10)).ok());
+    }
+    delete shards_;
+    shards_ = nullptr;
+  }
+  void SetUp() override {
+    ASSERT_NE(shards_, nullptr);
+    char tmpl[] = "/tmp/tessera_cpu_replicas.XXXXXX";
+    dir_ = mkdtemp(tmpl);
+    spec::examples::WriteBlobsCsv(dir_ + "/train.csv", 641, 1);
+    spec::examples::WriteBlobsCsv(dir_ + "/test.csv", 300, 2);
+  }
+  void TearDown() override { std::system(absl::StrCat("rm -rf '", dir_, "'").c_str()); }
+
+  // The blobs MLP (2-16-3), SGD, BSP, 2 workers, batch 32, 12 steps.
+  v1::JobSpec Spec(const std::string& first_layer = "") const {
+    v1::JobSpec spec;
+    const std::string text = absl::StrCat(spec::examples::BlobsJobText(dir_, 16), R"pb(
+      optimizer { kind: OPTIMIZER_KIND_SGD learning_rate: 0.2 }
+      consistency: "bsp"
+      batch_size: 32
+      seed: 3
+      partition_bytes: 1024
+      num_workers: 2
+      max_steps: 12
+    )pb");
+    EXPECT_TRUE(google::protobuf::TextFormat::ParseFromString(text, &spec)) << text;
+    if (!first_layer.empty()) {
+      v1::Layer layer;
+      EXPECT_TRUE(google::protobuf::TextFormat::ParseFromString(first_layer, &layer));
+      auto* layers = spec.mutable_model()->mutable_layers();
+      layers->Add()->CopyFrom(layer);
+      std::rotate(layers->rbegin(), layers->rbegin() + 1, layers->rend());
+    }
+    return spec;
+  }
+
+  struct Run {
+    std::vector<absl::StatusOr<v1::ProgressReport>> results;
+    std::vector<std::map<std::string, std::vector<float>>> values;  // per rank, every dense tensor
+  };
+
+  // Both ranks with `replicas` CPU replicas each, to the end; then every tensor they hold.
+  Run Train(const std::string& job, const v1::JobSpec& spec, int replicas) {
+    FakeCoordinator coordinator(2);
+    std::vector<std::unique_ptr<DistributedTrainer>> ranks;
+    for (int r = 0; r < 2; ++r) {
+      DistributedOptions o = RankOptions(job, spec, r, shards_->addresses());
+      o.cpu_replicas = replicas;
+      if (r == 0) {
+        o.report = [&coordinator](const v1::ProgressReport& p) { return coordinator.Report(p); };
+      }
+      auto made = DistributedTrainer::Create(std::move(o));
+      EXPECT_TRUE(made.ok()) << made.status();
+      if (!made.ok()) return {};
+      ranks.push_back(std::move(*made));
+    }
+    Run run;
+    run.results = RunAll(ranks, &coordinator, absl::Seconds(60));
+    for (const auto& t : ranks) {
+      std::map<std::string, std::vector<float>> all;
+      for (const engine::Parameter& p : t->model().parameters()) {
+        EXPECT_TRUE(t->model().CopyValueToHost(p.name, &all[p.name]).ok()) << p.name;
+      }
+      run.values.push_back(std::move(all));
+    }
+    client::ParameterClient::Options o;
+    o.shard_addresses = shards_->addresses();
+    o.job_id = job;
+    auto c = client::ParameterClient::Create(o);
+    EXPECT_TRUE(c.ok() && (*c)->DropJob().ok());
+    return run;
+  }
+
+  static client::LocalShards* shards_;
+  std::string dir_;
+};
+
+client::LocalShards* CpuReplicasTest::shards_ = nullptr;
+
+TEST_F(CpuReplicasTest, OneTwoAndFourReplicasPerRankTrainToTheSameWeights) {
+  const v1::JobSpec spec = Spec();
+  const Run one = Train("replicas-1", spec, 1);
+  ASSERT_EQ(one.values.size(), 2u);
+  for (int n : {2, 4}) {
+    SCOPED_TRACE(absl::StrCat("cpu:", n));
+    const Run split = Train(absl::StrCat("replicas-", n), spec, n);
+    ASSERT_EQ(split.values.size(), 2u);
+    for (int r = 0; r < 2; ++r) {
+      ASSERT_TRUE(split.results[r].ok()) << split.results[r].status();
+      EXPECT_EQ(split.results[r]->step(), 12);
+      // Both ranks hold the same weights, and they are one device's to float rounding.
+      EXPECT_EQ(split.values[r], split.values[0]) << "rank " << r;
+      for (const auto& [name, w] : one.values[0]) {
+        const std::vector<float>& got = split.values[r].at(name);
+        ASSERT_EQ(got.size(), w.size()) << name;
+        for (size_t i = 0; i < w.size(); ++i) {
+          EXPECT_NEAR(got[i], w[i], 1e-5f + 1e-5f * std::abs(w[i])) << name << "[" << i << "]";
+        }
+      }
+    }
+    EXPECT_NEAR(split.results[0]->loss(), one.results[0]->loss(), 1e-4);
+  }
+}
+
+TEST_F(CpuReplicasTest, BatchNormTrainsWithReplicasAndEveryRankHoldsTheSameStatistics) {
+  const v1::JobSpec spec = Spec("batch_norm {}");
+  const Run run = Train("replicas-bn", spec, 2);
+  ASSERT_EQ(run.values.size(), 2u);
+  ASSERT_TRUE(run.results[0].ok()) << run.results[0].status();
+  EXPECT_EQ(run.values[0], run.values[1]);
+  const std::vector<float>& var = run.values[0].at("batch_norm_1/moving_variance");
+  ASSERT_EQ(var.size(), 2u);
+  // 12 steps of EMA toward the blobs' feature variance moved it off its starting ones.
+  EXPECT_GT(std::abs(var[0] - 1.0f), 1e-3f);
+  EXPECT_TRUE(run.results[0]->evaluated());
+  EXPECT_GT(run.results[0]->test_accuracy(), 0.8);
+}
+
+TEST_F(CpuReplicasTest, RefusesReplicasOfSparseModelsAndOnCuda) {
+  v1::JobSpec spec = Spec();
+  DistributedOptions o = RankOptions("refused", spec, 0, shards_->addresses());
+  o.cpu_replicas = 0;
+  auto zero = DistributedTrainer::Create(o);
+  EXPECT_EQ(zero.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(zero.status().message(), HasSubstr("devices: cpu:N"));
+  o.cpu_replicas = 2;
+  o.device = "cuda";
+  auto cuda = DistributedTrainer::Create(o);
+  EXPECT_EQ(cuda.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(cuda.status().message(), HasSubstr("trains on the CPU"));
+}
+
+}  // namespace
+}  // namespace tessera::trainer
