@@ -3,6 +3,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <memory>
@@ -22,6 +23,7 @@
 #include "cli/local_cluster.h"
 #include "cli/safetensors.h"
 #include "spec/dataset_spec.h"
+#include "spec/device_spec.h"
 #include "spec/job_spec.h"
 #include "spec/job_spec_reader.h"
 
@@ -420,6 +422,18 @@ int RunLocal(const GlobalOptions& global, const LocalOptions& options) {
     return Fail(global, absl::InvalidArgumentError(absl::StrCat(
                             "--workers: at most 64 local workers, got ", spec->num_workers())));
   }
+  absl::StatusOr<int> replicas = spec::ParseCpuReplicas(options.devices);
+  if (!replicas.ok()) {
+    return Fail(global,
+                absl::InvalidArgumentError(absl::StrCat("--", replicas.status().message())));
+  }
+  const v1::ModelSpec& model = spec->model();
+  if (*replicas > 1 && (!model.tables().empty() ||
+                        (model.layers_size() > 0 && model.layers(0).has_embedding_bag()))) {
+    return Fail(global, absl::InvalidArgumentError(absl::StrCat(
+                            "--devices: ", options.devices, " splits dense models only; ",
+                            options.spec_file, " has sparse tables")));
+  }
   absl::StatusOr<std::string> bin_dir = SelfBinaryDir();
   if (!bin_dir.ok()) return Fail(global, bin_dir.status());
 
@@ -442,6 +456,14 @@ int RunLocal(const GlobalOptions& global, const LocalOptions& options) {
   cluster_options.num_shards = options.shards;
   cluster_options.num_workers = spec->num_workers();
   cluster_options.worker_threads = options.threads;
+  if (*replicas > 1) {
+    cluster_options.worker_args.insert(cluster_options.worker_args.end(),
+                                       {"--devices", options.devices});
+    if (options.threads == 0) {
+      const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+      cluster_options.worker_threads = std::max(1, cores / (spec->num_workers() * *replicas));
+    }
+  }
   cluster_options.keep_work_dir = options.keep_dir;
   cluster_options.interrupted = [&interrupted] { return interrupted.load(); };
   // The daemons read datasets only in their --dataset_root folders: these are the spec's.

@@ -52,9 +52,10 @@ struct ExportOptionsFlags {
 struct LocalOptions {
   std::string spec_file;
   int shards = 2;
-  int workers = 0;  // 0: the spec's num_workers, or 2 when it has none
-  std::string out;  // empty: no export
-  int threads = 0;  // per worker; 0: cores / workers
+  int workers = 0;      // 0: the spec's num_workers, or 2 when it has none
+  std::string out;      // empty: no export
+  int threads = 0;      // per worker (per replica with devices); 0: cores / (workers x replicas)
+  std::string devices;  // each worker's --devices ("cpu:N"); empty: one device
   bool keep_dir = false;
 };
 

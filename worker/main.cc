@@ -1,6 +1,6 @@
 // tessera-worker: the training worker (DESIGN.md §1).
 //
-//   tessera-worker [--coordinator ADDR] [--device auto|cpu|cuda] [--threads N]
+//   tessera-worker [--coordinator ADDR] [--device auto|cpu|cuda] [--devices cpu:N] [--threads N]
 //                  [--hostname NAME] [--log_level L] [--tls_ca FILE ...] [--metrics_listen A]
 //                  [--config FILE] [--check-config]
 //
@@ -28,17 +28,18 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "common/config.h"
+#include "common/crash_reporter.h"
 #include "common/daemon_metrics.h"
 #include "common/daemon_runner.h"
 #include "common/grpc_server.h"
 #include "common/metrics.h"
-#include "common/crash_reporter.h"
 #include "common/process.h"
 #include "common/security.h"
 #include "common/status_macros.h"
 #include "kernels/backend.h"
 #include "spdlog/spdlog.h"
 #include "spec/dataset_spec.h"
+#include "spec/device_spec.h"
 #include "spec/job_spec_reader.h"
 #include "worker/daemon/worker_daemon.h"
 #include "worker/daemon/worker_metrics.h"
@@ -57,6 +58,7 @@ struct WorkerFlags {
   std::string output = "text";
   int epochs = -1;
   int threads = 0;
+  std::string devices;  // "cpu:N"; empty: the one device --device names
   double target_accuracy = 0;
   // Daemon mode.
   // From the layers: --coordinator, $TESSERA_COORDINATOR, the config file, else this default.
@@ -78,6 +80,7 @@ absl::Status ValidateDaemon(const WorkerFlags& flags,
                             std::unique_ptr<tessera::Security>* security) {
   if (flags.standalone) return absl::OkStatus();
   TESSERA_RETURN_IF_ERROR(tessera::ValidateLogLevel(flags.log_level));
+  TESSERA_RETURN_IF_ERROR(tessera::spec::ParseCpuReplicas(flags.devices).status());
   // Before Security::Create, which may log warnings.
   TESSERA_RETURN_IF_ERROR(tessera::InitLogging(flags.log_level));
   // Only a worker with --listen serves gRPC: then a token also needs its own certificate.
@@ -119,6 +122,12 @@ int Fail(const absl::Status& status, bool json) {
 
 int RunStandalone(const WorkerFlags& flags) {
   const bool json = flags.output == "json";
+  if (!flags.devices.empty()) {
+    return Fail(absl::InvalidArgumentError(
+                    "--devices: replicas are for the daemon's distributed tasks; --standalone "
+                    "trains on the one device --device names"),
+                json);
+  }
   absl::StatusOr<tessera::v1::JobSpec> spec = tessera::spec::ReadJobSpecFile(flags.job);
   if (!spec.ok()) return Fail(spec.status(), json);
 
@@ -165,8 +174,11 @@ class WorkerDaemonRun final : public tessera::Daemon {
  public:
   // `backend`: the device found at start-up, released once the daemon knows its name.
   WorkerDaemonRun(const WorkerFlags& flags, tessera::Security* security,
-                  std::unique_ptr<tessera::kernels::Backend> backend)
-      : flags_(flags), security_(security), backend_(std::move(backend)) {}
+                  std::unique_ptr<tessera::kernels::Backend> backend, int cpu_replicas)
+      : flags_(flags),
+        security_(security),
+        backend_(std::move(backend)),
+        cpu_replicas_(cpu_replicas) {}
 
   absl::Status Create(tessera::Metrics* metrics) override {
     metrics_ = metrics;
@@ -175,6 +187,8 @@ class WorkerDaemonRun final : public tessera::Daemon {
     options.credentials = security_->Client();
     options.device = flags_.device;
     options.device_name = backend_->Name();
+    options.cpu_replicas = cpu_replicas_;
+    if (cpu_replicas_ > 1) options.device_name = absl::StrCat("cpu:", cpu_replicas_);
     options.hostname = flags_.hostname;
     options.num_threads = flags_.threads;
     options.dataset_roots = flags_.dataset_roots;
@@ -229,6 +243,7 @@ class WorkerDaemonRun final : public tessera::Daemon {
   const WorkerFlags& flags_;
   tessera::Security* const security_;
   std::unique_ptr<tessera::kernels::Backend> backend_;
+  const int cpu_replicas_;
   tessera::Metrics* metrics_ = nullptr;
   // Read by the metrics at scrape time: RunDaemon stops them before it returns.
   std::unique_ptr<tessera::worker::WorkerDaemon> daemon_;
@@ -244,12 +259,23 @@ int RunWorkerDaemon(const WorkerFlags& flags, const tessera::LayeredConfig& conf
   absl::StatusOr<tessera::kernels::DeviceChoice> choice =
       tessera::trainer::ParseDeviceChoice(flags.device.empty() ? "auto" : flags.device);
   if (!choice.ok()) return Fail(choice.status(), false);
+  absl::StatusOr<int> replicas = tessera::spec::ParseCpuReplicas(flags.devices);
+  if (!replicas.ok()) return Fail(replicas.status(), false);
+  if (*replicas > 1) {
+    if (*choice == tessera::kernels::DeviceChoice::kCuda) {
+      return Fail(
+          absl::InvalidArgumentError(absl::StrCat(
+              "devices: ", flags.devices, " trains on the CPU, but --device is ", flags.device)),
+          false);
+    }
+    *choice = tessera::kernels::DeviceChoice::kCpu;
+  }
   backend_options.device = *choice;
   backend_options.num_threads = flags.threads;
   absl::StatusOr<std::unique_ptr<tessera::kernels::Backend>> backend =
       tessera::kernels::CreateBackend(backend_options);
   if (!backend.ok()) return Fail(backend.status(), false);
-  WorkerDaemonRun daemon(flags, security, *std::move(backend));
+  WorkerDaemonRun daemon(flags, security, *std::move(backend), *replicas);
 
   tessera::DaemonRunOptions run;
   run.program = "tessera-worker";
@@ -319,8 +345,13 @@ int main(int argc, char** argv) {
   app.add_option("--epochs", flags.epochs,
                  "Standalone: epochs, overriding the spec (N > 0 also drops the spec's max_steps)")
       ->check(CLI::Range(0, 1 << 20));
-  app.add_option("--threads", flags.threads, "CPU threads (0: the OpenMP default)")
+  app.add_option("--threads", flags.threads,
+                 "CPU threads (0: the OpenMP default); with --devices cpu:N, per replica (0: 1)")
       ->check(CLI::Range(0, 4096));
+  app.add_option("--devices", flags.devices,
+                 "Daemon: cpu:N trains each task on N model replicas on this host's CPU: every "
+                 "batch is split across them and their gradients are summed here before the one "
+                 "push (dense models only). Empty: the one device --device names");
   app.add_option("--target_accuracy", flags.target_accuracy,
                  "Standalone: stop after the first evaluation with at least this test accuracy")
       ->check(CLI::Range(0.0, 1.0));

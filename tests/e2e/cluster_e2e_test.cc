@@ -7,6 +7,7 @@
 //    (score_safetensors.py) reproduces the reported accuracy within 0.001.
 //  - The BatchNorm CNN example trains the same way, its averaged moving statistics are exported,
 //    and the numpy reader scoring it in evaluation mode reproduces the reported accuracy.
+//  - Workers with --devices cpu:2 show that device in `tessera cluster` and train the MLP.
 //  - A cancelled job ends CANCELLED and its workers go back to READY; `tessera local` cancelled
 //    by `tessera cancel` or by SIGINT leaves no process behind.
 //  - Bad specs are refused with INVALID_ARGUMENT naming the field, and the coordinator serves on.
@@ -176,8 +177,10 @@ std::unique_ptr<CoordinatorClient> ClientFor(const std::string& address) {
   return c.ok() ? *std::move(c) : nullptr;
 }
 
-std::unique_ptr<LocalCluster> StartCluster(int shards, int workers) {
+std::unique_ptr<LocalCluster> StartCluster(int shards, int workers,
+                                           const std::vector<std::string>& worker_args = {}) {
   LocalCluster::Options o;
+  o.worker_args = worker_args;
   o.bin_dir = TESSERA_BIN_DIR;
   o.num_shards = shards;
   o.num_workers = workers;
@@ -308,6 +311,46 @@ TEST(BatchNormE2eTest, CnnWithBatchNormExportsItsStatisticsAndScoresTheSame) {
                            "\"batch_norm_2\", \"dense_1\", \"batch_norm_3\", \"dense_2\"]"),
             std::string::npos)
       << score.out;
+}
+
+// Workers started with --devices cpu:2 register that device (`tessera cluster` shows it), split
+// each batch over two CPU replicas, and train the MLP to the accuracy one device reaches.
+TEST(CpuReplicasE2eTest, WorkersWithTwoReplicasRegisterThemAndTrain) {
+  TESSERA_SKIP_WITHOUT_FASHION_MNIST();
+  ScratchDirectory dir("tessera-e2e-replicas");
+  std::unique_ptr<LocalCluster> cluster = StartCluster(1, 2, {"--devices", "cpu:2"});
+  ASSERT_NE(cluster, nullptr);
+  const std::string address = cluster->coordinator_address();
+  CommandResult members =
+      RunCommand({Tessera(), "cluster", "--coordinator", address}, dir.path(), "cluster");
+  ASSERT_EQ(members.code, 0) << members.err;
+  int shown = 0;
+  for (absl::string_view line : absl::StrSplit(members.out, '\n')) {
+    if (absl::StrContains(line, " worker ") && absl::StrContains(line, " cpu:2 ")) ++shown;
+  }
+  EXPECT_EQ(shown, 2) << members.out;
+
+  v1::JobSpec spec = ExampleSpec();
+  spec.set_epochs(1);
+  const std::string spec_path = WriteSpec(spec, dir.path() + "/spec.textproto");
+  CommandResult r = RunCommand(
+      {Tessera(), "submit", spec_path, "--coordinator", address, "--watch", "--output", "json"},
+      dir.path(), "submit", absl::Seconds(240));
+  ASSERT_EQ(r.code, 0) << "stderr:\n" << r.err << "\nstdout:\n" << r.out;
+  v1::Job job;
+  ASSERT_TRUE(ParseJob(LastLine(r.out), &job)) << r.out;
+  EXPECT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.reason();
+  EXPECT_EQ(job.step(), job.total_steps());
+  EXPECT_GE(job.test_accuracy(), 0.8) << "test loss " << job.test_loss();
+  std::printf("[cpu:2] test accuracy %.4f, %.0f samples/s\n", job.test_accuracy(),
+              job.samples_per_second());
+  // Each worker trained its rank on the replicas, not on one device.
+  int split = 0;
+  for (int i = 0; i < 2; ++i) {
+    const std::string log = ReadWholeFile(absl::StrCat(cluster->work_dir(), "/worker-", i, ".log"));
+    if (absl::StrContains(log, "splits each batch over 2 CPU replicas")) ++split;
+  }
+  EXPECT_EQ(split, 2);
 }
 
 // --- Click logs: a sparse table end to end ---------------------------------------------------
