@@ -107,7 +107,8 @@ TEST(JobSpecTest, ExamplesParseAndValidate) {
 TEST(JobSpecTest, ExampleModelsMatchTheEngineTestCopies) {
   const std::pair<const char*, const char*> cases[] = {
       {"fashion_mlp.textproto", examples::kFashionMlp},
-      {"fashion_cnn.textproto", examples::kFashionCnn}};
+      {"fashion_cnn.textproto", examples::kFashionCnn},
+      {"fashion_cnn_bn.textproto", examples::kFashionCnnBn}};
   for (const auto& [file, text] : cases) {
     absl::StatusOr<v1::JobSpec> spec = ReadJobSpecFile(Example(file));
     ASSERT_TRUE(spec.ok()) << file << ": " << spec.status();

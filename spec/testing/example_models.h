@@ -36,6 +36,26 @@ inline constexpr char kFashionCnn[] = R"pb(
   loss: LOSS_SOFTMAX_CROSS_ENTROPY
 )pb";
 
+// Fashion-MNIST CNN with BatchNorm (examples/fashion_cnn_bn.textproto): conv3x3x16, BN, max-pool,
+// conv3x3x32, BN, max-pool, dense 128, BN, dense 10.
+inline constexpr char kFashionCnnBn[] = R"pb(
+  input_shape: [ 1, 28, 28 ]
+  layers { conv2d { filters: 16 kernel_h: 3 kernel_w: 3 padding_h: 1 padding_w: 1 } }
+  layers { batch_norm {} }
+  layers { relu {} }
+  layers { max_pool2d { pool_h: 2 pool_w: 2 } }
+  layers { conv2d { filters: 32 kernel_h: 3 kernel_w: 3 padding_h: 1 padding_w: 1 } }
+  layers { batch_norm {} }
+  layers { relu {} }
+  layers { max_pool2d { pool_h: 2 pool_w: 2 } }
+  layers { flatten {} }
+  layers { dense { units: 128 } }
+  layers { batch_norm {} }
+  layers { relu {} }
+  layers { dense { units: 10 } }
+  loss: LOSS_SOFTMAX_CROSS_ENTROPY
+)pb";
+
 }  // namespace tessera::spec::examples
 
 #endif  // TESSERA_SPEC_TESTING_EXAMPLE_MODELS_H_
