@@ -47,29 +47,8 @@ BatchStats StatsOf(const data::Batch& b) {
   return s;
 }
 
-class BatchNormStateTest : public ::testing::Test {
+class BatchNormStateTest : public ShardsTest {
  protected:
-  static void SetUpTestSuite() {
-    auto shards = StartShards(2);
-    ASSERT_TRUE(shards.ok()) << shards.status();
-    shards_ = std::move(*shards).release();
-  }
-  static void TearDownTestSuite() {
-    if (shards_ != nullptr) {
-      EXPECT_TRUE(shards_->Stop(absl::Seconds(10)).ok());
-    }
-    delete shards_;
-    shards_ = nullptr;
-  }
-  void SetUp() override {
-    ASSERT_NE(shards_, nullptr);
-    char tmpl[] = "/tmp/tessera_batch_norm_state.XXXXXX";
-    dir_ = mkdtemp(tmpl);
-    spec::examples::WriteBlobsCsv(dir_ + "/train.csv", 641, 1);
-    spec::examples::WriteBlobsCsv(dir_ + "/test.csv", 300, 2);
-  }
-  void TearDown() override { std::system(absl::StrCat("rm -rf '", dir_, "'").c_str()); }
-
   // batch_norm over the 2 input features, then 8 relu units and 3 classes; BSP, 2 workers.
   v1::JobSpec Spec(int epochs) const {
     constexpr char kText[] = R"pb(
@@ -122,12 +101,7 @@ class BatchNormStateTest : public ::testing::Test {
   }
 
   void RunAndCheck(const std::string& job, float max_global_norm);
-
-  static client::LocalShards* shards_;
-  std::string dir_;
 };
-
-client::LocalShards* BatchNormStateTest::shards_ = nullptr;
 
 // Runs the job to the end and checks the statistics on both ranks and on the shards.
 void BatchNormStateTest::RunAndCheck(const std::string& job, float max_global_norm) {
@@ -192,13 +166,7 @@ void BatchNormStateTest::RunAndCheck(const std::string& job, float max_global_no
   // Rank 0 evaluated with those statistics; the blobs are easy.
   EXPECT_TRUE(results[0]->evaluated());
   EXPECT_GT(results[0]->test_accuracy(), 0.9);
-
-  client::ParameterClient::Options o;
-  o.shard_addresses = shards_->addresses();
-  o.job_id = job;
-  auto c = client::ParameterClient::Create(o);
-  ASSERT_TRUE(c.ok());
-  EXPECT_TRUE((*c)->DropJob().ok());
+  DropJob(job);
 }
 
 TEST_F(BatchNormStateTest, BspRanksAndShardsHoldTheEmaOfTheRanksAveragedBatchStatistics) {

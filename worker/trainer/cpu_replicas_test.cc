@@ -25,29 +25,8 @@ namespace {
 using ::testing::HasSubstr;
 using namespace ::tessera::trainer::testing_ranks;  // NOLINT: ranks in one process
 
-class CpuReplicasTest : public ::testing::Test {
+class CpuReplicasTest : public ShardsTest {
  protected:
-  static void SetUpTestSuite() {
-    auto shards = StartShards(2);
-    ASSERT_TRUE(shards.ok()) << shards.status();
-    shards_ = std::move(*shards).release();
-  }
-  static void TearDownTestSuite() {
-    if (shards_ != nullptr) {
-      EXPECT_TRUE(shards_->Stop(absl::Seconds(10)).ok());
-    }
-    delete shards_;
-    shards_ = nullptr;
-  }
-  void SetUp() override {
-    ASSERT_NE(shards_, nullptr);
-    char tmpl[] = "/tmp/tessera_cpu_replicas.XXXXXX";
-    dir_ = mkdtemp(tmpl);
-    spec::examples::WriteBlobsCsv(dir_ + "/train.csv", 641, 1);
-    spec::examples::WriteBlobsCsv(dir_ + "/test.csv", 300, 2);
-  }
-  void TearDown() override { std::system(absl::StrCat("rm -rf '", dir_, "'").c_str()); }
-
   // The blobs MLP (2-16-3), SGD, BSP, 2 workers, batch 32, 12 steps.
   v1::JobSpec Spec(const std::string& first_layer = "") const {
     v1::JobSpec spec;
@@ -100,19 +79,10 @@ class CpuReplicasTest : public ::testing::Test {
       }
       run.values.push_back(std::move(all));
     }
-    client::ParameterClient::Options o;
-    o.shard_addresses = shards_->addresses();
-    o.job_id = job;
-    auto c = client::ParameterClient::Create(o);
-    EXPECT_TRUE(c.ok() && (*c)->DropJob().ok());
+    DropJob(job);
     return run;
   }
-
-  static client::LocalShards* shards_;
-  std::string dir_;
 };
-
-client::LocalShards* CpuReplicasTest::shards_ = nullptr;
 
 TEST_F(CpuReplicasTest, OneTwoAndFourReplicasPerRankTrainToTheSameWeights) {
   const v1::JobSpec spec = Spec();

@@ -546,18 +546,8 @@ absl::StatusOr<engine::StepResult> DistributedTrainer::Step(const engine::BatchV
   }
   float scale = 1.0f;
   if (clip) {
-    double sum = row_norm;
-    for (size_t k = 0; k < grads_.size(); ++k) {
-      if (averaged_[k]) continue;  // values, not a gradient
-      sum += kernels::SumOfSquares(grads_[k].data(), static_cast<int64_t>(grads_[k].size()));
-    }
-    scale = kernels::ClipScale(sum, spec.clipping().max_global_norm());
-    for (size_t k = 0; k < grads_.size(); ++k) {
-      if (scale != 1.0f && !averaged_[k]) {
-        for (float& v : grads_[k]) v *= scale;
-      }
-      push(k);
-    }
+    scale = ClipDenseGradients(row_norm);
+    for (size_t k = 0; k < grads_.size(); ++k) push(k);
   }
   push_small();
   if (rows_ != nullptr) {
@@ -573,29 +563,30 @@ absl::StatusOr<engine::StepResult> DistributedTrainer::Step(const engine::BatchV
 absl::StatusOr<engine::StepResult> DistributedTrainer::ReplicaStep(
     const engine::BatchView& batch, const std::function<void(size_t)>& push,
     const std::function<void()>& push_small) {
-  const v1::JobSpec& spec = options_.task.spec();
   // Every replica's part, reduced into grads_ (the state: the replicas' mean), before any push:
   // one push per worker and step, as one device would make.
   absl::StatusOr<engine::StepResult> r =
       replicas_->TrainStep(batch, model_->dropout_seed(), dense_names_, averaged_, &grads_);
   if (!r.ok()) return r;
-  float scale = 1.0f;
-  if (spec.clipping().max_global_norm() > 0) {
-    double sum = 0;
-    for (size_t k = 0; k < grads_.size(); ++k) {
-      if (averaged_[k]) continue;  // values, not a gradient
-      sum += kernels::SumOfSquares(grads_[k].data(), static_cast<int64_t>(grads_[k].size()));
-    }
-    scale = kernels::ClipScale(sum, spec.clipping().max_global_norm());
-  }
-  for (size_t k = 0; k < grads_.size(); ++k) {
-    if (scale != 1.0f && !averaged_[k]) {
-      for (float& v : grads_[k]) v *= scale;
-    }
-    push(k);
-  }
+  if (options_.task.spec().clipping().max_global_norm() > 0) ClipDenseGradients(0);
+  for (size_t k = 0; k < grads_.size(); ++k) push(k);
   push_small();
   return r;
+}
+
+float DistributedTrainer::ClipDenseGradients(double row_norm) {
+  double sum = row_norm;
+  for (size_t k = 0; k < grads_.size(); ++k) {
+    if (averaged_[k]) continue;  // values, not a gradient
+    sum += kernels::SumOfSquares(grads_[k].data(), static_cast<int64_t>(grads_[k].size()));
+  }
+  const float scale = kernels::ClipScale(sum, options_.task.spec().clipping().max_global_norm());
+  if (scale == 1.0f) return scale;
+  for (size_t k = 0; k < grads_.size(); ++k) {
+    if (averaged_[k]) continue;
+    for (float& v : grads_[k]) v *= scale;
+  }
+  return scale;
 }
 
 absl::StatusOr<internal::SplitScore> DistributedTrainer::Evaluate() {

@@ -203,6 +203,10 @@ class DistributedTrainer {
   absl::Status InstallWeights();
   // Step() with cpu:N replicas: trains the batch split across them, then pushes every reduced
   // gradient and the replicas' mean state (`push` one tensor, `push_small` the batched ones).
+  // Clipping (spec.clipping): the scale that brings the global norm of the dense gradients in
+  // grads_ (averaged state left out) and the rows' squared norm `row_norm` to the bound, applied
+  // to grads_ in place; returns it (1: no change).
+  float ClipDenseGradients(double row_norm);
   absl::StatusOr<engine::StepResult> ReplicaStep(const engine::BatchView& batch,
                                                  const std::function<void(size_t)>& push,
                                                  const std::function<void()>& push_small);

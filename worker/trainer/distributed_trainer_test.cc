@@ -38,36 +38,14 @@ namespace {
 using ::testing::HasSubstr;
 using namespace ::tessera::trainer::testing_ranks;  // NOLINT: ranks in one process
 
-// 641 training examples: with 2 workers rank 0 reads 321 and rank 1 reads 320, so with batch 32
-// rank 0's shard holds 11 batches but every rank must run ceil(floor(641 / 2) / 32) = 10 per epoch.
-constexpr int kTrainExamples = 641;
+// ShardsTest's 641 training examples: with 2 workers rank 0 reads 321 and rank 1 reads 320, so
+// with batch 32 rank 0's shard holds 11 batches but every rank must run
+// ceil(floor(641 / 2) / 32) = 10 per epoch.
 constexpr int kBatch = 32;
 constexpr int64_t kStepsPerEpoch = 10;
 
-class DistributedTrainerTest : public ::testing::Test {
+class DistributedTrainerTest : public ShardsTest {
  protected:
-  static void SetUpTestSuite() {
-    auto shards = StartShards(2);
-    ASSERT_TRUE(shards.ok()) << shards.status();
-    shards_ = std::move(*shards).release();
-  }
-  static void TearDownTestSuite() {
-    if (shards_ != nullptr) {
-      EXPECT_TRUE(shards_->Stop(absl::Seconds(10)).ok());
-    }
-    delete shards_;
-    shards_ = nullptr;
-  }
-
-  void SetUp() override {
-    ASSERT_NE(shards_, nullptr);
-    char tmpl[] = "/tmp/tessera_distributed_test.XXXXXX";
-    dir_ = mkdtemp(tmpl);
-    spec::examples::WriteBlobsCsv(dir_ + "/train.csv", kTrainExamples, 1);
-    spec::examples::WriteBlobsCsv(dir_ + "/test.csv", 300, 2);
-  }
-  void TearDown() override { std::system(absl::StrCat("rm -rf '", dir_, "'").c_str()); }
-
   v1::JobSpec Spec(int workers, int epochs, const std::string& extra = "") {
     v1::JobSpec spec;
     const std::string text = absl::StrCat(spec::examples::BlobsJobText(dir_, 16), R"(
@@ -133,21 +111,7 @@ class DistributedTrainerTest : public ::testing::Test {
     }
     return all;
   }
-
-  static void DropJob(const std::string& job_id) {
-    client::ParameterClient::Options o;
-    o.shard_addresses = shards_->addresses();
-    o.job_id = job_id;
-    auto c = client::ParameterClient::Create(o);
-    ASSERT_TRUE(c.ok());
-    EXPECT_TRUE((*c)->DropJob().ok());
-  }
-
-  static client::LocalShards* shards_;
-  std::string dir_;
 };
-
-client::LocalShards* DistributedTrainerTest::shards_ = nullptr;
 
 TEST_F(DistributedTrainerTest, BspRanksEndWithIdenticalWeightsEqualToTheShards) {
   const std::string job = "bsp-identical";

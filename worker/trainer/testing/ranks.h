@@ -7,6 +7,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
+#include <filesystem>
 #include <memory>
 #include <set>
 #include <string>
@@ -18,7 +19,9 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
+#include "spec/testing/example_jobs.h"
 #include "worker/client/local_shards.h"
+#include "worker/client/parameter_client.h"
 #include "worker/trainer/distributed_trainer.h"
 
 #ifndef TESSERA_SERVER_BINARY
@@ -35,6 +38,46 @@ inline absl::StatusOr<std::unique_ptr<client::LocalShards>> StartShards(int n) {
   o.num_shards = n;
   return client::LocalShards::Start(o);
 }
+
+// A fixture with two shards for the suite and, per test, a scratch folder `dir_` holding blobs
+// data: train.csv (641 examples: 321 for rank 0 and 320 for rank 1 of 2) and test.csv (300).
+class ShardsTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    auto shards = StartShards(2);
+    ASSERT_TRUE(shards.ok()) << shards.status();
+    shards_ = std::move(*shards).release();
+  }
+  static void TearDownTestSuite() {
+    if (shards_ != nullptr) {
+      EXPECT_TRUE(shards_->Stop(absl::Seconds(10)).ok());
+    }
+    delete shards_;
+    shards_ = nullptr;
+  }
+  void SetUp() override {
+    ASSERT_NE(shards_, nullptr);
+    char tmpl[] = "/tmp/tessera_trainer_test.XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+    spec::examples::WriteBlobsCsv(dir_ + "/train.csv", 641, 1);
+    spec::examples::WriteBlobsCsv(dir_ + "/test.csv", 300, 2);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  // Drops `job_id` from the shards (a failure is a test failure).
+  static void DropJob(const std::string& job_id) {
+    client::ParameterClient::Options o;
+    o.shard_addresses = shards_->addresses();
+    o.job_id = job_id;
+    auto c = client::ParameterClient::Create(o);
+    ASSERT_TRUE(c.ok()) << c.status();
+    EXPECT_TRUE((*c)->DropJob().ok());
+  }
+
+  static inline client::LocalShards* shards_ = nullptr;
+  std::string dir_;
+};
 
 // Rank `rank` of `spec` against `shards`: incarnation 1, one thread, short timeouts, progress at
 // every step.
