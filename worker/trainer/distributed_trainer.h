@@ -33,6 +33,10 @@
 // with the weights, rank 0 evaluates with the average, and `tessera export` writes it: the
 // exported model is the single-device model.
 //
+// With cpu_replicas N > 1 (--devices cpu:N) the batch is trained on N CPU replicas at once
+// (internal/local_replicas.h) and reduced on the host before the one push per step; the trainer's
+// own model then evaluates and holds the exported weights.
+//
 // Sparse tables (an EmbeddingBag's) are declared on the shards with their row initializer and
 // travel by row (internal/row_exchange.h): each step fetches the rows its batch touches, gated
 // for the step, and pushes one gradient per touched row; the next batch's fetch starts before the
