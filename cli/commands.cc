@@ -26,6 +26,7 @@
 #include "spec/device_spec.h"
 #include "spec/job_spec.h"
 #include "spec/job_spec_reader.h"
+#include "spec/model_spec.h"
 
 namespace tessera::cli {
 namespace {
@@ -427,9 +428,7 @@ int RunLocal(const GlobalOptions& global, const LocalOptions& options) {
     return Fail(global,
                 absl::InvalidArgumentError(absl::StrCat("--", replicas.status().message())));
   }
-  const v1::ModelSpec& model = spec->model();
-  if (*replicas > 1 && (!model.tables().empty() ||
-                        (model.layers_size() > 0 && model.layers(0).has_embedding_bag()))) {
+  if (*replicas > 1 && spec::HasSparseTables(spec->model())) {
     return Fail(global, absl::InvalidArgumentError(absl::StrCat(
                             "--devices: ", options.devices, " splits dense models only; ",
                             options.spec_file, " has sparse tables")));

@@ -7,9 +7,9 @@
 // workers trained it. A sparse table (an embedding_bag's) is every row the shards hold, as two
 // tensors: "<name>.ids" (int64 [n], each shard's ids ascending) and "<name>" (float32 [n, dim],
 // row i of id ids[i]); an id without a row never received a gradient and reads as its
-// initializer. Non-trainable state (BatchNorm's "<layer>/moving_mean" and "<layer>/moving_variance")
-// is on the shards too, averaged over the ranks (DENSE_UPDATE_AVERAGE), and is exported beside
-// the weights.
+// initializer. Non-trainable state (BatchNorm's "<layer>/moving_mean" and
+// "<layer>/moving_variance") is on the shards too, averaged over the ranks (DENSE_UPDATE_AVERAGE),
+// and is exported beside the weights.
 #ifndef TESSERA_CLI_EXPORTER_H_
 #define TESSERA_CLI_EXPORTER_H_
 

@@ -97,8 +97,7 @@ absl::StatusOr<v1::CreateJobStateResponse> JobState::AddDeclared(
   const int dense_slots = dense_params.ok() ? kernels::NumSlots(dense_params->kind) : 0;
   auto dense_bytes = [&](const v1::DensePartitionDecl& d) {
     return Partition::FixedBytes(workers, KeyName(d.key()).size()) +
-           d.num_elements() * 4 *
-               (1 + (d.update() == v1::DENSE_UPDATE_AVERAGE ? 0 : dense_slots));
+           d.num_elements() * 4 * (1 + (d.update() == v1::DENSE_UPDATE_AVERAGE ? 0 : dense_slots));
   };
   auto table_bytes = [&](const v1::SparseTableDecl& t) {
     return Partition::FixedBytes(workers, t.name().size() + 2) +

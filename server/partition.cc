@@ -166,11 +166,11 @@ void Partition::ApplyDenseLocked(int64_t step, float scale, const float* g, int6
 
 void Partition::ApplyDenseBytesLocked(int64_t step, float scale, const char* g, int64_t begin,
                                       int64_t count) {
-  const int64_t v = version.load(std::memory_order_relaxed);
   if (average) {
     BlendValues(scale, g, MutableWeightsLocked() + begin, count);
     return;
   }
+  const int64_t v = version.load(std::memory_order_relaxed);
   const float lr = kernels::ScheduledLearningRate(schedule, params.learning_rate, step);
   float* slot_ptrs[4] = {nullptr, nullptr, nullptr, nullptr};
   for (int s = 0; s < num_slots; ++s) slot_ptrs[s] = slots[s].data() + begin;

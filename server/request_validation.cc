@@ -144,8 +144,8 @@ absl::Status ValidatePartitionDecl(
         absl::StrCat(field, ".key: ", KeyName(d.key()), " is declared twice in one request"));
   }
   if (!v1::DenseUpdate_IsValid(d.update())) {
-    return absl::InvalidArgumentError(absl::StrCat(field, ".update (key ", KeyName(d.key()),
-                                                   "): unknown value ", d.update()));
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ".update (key ", KeyName(d.key()), "): unknown value ", d.update()));
   }
   if (!has_dense_optimizer && d.update() == v1::DENSE_UPDATE_OPTIMIZER) {
     return absl::InvalidArgumentError(absl::StrCat(

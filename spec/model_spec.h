@@ -128,6 +128,12 @@ inline constexpr int kMaxLayers = 1000;
 // number 99".
 absl::StatusOr<ModelShapes> InferModelShapes(const v1::ModelSpec& spec);
 
+// True when the model has sparse tables: an embedding_bag first layer, or declared tables
+// (a multi-input model). Such a model's rows travel per batch. Pure.
+inline bool HasSparseTables(const v1::ModelSpec& spec) {
+  return !spec.tables().empty() || (spec.layers_size() > 0 && spec.layers(0).has_embedding_bag());
+}
+
 // How the rows of the sparse table `table` (a ParameterShape with sparse set, as
 // InferModelShapes gave it) named `name` ("embedding_bag_1/embeddings") are initialised on
 // first touch, wherever they live: the shards (SparseTableDecl.initializer) and the standalone

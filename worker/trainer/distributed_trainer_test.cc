@@ -89,24 +89,13 @@ class DistributedTrainerTest : public ShardsTest {
 
   // What the shards hold for the job, pulled ungated in parameter order.
   static std::vector<float> ShardWeights(const std::string& job_id, const DistributedTrainer& t) {
-    client::ParameterClient::Options o;
-    o.shard_addresses = shards_->addresses();
-    o.job_id = job_id;
-    o.partition_bytes = 1024;
-    auto c = client::ParameterClient::Create(o);
-    EXPECT_TRUE(c.ok()) << c.status();
     std::vector<client::DenseTensorSpec> tensors;
     for (const engine::Parameter& p : t.model().parameters()) {
       if (!p.trainable) continue;
       tensors.push_back({p.name, std::vector<int64_t>(p.shape.begin(), p.shape.end()), {}});
     }
-    EXPECT_TRUE((*c)->AttachJob(tensors, {}).ok());
     std::vector<float> all;
-    for (const client::DenseTensorSpec& s : tensors) {
-      int64_t n = 1;
-      for (int64_t d : s.shape) n *= d;
-      std::vector<float> v(static_cast<size_t>(n));
-      EXPECT_TRUE((*c)->Pull(s.name, -1, absl::MakeSpan(v)).ok());
+    for (const std::vector<float>& v : ShardValues(job_id, tensors)) {
       all.insert(all.end(), v.begin(), v.end());
     }
     return all;

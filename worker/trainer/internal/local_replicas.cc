@@ -8,6 +8,7 @@
 #include "absl/time/time.h"
 #include "common/status_macros.h"
 #include "kernels/backend.h"
+#include "spec/model_spec.h"
 
 namespace tessera::trainer::internal {
 
@@ -22,7 +23,7 @@ absl::StatusOr<std::unique_ptr<LocalReplicas>> LocalReplicas::Create(const v1::M
     return absl::InvalidArgumentError(
         absl::StrCat("threads: each CPU replica needs >= 1 thread, got ", options.threads));
   }
-  if (!spec.tables().empty() || spec.layers_size() == 0 || spec.layers(0).has_embedding_bag()) {
+  if (spec::HasSparseTables(spec)) {
     return absl::InvalidArgumentError(
         "devices: cpu:N replicas train dense models only; this model has sparse tables, whose "
         "rows travel per batch (use one device per worker and more workers)");

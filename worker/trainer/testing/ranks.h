@@ -65,6 +65,28 @@ class ShardsTest : public ::testing::Test {
   }
   void TearDown() override { std::filesystem::remove_all(dir_); }
 
+  // What the shards hold for `tensors` of `job_id`, pulled ungated, one vector per tensor (a
+  // failure is a test failure, and reads as none).
+  static std::vector<std::vector<float>> ShardValues(
+      const std::string& job_id, const std::vector<client::DenseTensorSpec>& tensors) {
+    client::ParameterClient::Options o;
+    o.shard_addresses = shards_->addresses();
+    o.job_id = job_id;
+    o.partition_bytes = 1024;
+    auto c = client::ParameterClient::Create(o);
+    EXPECT_TRUE(c.ok()) << c.status();
+    if (!c.ok()) return {};
+    EXPECT_TRUE((*c)->AttachJob(tensors, {}).ok());
+    std::vector<std::vector<float>> out;
+    for (const client::DenseTensorSpec& s : tensors) {
+      int64_t n = 1;
+      for (int64_t d : s.shape) n *= d;
+      out.emplace_back(static_cast<size_t>(n));
+      EXPECT_TRUE((*c)->Pull(s.name, -1, absl::MakeSpan(out.back())).ok()) << s.name;
+    }
+    return out;
+  }
+
   // Drops `job_id` from the shards (a failure is a test failure).
   static void DropJob(const std::string& job_id) {
     client::ParameterClient::Options o;
