@@ -52,7 +52,7 @@ void BM_ReplicaStep(benchmark::State& state) {
     return;
   }
   LocalReplicas::Options o;
-  o.replicas = replicas;
+  o.devices = replicas;
   o.threads = 1;
   auto made = LocalReplicas::Create(spec, 1, o);
   if (!made.ok()) {

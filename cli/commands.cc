@@ -428,10 +428,10 @@ int RunLocal(const GlobalOptions& global, const LocalOptions& options) {
     return Fail(global,
                 absl::InvalidArgumentError(absl::StrCat("--", replicas.status().message())));
   }
-  if (*replicas > 1 && spec::HasSparseTables(spec->model())) {
-    return Fail(global, absl::InvalidArgumentError(absl::StrCat(
-                            "--devices: ", options.devices, " splits dense models only; ",
-                            options.spec_file, " has sparse tables")));
+  absl::Status fits = spec::CheckDevicesFitModel(*replicas, spec->model());
+  if (!fits.ok()) {
+    return Fail(global, absl::InvalidArgumentError(
+                            absl::StrCat("--", fits.message(), " [", options.spec_file, "]")));
   }
   absl::StatusOr<std::string> bin_dir = SelfBinaryDir();
   if (!bin_dir.ok()) return Fail(global, bin_dir.status());

@@ -148,8 +148,9 @@ int main(int argc, char** argv) {
                    "CPU threads per worker (default: cores / workers, at least 1)")
       ->check(CLI::Range(0, 4096));
   local_cmd->add_option("--devices", local.devices,
-                        "Each worker's --devices: cpu:N splits its batches over N CPU replicas "
-                        "(dense models only)");
+                        "Each worker's --devices: cpu:N trains on N CPU devices, as replicas that "
+                        "split each batch, or one stage each for a model with a pipeline of N "
+                        "stages (dense models only)");
   local_cmd->add_flag("--keep_dir", local.keep_dir,
                       "Keep the temporary directory (logs, the coordinator's database)");
 

@@ -6,6 +6,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "spec/model_spec.h"
+#include "spec/pipeline_spec.h"
 
 namespace tessera::spec {
 
@@ -34,6 +36,29 @@ absl::StatusOr<int> ParseCpuReplicas(absl::string_view devices) {
   }
   return absl::InvalidArgumentError(absl::StrCat("devices: must be cpu:N with N in [1, ",
                                                  kMaxCpuReplicas, "]; got \"", devices, "\""));
+}
+
+absl::Status CheckDevicesFitModel(int devices, const v1::ModelSpec& model) {
+  if (devices < 1 || devices > kMaxCpuReplicas) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("devices: cpu:N needs N in [1, ", kMaxCpuReplicas, "], got ", devices));
+  }
+  if (devices == 1) return absl::OkStatus();
+  if (HasSparseTables(model)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("devices: cpu:", devices,
+                     " trains dense models only; this model has sparse tables, "
+                     "whose rows travel per batch (use one device per worker and more workers)"));
+  }
+  const int stages = PipelineStageCount(model);
+  if (stages > 1 && devices != stages) {
+    return absl::InvalidArgumentError(absl::StrCat("devices: the model's pipeline has ", stages,
+                                                   " stages, one per device, but the worker "
+                                                   "drives ",
+                                                   devices, " (use --devices cpu:", stages,
+                                                   ", or one device to train the model unsplit)"));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace tessera::spec

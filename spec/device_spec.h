@@ -3,8 +3,10 @@
 #ifndef TESSERA_SPEC_DEVICE_SPEC_H_
 #define TESSERA_SPEC_DEVICE_SPEC_H_
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "tessera/v1/model.pb.h"
 
 namespace tessera::spec {
 
@@ -22,6 +24,13 @@ inline constexpr int kMaxCpuReplicas = 256;
 // otherwise. Several GPUs in one worker (cuda:0,cuda:1) are not built yet and are refused as
 // such. Pure; thread-safe.
 absl::StatusOr<int> ParseCpuReplicas(absl::string_view devices);
+
+// Whether a worker with `devices` CPU devices (ParseCpuReplicas' N) can train `model`, the one
+// policy for it: any model on one device (a pipelined one unsplit); a model with a pipeline of
+// S stages (ModelSpec.pipeline) on exactly S, one stage per device; any other dense model as
+// replicas on any count. Sparse models (spec::HasSparseTables) only on one device.
+// INVALID_ARGUMENT starting "devices: " with the fix otherwise. Pure; thread-safe.
+absl::Status CheckDevicesFitModel(int devices, const v1::ModelSpec& model);
 
 }  // namespace tessera::spec
 

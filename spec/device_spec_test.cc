@@ -3,6 +3,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "google/protobuf/text_format.h"
 #include "gtest/gtest.h"
 
 namespace tessera::spec {
@@ -38,6 +39,43 @@ TEST(DeviceSpecTest, CpuReplicas) {
   EXPECT_NE(gpus.message().find("several GPUs in one worker are not supported yet"),
             std::string::npos)
       << gpus;
+}
+
+TEST(DeviceSpecTest, DevicesFitTheModel) {
+  v1::ModelSpec dense, pipelined, sparse;
+  ASSERT_TRUE(google::protobuf::TextFormat::ParseFromString(
+      R"pb(
+        input_shape: [ 4 ]
+        layers { dense { units: 3 } }
+        layers { relu {} }
+        layers { dense { units: 2 } }
+        loss: LOSS_SOFTMAX_CROSS_ENTROPY
+      )pb",
+      &dense));
+  pipelined = dense;
+  pipelined.mutable_pipeline()->add_stage_starts("relu_1");
+  ASSERT_TRUE(google::protobuf::TextFormat::ParseFromString(
+      R"pb(
+        layers { embedding_bag { num_rows: 10 dim: 2 } }
+        layers { dense { units: 2 } }
+        loss: LOSS_SOFTMAX_CROSS_ENTROPY
+      )pb",
+      &sparse));
+  for (int n : {1, 2, 3, 256}) EXPECT_TRUE(CheckDevicesFitModel(n, dense).ok()) << n;
+  EXPECT_TRUE(CheckDevicesFitModel(1, pipelined).ok());
+  EXPECT_TRUE(CheckDevicesFitModel(2, pipelined).ok());
+  EXPECT_EQ(CheckDevicesFitModel(3, pipelined),
+            absl::InvalidArgumentError(
+                "devices: the model's pipeline has 2 stages, one per device, but the worker "
+                "drives 3 (use --devices cpu:2, or one device to train the model unsplit)"));
+  EXPECT_TRUE(CheckDevicesFitModel(1, sparse).ok());
+  EXPECT_EQ(CheckDevicesFitModel(2, sparse),
+            absl::InvalidArgumentError(
+                "devices: cpu:2 trains dense models only; this model has sparse tables, whose "
+                "rows travel per batch (use one device per worker and more workers)"));
+  EXPECT_EQ(CheckDevicesFitModel(0, dense),
+            absl::InvalidArgumentError("devices: cpu:N needs N in [1, 256], got 0"));
+  EXPECT_EQ(CheckDevicesFitModel(257, dense).code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 #include "google/protobuf/util/message_differencer.h"
 #include "gtest/gtest.h"
 #include "spec/job_spec_reader.h"
+#include "spec/pipeline_spec.h"
 #include "spec/testing/example_models.h"
 
 namespace tessera::spec {
@@ -31,8 +32,8 @@ v1::JobSpec Mlp() {
 }
 
 TEST(JobSpecTest, ExamplesParseAndValidate) {
-  for (const char* name :
-       {"fashion_mlp.textproto", "fashion_cnn.textproto", "fashion_cnn_bn.textproto"}) {
+  for (const char* name : {"fashion_mlp.textproto", "fashion_cnn.textproto",
+                           "fashion_cnn_bn.textproto", "fashion_cnn_pipeline.textproto"}) {
     absl::StatusOr<v1::JobSpec> spec = ReadJobSpecFile(Example(name));
     ASSERT_TRUE(spec.ok()) << name << ": " << spec.status();
     EXPECT_TRUE(ValidateJobSpec(*spec).ok()) << name << ": " << ValidateJobSpec(*spec);
@@ -45,6 +46,16 @@ TEST(JobSpecTest, ExamplesParseAndValidate) {
     EXPECT_TRUE(ValidateJobSpec(*spec, distributed).ok())
         << name << ": " << ValidateJobSpec(*spec, distributed);
   }
+  // The pipelined CNN is the CNN with a cut.
+  absl::StatusOr<v1::JobSpec> pipelined =
+      ReadJobSpecFile(Example("fashion_cnn_pipeline.textproto"));
+  ASSERT_TRUE(pipelined.ok()) << pipelined.status();
+  EXPECT_EQ(PipelineStageCount(pipelined->model()), 2);
+  v1::ModelSpec unsplit = pipelined->model();
+  unsplit.clear_pipeline();
+  v1::ModelSpec cnn;
+  ASSERT_TRUE(google::protobuf::TextFormat::ParseFromString(examples::kFashionCnn, &cnn));
+  EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(unsplit, cnn));
   // The click-log example: its data is generated (tessera datagen), so files are not checked.
   absl::StatusOr<v1::JobSpec> ctr = ReadJobSpecFile(Example("criteo_hashed.textproto"));
   ASSERT_TRUE(ctr.ok()) << ctr.status();

@@ -13,6 +13,7 @@
 #include "google/protobuf/reflection.h"
 #include "google/protobuf/unknown_field_set.h"
 #include "spec/internal/shape_math.h"
+#include "spec/pipeline_spec.h"
 #include "spec/row_lifecycle_spec.h"
 
 namespace tessera::spec {
@@ -307,6 +308,7 @@ absl::Status InferBatchNorm(const v1::BatchNorm& b, int index, LayerInfo* info) 
   BatchNormShape& norm = info->batch_norm;
   norm.momentum = b.momentum() == 0.0f ? 0.1f : b.momentum();
   norm.epsilon = b.epsilon() == 0.0f ? 1e-5f : b.epsilon();
+  norm.sync = b.sync();
   if (!(norm.momentum > 0.0f && norm.momentum <= 1.0f)) {
     return LayerError(index, name,
                       absl::StrCat("batch_norm.momentum must be in (0, 1], got ", b.momentum()));
@@ -757,6 +759,7 @@ absl::StatusOr<ModelShapes> CheckOutputs(const v1::ModelSpec& spec, ModelShapes&
         "loss: LOSS_SOFTMAX_CROSS_ENTROPY needs at least 2 outputs, but the last layer (",
         out.layers.back().name, ") gives ", out.output_dim));
   }
+  TESSERA_RETURN_IF_ERROR(CheckPipeline(spec, out));
   return std::move(out);
 }
 

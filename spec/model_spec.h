@@ -48,11 +48,13 @@ struct Window2D {
 };
 
 // The statistics of a batch_norm layer: `channels` of `spatial` values per example each (1 for a
-// [features] input), momentum and epsilon with their defaults filled in.
+// [features] input), momentum and epsilon with their defaults filled in, and whether they are
+// synchronised across a worker's devices.
 struct BatchNormShape {
   int64_t channels = 0, spatial = 1;
   float momentum = 0.1f;
   float epsilon = 1e-5f;
+  bool sync = false;  // SyncBN: statistics over all of a worker's devices
 };
 
 // One layer after shape inference.
@@ -132,6 +134,16 @@ absl::StatusOr<ModelShapes> InferModelShapes(const v1::ModelSpec& spec);
 // (a multi-input model). Such a model's rows travel per batch. Pure.
 inline bool HasSparseTables(const v1::ModelSpec& spec) {
   return !spec.tables().empty() || (spec.layers_size() > 0 && spec.layers(0).has_embedding_bag());
+}
+
+// True when a batch_norm layer of the model asks for synchronised statistics (SyncBN). Pure.
+inline bool HasSyncBatchNorm(const v1::ModelSpec& spec) {
+  for (const auto* layers : {&spec.layers(), &spec.bottom_layers()}) {
+    for (const v1::Layer& layer : *layers) {
+      if (layer.has_batch_norm() && layer.batch_norm().sync()) return true;
+    }
+  }
+  return false;
 }
 
 // How the rows of the sparse table `table` (a ParameterShape with sparse set, as

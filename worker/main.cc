@@ -123,10 +123,11 @@ int Fail(const absl::Status& status, bool json) {
 int RunStandalone(const WorkerFlags& flags) {
   const bool json = flags.output == "json";
   if (!flags.devices.empty()) {
-    return Fail(absl::InvalidArgumentError(
-                    "--devices: replicas are for the daemon's distributed tasks; --standalone "
-                    "trains on the one device --device names"),
-                json);
+    return Fail(
+        absl::InvalidArgumentError(
+            "--devices: several devices are for the daemon's distributed tasks; --standalone "
+            "trains on the one device --device names"),
+        json);
   }
   absl::StatusOr<tessera::v1::JobSpec> spec = tessera::spec::ReadJobSpecFile(flags.job);
   if (!spec.ok()) return Fail(spec.status(), json);
@@ -174,11 +175,11 @@ class WorkerDaemonRun final : public tessera::Daemon {
  public:
   // `backend`: the device found at start-up, released once the daemon knows its name.
   WorkerDaemonRun(const WorkerFlags& flags, tessera::Security* security,
-                  std::unique_ptr<tessera::kernels::Backend> backend, int cpu_replicas)
+                  std::unique_ptr<tessera::kernels::Backend> backend, int cpu_devices)
       : flags_(flags),
         security_(security),
         backend_(std::move(backend)),
-        cpu_replicas_(cpu_replicas) {}
+        cpu_devices_(cpu_devices) {}
 
   absl::Status Create(tessera::Metrics* metrics) override {
     metrics_ = metrics;
@@ -187,8 +188,8 @@ class WorkerDaemonRun final : public tessera::Daemon {
     options.credentials = security_->Client();
     options.device = flags_.device;
     options.device_name = backend_->Name();
-    options.cpu_replicas = cpu_replicas_;
-    if (cpu_replicas_ > 1) options.device_name = absl::StrCat("cpu:", cpu_replicas_);
+    options.cpu_devices = cpu_devices_;
+    if (cpu_devices_ > 1) options.device_name = absl::StrCat("cpu:", cpu_devices_);
     options.hostname = flags_.hostname;
     options.num_threads = flags_.threads;
     options.dataset_roots = flags_.dataset_roots;
@@ -243,7 +244,7 @@ class WorkerDaemonRun final : public tessera::Daemon {
   const WorkerFlags& flags_;
   tessera::Security* const security_;
   std::unique_ptr<tessera::kernels::Backend> backend_;
-  const int cpu_replicas_;
+  const int cpu_devices_;
   tessera::Metrics* metrics_ = nullptr;
   // Read by the metrics at scrape time: RunDaemon stops them before it returns.
   std::unique_ptr<tessera::worker::WorkerDaemon> daemon_;
@@ -346,12 +347,14 @@ int main(int argc, char** argv) {
                  "Standalone: epochs, overriding the spec (N > 0 also drops the spec's max_steps)")
       ->check(CLI::Range(0, 1 << 20));
   app.add_option("--threads", flags.threads,
-                 "CPU threads (0: the OpenMP default); with --devices cpu:N, per replica (0: 1)")
+                 "CPU threads (0: the OpenMP default); with --devices cpu:N, per device (0: 1)")
       ->check(CLI::Range(0, 4096));
   app.add_option("--devices", flags.devices,
-                 "Daemon: cpu:N trains each task on N model replicas on this host's CPU: every "
-                 "batch is split across them and their gradients are summed here before the one "
-                 "push (dense models only). Empty: the one device --device names");
+                 "Daemon: cpu:N trains each task on N devices on this host's CPU: N model "
+                 "replicas that split every batch and sum their gradients here before the one "
+                 "push, or, for a model with a pipeline of N stages (model.pipeline), one stage "
+                 "per device, micro-batches flowing through them at once (dense models only). "
+                 "Empty: the one device --device names (a pipelined model trains unsplit)");
   app.add_option("--target_accuracy", flags.target_accuracy,
                  "Standalone: stop after the first evaluation with at least this test accuracy")
       ->check(CLI::Range(0.0, 1.0));

@@ -314,8 +314,9 @@ TEST(BatchNormE2eTest, CnnWithBatchNormExportsItsStatisticsAndScoresTheSame) {
 }
 
 // Workers started with --devices cpu:2 register that device (`tessera cluster` shows it), split
-// each batch over two CPU replicas, and train the MLP to the accuracy one device reaches.
-TEST(CpuReplicasE2eTest, WorkersWithTwoReplicasRegisterThemAndTrain) {
+// each batch over two CPU replicas, and train the MLP to the accuracy one device reaches; the
+// same workers run the MLP cut into a pipeline of two stages, one per device, just as well.
+TEST(CpuReplicasE2eTest, WorkersWithTwoCpuDevicesTrainAsReplicasAndAsAPipeline) {
   TESSERA_SKIP_WITHOUT_FASHION_MNIST();
   ScratchDirectory dir("tessera-e2e-replicas");
   std::unique_ptr<LocalCluster> cluster = StartCluster(1, 2, {"--devices", "cpu:2"});
@@ -351,6 +352,28 @@ TEST(CpuReplicasE2eTest, WorkersWithTwoReplicasRegisterThemAndTrain) {
     if (absl::StrContains(log, "splits each batch over 2 CPU replicas")) ++split;
   }
   EXPECT_EQ(split, 2);
+
+  spec.mutable_model()->mutable_pipeline()->add_stage_starts("dense_2");
+  spec.set_name("fashion-mlp-pipeline");
+  const std::string pipelined = WriteSpec(spec, dir.path() + "/pipeline.textproto");
+  r = RunCommand(
+      {Tessera(), "submit", pipelined, "--coordinator", address, "--watch", "--output", "json"},
+      dir.path(), "submit", absl::Seconds(240));
+  ASSERT_EQ(r.code, 0) << "stderr:\n" << r.err << "\nstdout:\n" << r.out;
+  ASSERT_TRUE(ParseJob(LastLine(r.out), &job)) << r.out;
+  EXPECT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.reason();
+  EXPECT_EQ(job.step(), job.total_steps());
+  EXPECT_GE(job.test_accuracy(), 0.8) << "test loss " << job.test_loss();
+  std::printf("[cpu:2 pipeline] test accuracy %.4f, %.0f samples/s\n", job.test_accuracy(),
+              job.samples_per_second());
+  int staged = 0;
+  for (int i = 0; i < 2; ++i) {
+    const std::string log = ReadWholeFile(absl::StrCat(cluster->work_dir(), "/worker-", i, ".log"));
+    if (absl::StrContains(log, "runs the model as a pipeline of 2 stages on 2 CPU devices")) {
+      ++staged;
+    }
+  }
+  EXPECT_EQ(staged, 2);
 }
 
 // --- Click logs: a sparse table end to end ---------------------------------------------------

@@ -477,7 +477,7 @@ void WorkerDaemon::RunTask(v1::Task task) {
   trainer::DistributedOptions o;
   o.task = task;
   o.device = options_.device;
-  o.cpu_replicas = options_.cpu_replicas;
+  o.cpu_devices = options_.cpu_devices;
   o.num_threads = options_.num_threads;
   o.progress_interval = options_.progress_interval;
   o.max_attempts = options_.data_plane_attempts;
@@ -507,9 +507,9 @@ void WorkerDaemon::RunTask(v1::Task task) {
   } else {
     trainer = *std::move(created);
     steps_per_epoch = trainer->steps_per_epoch();
-    if (trainer->cpu_replicas() > 1) {
-      spdlog::info("job {}: rank {} splits each batch over {} CPU replicas", task.job_id(),
-                   task.rank(), trainer->cpu_replicas());
+    if (trainer->cpu_devices() > 1) {
+      spdlog::info("job {}: rank {} {}", task.job_id(), task.rank(),
+                   trainer->devices_description());
     }
     {
       absl::MutexLock lock(&mu_);

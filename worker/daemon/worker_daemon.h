@@ -54,10 +54,11 @@ class WorkerDaemon {
     std::string coordinator;  // host:port
     // Overrides each task's spec.device when not empty: "auto", "cpu" or "cuda".
     std::string device;
-    // What the worker registers as its device ("cpu", "cuda:0", "cpu:2" with 2 replicas).
+    // What the worker registers as its device ("cpu", "cuda:0", "cpu:2" with 2 CPU devices).
     std::string device_name;
-    // --devices cpu:N: N CPU model replicas per task (DistributedOptions.cpu_replicas).
-    int cpu_replicas = 1;
+    // --devices cpu:N: N CPU devices per task (DistributedOptions.cpu_devices): model replicas,
+    // or the stages of a pipelined model.
+    int cpu_devices = 1;
     std::string hostname;
     // CPU threads for the backend; 0 keeps the OpenMP default.
     int num_threads = 0;

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "worker/engine/internal/sync_batch_norm.h"
 
 namespace tessera::engine {
 namespace {
@@ -150,9 +151,11 @@ class BatchNormLayer final : public Model::Layer {
     g_.spatial = info.batch_norm.spatial;
     g_.momentum = info.batch_norm.momentum;
     g_.epsilon = info.batch_norm.epsilon;
+    sync_ = info.batch_norm.sync;
   }
 
   bool WritesInputGrad() const override { return true; }
+  void SetCrossDeviceSum(CrossDeviceSum* sum) override { sum_ = sync_ ? sum : nullptr; }
 
   absl::StatusOr<std::vector<Tensor>> Scratch(Backend* backend, int64_t n) override {
     TESSERA_ASSIGN_OR_RETURN(Tensor mean, backend->Allocate({g_.c}));
@@ -161,6 +164,11 @@ class BatchNormLayer final : public Model::Layer {
   }
   absl::Status Forward(Backend* backend, const ForwardArgs& a) override {
     const kernels::BatchNormGeometry g = Geometry(a.n);
+    if (a.training && sum_ != nullptr) {
+      return internal::SyncBatchNormForward(backend, g, a.x, values_[0], values_[1], a.y,
+                                            values_[2], values_[3], (*a.scratch)[0],
+                                            (*a.scratch)[1], sum_, &host_);
+    }
     if (a.training) {
       return backend->BatchNormForwardTraining(g, a.x, values_[0], values_[1], a.y, values_[2],
                                                values_[3], (*a.scratch)[0], (*a.scratch)[1]);
@@ -169,6 +177,11 @@ class BatchNormLayer final : public Model::Layer {
                                               values_[3], a.y);
   }
   absl::Status Backward(Backend* backend, const BackwardArgs& a) override {
+    if (sum_ != nullptr) {
+      return internal::SyncBatchNormBackward(backend, Geometry(a.n), a.x, values_[0],
+                                             (*a.scratch)[0], (*a.scratch)[1], a.dy, *a.dx,
+                                             grads_[0], grads_[1], sum_, &host_);
+    }
     return backend->BatchNormBackward(Geometry(a.n), a.x, values_[0], (*a.scratch)[0],
                                       (*a.scratch)[1], a.dy, *a.dx, grads_[0], grads_[1]);
   }
@@ -180,6 +193,9 @@ class BatchNormLayer final : public Model::Layer {
     return g;
   }
   kernels::BatchNormGeometry g_;
+  bool sync_ = false;
+  CrossDeviceSum* sum_ = nullptr;  // set (SyncBN) when several devices train a batch together
+  internal::SyncBatchNormBuffers host_;
 };
 
 // --- EmbeddingBag --------------------------------------------------------------------------------

@@ -166,13 +166,21 @@ absl::Status Model::AddLayerParameters(const std::vector<std::unique_ptr<Layer>>
 
 void Model::BindLayers(const std::vector<std::unique_ptr<Layer>>& layers,
                        const std::vector<std::vector<int>>& index) {
+  bindings_.resize(parameters_.size(), {nullptr, 0});
   for (size_t i = 0; i < layers.size(); ++i) {
     std::vector<Tensor> values, grads;
     for (size_t j = 0; j < index[i].size(); ++j) {
       values.push_back(parameters_[index[i][j]].value);
       grads.push_back(parameters_[index[i][j]].grad);
+      bindings_[index[i][j]] = {layers[i].get(), j};
     }
     layers[i]->Bind(std::move(values), std::move(grads));
+  }
+}
+
+void Model::set_cross_device_sum(CrossDeviceSum* sum) {
+  for (const auto* layers : {&layers_, &bottom_}) {
+    for (const std::unique_ptr<Layer>& layer : *layers) layer->SetCrossDeviceSum(sum);
   }
 }
 
@@ -264,21 +272,27 @@ absl::Status Model::CheckMemory(int64_t batch_size, int64_t extra_bytes) const {
   return absl::OkStatus();
 }
 
-absl::StatusOr<Model::Activations*> Model::ActivationsFor(int64_t n) {
+absl::StatusOr<Model::Activations*> Model::ActivationsFor(int slot, int64_t n) {
   ++activation_clock_;
-  auto found = activations_.find(n);
+  auto found = activations_.find({slot, n});
   if (found != activations_.end()) {
     found->second->last_used = activation_clock_;
     return found->second.get();
   }
   TESSERA_RETURN_IF_ERROR(CheckMemory(n, 0));
-  // Keep the buffers of a few batch sizes (training, the last partial batch, evaluation); drop
-  // the least recently used beyond that.
-  while (activations_.size() >= kMaxCachedBatchSizes) {
-    auto oldest = activations_.begin();
+  // Keep the buffers of a few batch sizes per slot (training, the last partial batch,
+  // evaluation); drop the slot's least recently used beyond that.
+  for (;;) {
+    auto oldest = activations_.end();
+    size_t in_slot = 0;
     for (auto it = activations_.begin(); it != activations_.end(); ++it) {
-      if (it->second->last_used < oldest->second->last_used) oldest = it;
+      if (it->first.first != slot) continue;
+      ++in_slot;
+      if (oldest == activations_.end() || it->second->last_used < oldest->second->last_used) {
+        oldest = it;
+      }
     }
+    if (in_slot < kMaxCachedBatchSizes) break;
     activations_.erase(oldest);
   }
   auto a = std::make_unique<Activations>();
@@ -301,7 +315,7 @@ absl::StatusOr<Model::Activations*> Model::ActivationsFor(int64_t n) {
     TESSERA_ASSIGN_OR_RETURN(a->labels, backend_->Allocate({n, output_dim_}));
   }
   Activations* raw = a.get();
-  activations_[n] = std::move(a);
+  activations_[{slot, n}] = std::move(a);
   return raw;
 }
 
@@ -405,33 +419,147 @@ absl::Status Model::RunForward(Activations* a, bool training) {
 
 absl::StatusOr<StepResult> Model::TrainStep(const BatchView& batch,
                                             const std::function<void(int)>& on_grad_ready) {
+  absl::StatusOr<StepResult> r = TrainSlot(0, batch, 1.0f, on_grad_ready, nullptr);
+  if (r.ok()) dropout_seed_ = Mix(dropout_seed_, 0xd20);
+  return r;
+}
+
+absl::StatusOr<StepResult> Model::TrainSlot(int slot, const BatchView& batch, float weight,
+                                            const std::function<void(int)>& on_grad_ready,
+                                            std::vector<float>* input_grad) {
   if (batch.size <= 0) {
     return absl::InvalidArgumentError(absl::StrCat("batch.size: must be > 0, got ", batch.size));
   }
-  TESSERA_ASSIGN_OR_RETURN(Activations * a, ActivationsFor(batch.size));
+  TESSERA_ASSIGN_OR_RETURN(Activations * a, ActivationsFor(slot, batch.size));
   TESSERA_RETURN_IF_ERROR(LoadBatch(batch, /*need_labels=*/true, a));
   TESSERA_RETURN_IF_ERROR(RunForward(a, /*training=*/true));
   TESSERA_RETURN_IF_ERROR(backend_->LossForwardBackward(loss_, a->top.y.back(), a->labels,
                                                         &a->top.dy.back(), metrics_));
-  const bool writes_input_grad = multi_input_ || layers_[0]->WritesInputGrad();
+  if (weight != 1.0f) TESSERA_RETURN_IF_ERROR(backend_->Scale(weight, a->top.dy.back()));
   if (multi_input_) {
     // The wide part reads the output gradient before the top layers' backward pass.
     TESSERA_RETURN_IF_ERROR(BackwardWide(a, on_grad_ready));
   }
+  TESSERA_RETURN_IF_ERROR(BackwardFromOutput(a, on_grad_ready, input_grad));
+  TESSERA_RETURN_IF_ERROR(backend_->CopyToHost(metrics_, host_metrics_.data()));
+  return StepResult{host_metrics_[0], static_cast<int64_t>(host_metrics_[1]), batch.size};
+}
+
+absl::Status Model::BackwardFromOutput(Activations* a,
+                                       const std::function<void(int)>& on_grad_ready,
+                                       std::vector<float>* input_grad) {
+  // A first layer that is a view (Flatten) leaves the input's gradient in its own dy.
+  const bool view = !multi_input_ && !sparse_input_ && layers_[0]->IsView();
+  const bool wanted = input_grad != nullptr && !view;
+  if (wanted && a->input_grad.empty()) {
+    TESSERA_ASSIGN_OR_RETURN(a->input_grad, backend_->Allocate(WithBatch(a->n, input_shape_)));
+  }
+  const bool writes_input_grad = multi_input_ || layers_[0]->WritesInputGrad() || wanted;
   TESSERA_RETURN_IF_ERROR(internal::BackwardChain(
       backend_, layers_, layer_infos_, layer_parameters_, a->n, a->input,
       writes_input_grad ? &a->input_grad : nullptr, a->top, &a->sparse, on_grad_ready));
   if (multi_input_) TESSERA_RETURN_IF_ERROR(BackwardMultiInput(a, on_grad_ready));
-  dropout_seed_ = Mix(dropout_seed_, 0xd20);
-  TESSERA_RETURN_IF_ERROR(backend_->CopyToHost(metrics_, host_metrics_.data()));
-  return StepResult{host_metrics_[0], static_cast<int64_t>(host_metrics_[1]), batch.size};
+  if (input_grad == nullptr) return absl::OkStatus();
+  input_grad->resize(static_cast<size_t>(a->n * input_dim_));
+  return backend_->CopyToHost(view ? a->top.dy[0] : a->input_grad, input_grad->data());
+}
+
+namespace {
+
+absl::Status CheckStage(bool multi_input, bool sparse_input, int slot, const char* what) {
+  if (multi_input || sparse_input) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(what, ": only dense single-input models run as pipeline stages"));
+  }
+  if (slot < 0 || slot >= Model::kMaxSlots) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": slot must be in [0, ", Model::kMaxSlots, "), got ", slot));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status Model::StageForward(int slot, const BatchView& batch, std::vector<float>* out) {
+  TESSERA_RETURN_IF_ERROR(CheckStage(multi_input_, sparse_input_, slot, "StageForward"));
+  if (batch.size <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("batch.size: must be > 0, got ", batch.size));
+  }
+  TESSERA_ASSIGN_OR_RETURN(Activations * a, ActivationsFor(slot, batch.size));
+  TESSERA_RETURN_IF_ERROR(LoadBatch(batch, /*need_labels=*/false, a));
+  TESSERA_RETURN_IF_ERROR(RunForward(a, /*training=*/true));
+  out->resize(static_cast<size_t>(batch.size * output_dim_));
+  return backend_->CopyToHost(a->top.y.back(), out->data());
+}
+
+absl::Status Model::StageBackward(int slot, absl::Span<const float> output_grad,
+                                  std::vector<float>* input_grad) {
+  TESSERA_RETURN_IF_ERROR(CheckStage(multi_input_, sparse_input_, slot, "StageBackward"));
+  const int64_t size = static_cast<int64_t>(output_grad.size());
+  if (size == 0 || size % output_dim_ != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("StageBackward: output_grad must hold n x ",
+                                                   output_dim_, " floats with n > 0, got ", size));
+  }
+  const int64_t n = size / output_dim_;
+  auto found = activations_.find({slot, n});
+  if (found == activations_.end()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("StageBackward: slot ", slot, " holds no forward pass of ", n, " examples"));
+  }
+  Activations* a = found->second.get();
+  TESSERA_RETURN_IF_ERROR(backend_->CopyToDevice(output_grad.data(), a->top.dy.back()));
+  return BackwardFromOutput(a, {}, input_grad);
+}
+
+absl::StatusOr<StepResult> Model::StageTrain(int slot, const BatchView& batch, float weight,
+                                             std::vector<float>* input_grad) {
+  TESSERA_RETURN_IF_ERROR(CheckStage(multi_input_, sparse_input_, slot, "StageTrain"));
+  if (!(weight > 0.0f && weight <= 1.0f)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("StageTrain: weight must be in (0, 1], got ", weight));
+  }
+  return TrainSlot(slot, batch, weight, {}, input_grad);
+}
+
+void Model::SwapAccumulated(size_t i) {
+  Parameter& p = parameters_[i];
+  std::swap(p.grad, accumulated_[i]);
+  bindings_[i].first->Rebind(bindings_[i].second, p.value, p.grad);
+}
+
+absl::Status Model::AccumulateGrads(bool first) {
+  accumulated_.resize(parameters_.size());
+  for (size_t i = 0; i < parameters_.size(); ++i) {
+    const Parameter& p = parameters_[i];
+    if (!p.trainable || p.sparse || bindings_[i].first == nullptr) continue;
+    if (first) {
+      // Every backward pass writes the whole gradient, so the next one may go to any buffer.
+      if (accumulated_[i].empty()) {
+        TESSERA_ASSIGN_OR_RETURN(accumulated_[i], backend_->Allocate(p.shape));
+      }
+      SwapAccumulated(i);
+    } else {
+      TESSERA_RETURN_IF_ERROR(backend_->Axpy(1.0f, p.grad, accumulated_[i]));
+    }
+  }
+  accumulating_ = true;
+  return absl::OkStatus();
+}
+
+absl::Status Model::UseAccumulatedGrads() {
+  if (!accumulating_) return absl::OkStatus();
+  for (size_t i = 0; i < accumulated_.size(); ++i) {
+    if (!accumulated_[i].empty()) SwapAccumulated(i);
+  }
+  accumulating_ = false;
+  return absl::OkStatus();
 }
 
 absl::StatusOr<StepResult> Model::Evaluate(const BatchView& batch, std::vector<float>* outputs) {
   if (batch.size <= 0) {
     return absl::InvalidArgumentError(absl::StrCat("batch.size: must be > 0, got ", batch.size));
   }
-  TESSERA_ASSIGN_OR_RETURN(Activations * a, ActivationsFor(batch.size));
+  TESSERA_ASSIGN_OR_RETURN(Activations * a, ActivationsFor(0, batch.size));
   TESSERA_RETURN_IF_ERROR(LoadBatch(batch, /*need_labels=*/true, a));
   TESSERA_RETURN_IF_ERROR(RunForward(a, /*training=*/false));
   TESSERA_RETURN_IF_ERROR(
@@ -448,7 +576,7 @@ absl::Status Model::Forward(const BatchView& batch, bool training, std::vector<f
   if (batch.size <= 0) {
     return absl::InvalidArgumentError(absl::StrCat("batch.size: must be > 0, got ", batch.size));
   }
-  TESSERA_ASSIGN_OR_RETURN(Activations * a, ActivationsFor(batch.size));
+  TESSERA_ASSIGN_OR_RETURN(Activations * a, ActivationsFor(0, batch.size));
   TESSERA_RETURN_IF_ERROR(LoadBatch(batch, /*need_labels=*/false, a));
   TESSERA_RETURN_IF_ERROR(RunForward(a, training));
   out->resize(static_cast<size_t>(batch.size * output_dim_));

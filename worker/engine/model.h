@@ -21,6 +21,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -29,6 +30,7 @@
 #include "kernels/backend.h"
 #include "spec/model_spec.h"
 #include "tessera/v1/model.pb.h"
+#include "worker/engine/cross_device_sum.h"
 
 namespace tessera::engine {
 
@@ -171,6 +173,39 @@ class Model {
     return Forward(batch, false, out);
   }
 
+  // SyncBN (batch_norm.sync): the collective that the model's synchronised BatchNorm layers sum
+  // their batch statistics with, across the devices that train each batch together (not owned;
+  // must outlive the model or be reset). Null (the default): every layer normalises by its own
+  // batch, as on one device. With it set, every device of the group must run its training steps
+  // together, or the others wait.
+  void set_cross_device_sum(CrossDeviceSum* sum);
+
+  // --- Pipeline stages (model parallelism; worker/trainer/internal/pipeline_stages.h) ---------
+  // A stage is a Model built from a range of a bigger model's layers (spec::PlanPipeline), whose
+  // input is the previous stage's output. Several micro-batches are in flight in a stage at once,
+  // each in the activations of its own `slot` (>= 0, < kMaxSlots; TrainStep, Evaluate and Forward
+  // use slot 0). Dropout masks derive from dropout_seed(), which these do not advance.
+  static constexpr int kMaxSlots = 1024;
+  // Forward in training mode of `batch` (features: the stage's input) into `slot`'s buffers,
+  // which StageBackward reads; the outputs ([size, output_dim]) go to `out`.
+  absl::Status StageForward(int slot, const BatchView& batch, std::vector<float>* out);
+  // Backward of `slot`'s last StageForward from the gradient of its outputs (`output_grad`,
+  // [size, output_dim]): every trainable parameter's grad is then that micro-batch's, and
+  // `input_grad` (when not null) gets the gradient of the stage's input ([size, input_dim]).
+  absl::Status StageBackward(int slot, absl::Span<const float> output_grad,
+                             std::vector<float>* input_grad);
+  // The last stage: forward, loss and backward of `batch` in `slot`, as TrainStep, with the
+  // gradient of the loss scaled by `weight` (a micro-batch's share of the batch: every stage's
+  // gradients of that micro-batch are then weighted, and sum to the batch's), and the gradient of
+  // the stage's input into `input_grad` (when not null). The loss reported is not scaled.
+  absl::StatusOr<StepResult> StageTrain(int slot, const BatchView& batch, float weight,
+                                        std::vector<float>* input_grad);
+  // Gradient accumulation over micro-batches, on the device: after a micro-batch's backward
+  // pass, `first` keeps its gradients (the grads move to a second buffer, no copy), otherwise
+  // they are added to those kept; UseAccumulatedGrads then makes the grads the sum.
+  absl::Status AccumulateGrads(bool first);
+  absl::Status UseAccumulatedGrads();
+
   // Host copies of one parameter's value or gradient. NOT_FOUND for an unknown name;
   // INVALID_ARGUMENT when `values` has the wrong size.
   absl::Status CopyValueToHost(const std::string& name, std::vector<float>* values) const;
@@ -213,7 +248,16 @@ class Model {
   // The wide table's gradient, from the output gradient; then the rest below the top layers.
   absl::Status BackwardWide(Activations* a, const std::function<void(int)>& on_grad_ready);
   absl::Status BackwardMultiInput(Activations* a, const std::function<void(int)>& on_grad_ready);
-  absl::StatusOr<Activations*> ActivationsFor(int64_t batch_size);
+  absl::StatusOr<Activations*> ActivationsFor(int slot, int64_t batch_size);
+  // Forward, loss and backward of `batch` in `slot` (TrainStep, StageTrain).
+  absl::StatusOr<StepResult> TrainSlot(int slot, const BatchView& batch, float weight,
+                                       const std::function<void(int)>& on_grad_ready,
+                                       std::vector<float>* input_grad);
+  // Swaps parameter i's grad with accumulated_[i], rebinding its layer.
+  void SwapAccumulated(size_t i);
+  // Backward from a->top.dy.back(); with `input_grad`, the stage input's gradient copied there.
+  absl::Status BackwardFromOutput(Activations* a, const std::function<void(int)>& on_grad_ready,
+                                  std::vector<float>* input_grad);
   // An estimate of the bytes ActivationsFor(n) allocates (saturating at the int64 maximum).
   int64_t ActivationBytes(int64_t n) const;
   absl::Status LoadBatch(const BatchView& batch, bool need_labels, Activations* acts);
@@ -248,7 +292,12 @@ class Model {
   std::vector<SparseTableInfo> sparse_tables_;
   std::vector<TableState> tables_;
   std::map<std::string, int> parameter_index_;
-  std::map<int64_t, std::unique_ptr<Activations>> activations_;
+  // By (slot, batch size).
+  std::map<std::pair<int, int64_t>, std::unique_ptr<Activations>> activations_;
+  std::vector<kernels::Tensor> accumulated_;  // AccumulateGrads, per parameter (or empty)
+  // Per parameter: the layer its tensors are bound to, and their position there.
+  std::vector<std::pair<Layer*, size_t>> bindings_;
+  bool accumulating_ = false;  // AccumulateGrads(first) swapped the buffers; Use swaps back
   uint64_t activation_clock_ = 0;
   kernels::Tensor metrics_;
   std::vector<float> host_metrics_;

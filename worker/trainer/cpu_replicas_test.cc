@@ -1,7 +1,9 @@
 // --devices cpu:N in the distributed trainer: two BSP ranks whose batches are split over 1, 2 or 4
 // CPU replicas each train to the same weights (to float rounding), because each rank still pushes
 // the gradient of its whole batch once per step; and a BatchNorm model trains with replicas, its
-// statistics averaged over replicas and ranks and equal everywhere.
+// statistics averaged over replicas and ranks and equal everywhere. A model with a pipeline of 2
+// stages trains on cpu:2 (one stage per device, micro-batches) to the weights it reaches unsplit
+// on one device, and a worker with another number of devices refuses it.
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -61,7 +63,7 @@ class CpuReplicasTest : public ShardsTest {
     std::vector<std::unique_ptr<DistributedTrainer>> ranks;
     for (int r = 0; r < 2; ++r) {
       DistributedOptions o = RankOptions(job, spec, r, shards_->addresses());
-      o.cpu_replicas = replicas;
+      o.cpu_devices = replicas;
       if (r == 0) {
         o.report = [&coordinator](const v1::ProgressReport& p) { return coordinator.Report(p); };
       }
@@ -123,14 +125,46 @@ TEST_F(CpuReplicasTest, BatchNormTrainsWithReplicasAndEveryRankHoldsTheSameStati
   EXPECT_GT(run.results[0]->test_accuracy(), 0.8);
 }
 
+TEST_F(CpuReplicasTest, APipelinedModelTrainsOnTwoStagesToTheWeightsItReachesUnsplit) {
+  v1::JobSpec spec = Spec();
+  spec.mutable_model()->mutable_pipeline()->add_stage_starts("relu_1");
+  spec.mutable_model()->mutable_pipeline()->set_micro_batches(4);
+  const Run one = Train("pipeline-1", spec, 1);
+  const Run split = Train("pipeline-2", spec, 2);
+  ASSERT_EQ(one.values.size(), 2u);
+  ASSERT_EQ(split.values.size(), 2u);
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_TRUE(split.results[r].ok()) << split.results[r].status();
+    EXPECT_EQ(split.results[r]->step(), 12);
+    EXPECT_EQ(split.values[r], split.values[0]) << "rank " << r;
+    double moved = 0;
+    for (const auto& [name, w] : one.values[0]) {
+      const std::vector<float>& got = split.values[r].at(name);
+      ASSERT_EQ(got.size(), w.size()) << name;
+      for (size_t i = 0; i < w.size(); ++i) {
+        EXPECT_NEAR(got[i], w[i], 1e-5f + 1e-5f * std::abs(w[i])) << name << "[" << i << "]";
+        moved += std::abs(w[i]);
+      }
+    }
+    EXPECT_GT(moved, 0.1);
+  }
+  EXPECT_NEAR(split.results[0]->loss(), one.results[0]->loss(), 1e-4);
+  // Three devices for two stages: refused when the task starts, naming the fix.
+  DistributedOptions o = RankOptions("pipeline-3", spec, 0, shards_->addresses());
+  o.cpu_devices = 3;
+  auto refused = DistributedTrainer::Create(std::move(o));
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(refused.status().message(), HasSubstr("use --devices cpu:2"));
+}
+
 TEST_F(CpuReplicasTest, RefusesReplicasOfSparseModelsAndOnCuda) {
   v1::JobSpec spec = Spec();
   DistributedOptions o = RankOptions("refused", spec, 0, shards_->addresses());
-  o.cpu_replicas = 0;
+  o.cpu_devices = 0;
   auto zero = DistributedTrainer::Create(o);
   EXPECT_EQ(zero.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(zero.status().message(), HasSubstr("devices: cpu:N"));
-  o.cpu_replicas = 2;
+  o.cpu_devices = 2;
   o.device = "cuda";
   auto cuda = DistributedTrainer::Create(o);
   EXPECT_EQ(cuda.status().code(), absl::StatusCode::kInvalidArgument);

@@ -172,17 +172,14 @@ absl::Status DistributedTrainer::Init() {
   kernels::BackendOptions backend_options;
   TESSERA_ASSIGN_OR_RETURN(backend_options.device,
                            ParseDeviceChoice(spec.device().empty() ? "auto" : spec.device()));
-  if (options_.cpu_replicas < 1 || options_.cpu_replicas > spec::kMaxCpuReplicas) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "devices: cpu:N needs N in [1, ", spec::kMaxCpuReplicas, "], got ", options_.cpu_replicas));
-  }
-  if (options_.cpu_replicas > 1) {
+  TESSERA_RETURN_IF_ERROR(spec::CheckDevicesFitModel(options_.cpu_devices, spec.model()));
+  if (options_.cpu_devices > 1) {
     if (backend_options.device == kernels::DeviceChoice::kCuda) {
-      return absl::InvalidArgumentError(absl::StrCat("devices: cpu:", options_.cpu_replicas,
+      return absl::InvalidArgumentError(absl::StrCat("devices: cpu:", options_.cpu_devices,
                                                      " trains on the CPU, but device is \"",
                                                      spec.device(), "\""));
     }
-    // The replicas train; this model evaluates and holds what is exported, on the CPU as well.
+    // The devices train; this model evaluates and holds what is exported, on the CPU as well.
     backend_options.device = kernels::DeviceChoice::kCpu;
   }
   backend_options.num_threads = options_.num_threads;
@@ -191,14 +188,14 @@ absl::Status DistributedTrainer::Init() {
   // The spec's seed on every rank: identical starting weights everywhere.
   TESSERA_ASSIGN_OR_RETURN(model_,
                            engine::Model::Create(spec.model(), backend_.get(), spec.seed()));
-  if (options_.cpu_replicas > 1) {
-    internal::LocalReplicas::Options r;
-    r.replicas = options_.cpu_replicas;
-    // One thread per replica unless --threads says otherwise: the replicas are the parallelism.
-    r.threads = options_.num_threads > 0 ? options_.num_threads : 1;
-    r.memory_limit_bytes = options_.memory_limit_bytes;
-    TESSERA_ASSIGN_OR_RETURN(replicas_,
-                             internal::LocalReplicas::Create(spec.model(), spec.seed(), r));
+  if (options_.cpu_devices > 1) {
+    internal::LocalDevices::Options d;
+    d.devices = options_.cpu_devices;
+    // One thread per device unless --threads says otherwise: the devices are the parallelism.
+    d.threads = options_.num_threads > 0 ? options_.num_threads : 1;
+    d.memory_limit_bytes = options_.memory_limit_bytes;
+    TESSERA_ASSIGN_OR_RETURN(devices_,
+                             internal::LocalDevices::Create(spec.model(), spec.seed(), d));
   }
   // Dropout masks must differ between ranks, or every rank drops the same units; each step's
   // derive from this base and the step alone (SetDropoutSeed).
@@ -429,7 +426,7 @@ absl::Status DistributedTrainer::InstallWeights() {
   for (size_t k = 0; k < dense_.size(); ++k) {
     TESSERA_RETURN_IF_ERROR(model_->CopyValueFromHost(params[dense_[k]].name, weights_[k]));
   }
-  if (replicas_ != nullptr) return replicas_->Install(dense_names_, weights_);
+  if (devices_ != nullptr) return devices_->Install(dense_names_, weights_);
   return absl::OkStatus();
 }
 
@@ -514,7 +511,7 @@ absl::StatusOr<engine::StepResult> DistributedTrainer::Step(const engine::BatchV
     copy_error = model_->CopyGradToHost(params[p].name, &grads_[k]);
     if (copy_error.ok() && !clip) push(static_cast<size_t>(k));
   };
-  if (replicas_ != nullptr) return ReplicaStep(batch, push, push_small);
+  if (devices_ != nullptr) return DevicesStep(batch, push, push_small);
   absl::StatusOr<engine::StepResult> r = model_->TrainStep(batch, on_grad_ready);
   if (!r.ok() || !copy_error.ok()) {
     // Pushes already under way still complete on their own; wait for them so that nothing
@@ -560,13 +557,13 @@ absl::StatusOr<engine::StepResult> DistributedTrainer::Step(const engine::BatchV
   return r;
 }
 
-absl::StatusOr<engine::StepResult> DistributedTrainer::ReplicaStep(
+absl::StatusOr<engine::StepResult> DistributedTrainer::DevicesStep(
     const engine::BatchView& batch, const std::function<void(size_t)>& push,
     const std::function<void()>& push_small) {
-  // Every replica's part, reduced into grads_ (the state: the replicas' mean), before any push:
-  // one push per worker and step, as one device would make.
+  // The whole batch's gradients in grads_ (and the state) before any push: one push per worker
+  // and step, as one device would make.
   absl::StatusOr<engine::StepResult> r =
-      replicas_->TrainStep(batch, model_->dropout_seed(), dense_names_, averaged_, &grads_);
+      devices_->TrainStep(batch, model_->dropout_seed(), dense_names_, averaged_, &grads_);
   if (!r.ok()) return r;
   if (options_.task.spec().clipping().max_global_norm() > 0) ClipDenseGradients(0);
   for (size_t k = 0; k < grads_.size(); ++k) push(k);

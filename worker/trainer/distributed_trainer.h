@@ -33,9 +33,10 @@
 // with the weights, rank 0 evaluates with the average, and `tessera export` writes it: the
 // exported model is the single-device model.
 //
-// With cpu_replicas N > 1 (--devices cpu:N) the batch is trained on N CPU replicas at once
-// (internal/local_replicas.h) and reduced on the host before the one push per step; the trainer's
-// own model then evaluates and holds the exported weights.
+// With cpu_devices N > 1 (--devices cpu:N) the batch is trained on N CPU devices at once
+// (internal/local_devices.h: N replicas whose gradients are reduced on the host, or the N stages
+// of a pipelined model) before the one push per step; the trainer's own model then evaluates and
+// holds the exported weights.
 //
 // Sparse tables (an EmbeddingBag's) are declared on the shards with their row initializer and
 // travel by row (internal/row_exchange.h): each step fetches the rows its batch touches, gated
@@ -68,7 +69,7 @@
 #include "worker/data/batch.h"
 #include "worker/data/dataset.h"
 #include "worker/engine/model.h"
-#include "worker/trainer/internal/local_replicas.h"
+#include "worker/trainer/internal/local_devices.h"
 #include "worker/trainer/internal/row_exchange.h"
 #include "worker/trainer/internal/splits.h"
 
@@ -97,10 +98,12 @@ struct DistributedOptions {
   int num_threads = 0;
   // CPU backend memory bound (0: the host's physical memory); see TrainerOptions.
   int64_t memory_limit_bytes = 0;
-  // --devices cpu:N: N model replicas on the CPU split each batch and reduce their gradients on
-  // the host before the one push (internal/local_replicas.h); num_threads is then per replica
-  // (0: 1). 1: the single device `device` names.
-  int cpu_replicas = 1;
+  // --devices cpu:N: N devices on the CPU train each batch together before the one push
+  // (internal/local_devices.h): N model replicas that split each batch and reduce their
+  // gradients on the host, or, for a model with a pipeline of N stages, one stage per device.
+  // num_threads is then per device (0: 1). 1: the single device `device` names (a pipelined
+  // model then trains unsplit).
+  int cpu_devices = 1;
   // The folders the task's dataset files must lie in (tessera-worker --dataset_root); empty:
   // anywhere. A spec naming a file elsewhere fails the task before anything is read.
   std::vector<std::string> dataset_roots;
@@ -176,8 +179,12 @@ class DistributedTrainer {
   // Where this rank's data stands at `step` (see DataPositionAt).
   v1::DataPosition DataPosition(int64_t step) const;
   int64_t total_steps() const { return total_steps_; }
-  // The CPU replicas that train each batch (1: the one device, no local reduce).
-  int cpu_replicas() const { return replicas_ != nullptr ? replicas_->size() : 1; }
+  // The CPU devices that train each batch (1: the one device, no local reduce).
+  int cpu_devices() const { return devices_ != nullptr ? devices_->size() : 1; }
+  // What they do, for the log ("splits each batch over 2 CPU replicas"); empty with one device.
+  std::string devices_description() const {
+    return devices_ != nullptr ? devices_->Describe() : std::string();
+  }
   // Steps Run() has completed (pushed and installed).
   int64_t steps_done() const { return steps_done_.load(std::memory_order_acquire); }
   const engine::Model& model() const { return *model_; }
@@ -205,13 +212,13 @@ class DistributedTrainer {
   // Dropout masks of `step`: a function of (spec.seed, rank, step) only.
   void SetDropoutSeed(int64_t step);
   absl::Status InstallWeights();
-  // Step() with cpu:N replicas: trains the batch split across them, then pushes every reduced
-  // gradient and the replicas' mean state (`push` one tensor, `push_small` the batched ones).
   // Clipping (spec.clipping): the scale that brings the global norm of the dense gradients in
   // grads_ (averaged state left out) and the rows' squared norm `row_norm` to the bound, applied
   // to grads_ in place; returns it (1: no change).
   float ClipDenseGradients(double row_norm);
-  absl::StatusOr<engine::StepResult> ReplicaStep(const engine::BatchView& batch,
+  // Step() with cpu:N devices: trains the batch on them, then pushes every gradient of the whole
+  // batch and the state (`push` one tensor, `push_small` the batched ones).
+  absl::StatusOr<engine::StepResult> DevicesStep(const engine::BatchView& batch,
                                                  const std::function<void(size_t)>& push,
                                                  const std::function<void()>& push_small);
   absl::StatusOr<internal::SplitScore> Evaluate();
@@ -224,8 +231,8 @@ class DistributedTrainer {
   std::string failpoint_;  // "trainer.rank<R>.step" (common/failpoint.h)
   std::unique_ptr<kernels::Backend> backend_;
   std::unique_ptr<engine::Model> model_;
-  // cpu:N (N > 1): the replicas that train; model_ then evaluates and is what is exported.
-  std::unique_ptr<internal::LocalReplicas> replicas_;
+  // cpu:N (N > 1): the devices that train; model_ then evaluates and is what is exported.
+  std::unique_ptr<internal::LocalDevices> devices_;
   std::shared_ptr<const data::Dataset> train_;
   std::shared_ptr<const data::Dataset> test_;  // rank 0 only
   // Indices into model_->parameters() of the dense tensors the shards hold: trainable ones, and

@@ -15,6 +15,7 @@
 #include "kernels/backend.h"
 #include "spec/model_spec.h"
 #include "tessera/v1/model.pb.h"
+#include "worker/engine/cross_device_sum.h"
 #include "worker/engine/model.h"
 
 namespace tessera::engine {
@@ -80,6 +81,8 @@ class Model::Layer {
   virtual bool BackwardIgnoresOutput() const { return false; }
   // True when backward needs a dx buffer even for the first layer (it always writes one).
   virtual bool WritesInputGrad() const { return false; }
+  // SyncBN: the collective a synchronised BatchNorm sums its statistics with (others ignore it).
+  virtual void SetCrossDeviceSum(CrossDeviceSum* sum) {}
 
   virtual absl::Status Forward(kernels::Backend* backend, const ForwardArgs& args) = 0;
   virtual absl::Status Backward(kernels::Backend* backend, const BackwardArgs& args) = 0;

@@ -8,6 +8,7 @@
 #include "absl/time/time.h"
 #include "common/status_macros.h"
 #include "kernels/backend.h"
+#include "spec/device_spec.h"
 #include "spec/model_spec.h"
 
 namespace tessera::trainer::internal {
@@ -15,101 +16,35 @@ namespace tessera::trainer::internal {
 absl::StatusOr<std::unique_ptr<LocalReplicas>> LocalReplicas::Create(const v1::ModelSpec& spec,
                                                                      uint64_t seed,
                                                                      const Options& options) {
-  if (options.replicas < 1 || options.replicas > 256) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("devices: cpu:N needs N in [1, 256], got ", options.replicas));
-  }
+  TESSERA_RETURN_IF_ERROR(spec::CheckDevicesFitModel(options.devices, spec));
   if (options.threads < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("threads: each CPU replica needs >= 1 thread, got ", options.threads));
   }
-  if (spec::HasSparseTables(spec)) {
-    return absl::InvalidArgumentError(
-        "devices: cpu:N replicas train dense models only; this model has sparse tables, whose "
-        "rows travel per batch (use one device per worker and more workers)");
-  }
   std::unique_ptr<LocalReplicas> r(new LocalReplicas());
-  {
-    absl::MutexLock lock(&r->mu_);
-    r->running_ = options.replicas;
+  for (int i = 0; i < options.devices; ++i) r->replicas_.push_back(std::make_unique<Replica>());
+  if (options.devices > 1 && spec::HasSyncBatchNorm(spec)) {
+    r->sync_ = std::make_unique<HostAllReduce>();
   }
-  for (int i = 0; i < options.replicas; ++i) r->replicas_.push_back(std::make_unique<Replica>());
-  // Each replica's backend is made on the thread that drives it: OpenMP's thread count and the
-  // denormal flush are per calling thread.
-  for (int i = 0; i < options.replicas; ++i) {
-    r->replicas_[i]->thread = std::thread(
-        [raw = r.get(), i, spec, seed, options] { raw->Serve(i, spec, seed, options); });
-  }
-  absl::Status built;
-  {
-    absl::MutexLock lock(&r->mu_);
-    r->mu_.Await(absl::Condition(
-        +[](int* running) { return *running == 0; }, &r->running_));
-    built = r->error_;
-    r->error_ = absl::OkStatus();
-  }
-  if (!built.ok()) return built;  // the destructor stops the threads
+  LocalReplicas* raw = r.get();
+  TESSERA_ASSIGN_OR_RETURN(
+      r->threads_,
+      DeviceThreads::Start(options.devices, "cpu replica",
+                           [raw, &spec, seed, &options](int i) -> absl::Status {
+                             Replica& self = *raw->replicas_[i];
+                             TESSERA_ASSIGN_OR_RETURN(self.backend, CpuBackend(options));
+                             TESSERA_ASSIGN_OR_RETURN(
+                                 self.model, engine::Model::Create(spec, self.backend.get(), seed));
+                             self.model->set_cross_device_sum(raw->sync_.get());
+                             return absl::OkStatus();
+                           }));
   return r;
 }
 
-LocalReplicas::~LocalReplicas() {
-  {
-    absl::MutexLock lock(&mu_);
-    stopping_ = true;
-  }
-  for (std::unique_ptr<Replica>& r : replicas_) {
-    if (r->thread.joinable()) r->thread.join();
-  }
-}
+LocalReplicas::~LocalReplicas() = default;
 
-void LocalReplicas::Serve(int i, const v1::ModelSpec& spec, uint64_t seed, const Options& options) {
-  Replica& self = *replicas_[i];
-  absl::Status status = [&]() -> absl::Status {
-    kernels::BackendOptions b;
-    b.device = kernels::DeviceChoice::kCpu;
-    b.num_threads = options.threads;
-    b.memory_limit_bytes = options.memory_limit_bytes;
-    TESSERA_ASSIGN_OR_RETURN(self.backend, kernels::CreateBackend(b));
-    TESSERA_ASSIGN_OR_RETURN(self.model, engine::Model::Create(spec, self.backend.get(), seed));
-    return absl::OkStatus();
-  }();
-  uint64_t seen = 0;
-  {
-    absl::MutexLock lock(&mu_);
-    if (!status.ok() && error_.ok()) {
-      error_ = absl::Status(status.code(), absl::StrCat("cpu replica ", i, ": ", status.message()));
-    }
-    --running_;
-    seen = generation_;
-  }
-  while (true) {
-    const std::function<absl::Status(int)>* task = nullptr;
-    {
-      absl::MutexLock lock(&mu_);
-      auto ready = [this, &seen]()
-                       ABSL_SHARED_LOCKS_REQUIRED(mu_) { return stopping_ || generation_ != seen; };
-      mu_.Await(absl::Condition(&ready));
-      if (stopping_) return;
-      seen = generation_;
-      task = task_;
-    }
-    absl::Status s = (*task)(i);
-    absl::MutexLock lock(&mu_);
-    if (!s.ok() && error_.ok()) error_ = std::move(s);
-    --running_;
-  }
-}
-
-absl::Status LocalReplicas::RunOnAll(const std::function<absl::Status(int)>& task) {
-  absl::MutexLock lock(&mu_);
-  task_ = &task;
-  running_ = size();
-  error_ = absl::OkStatus();
-  ++generation_;
-  mu_.Await(absl::Condition(
-      +[](int* running) { return *running == 0; }, &running_));
-  task_ = nullptr;
-  return std::exchange(error_, absl::OkStatus());
+std::string LocalReplicas::Describe() const {
+  return absl::StrCat("splits each batch over ", size(), " CPU replicas");
 }
 
 absl::StatusOr<engine::StepResult> LocalReplicas::TrainStep(const engine::BatchView& batch,
@@ -130,6 +65,14 @@ absl::StatusOr<engine::StepResult> LocalReplicas::TrainStep(const engine::BatchV
   }
   int active = 0;
   while (active < n && begin[active + 1] > begin[active]) ++active;
+  // Each part's loss gradient is scaled by its share of the batch, so the replicas' gradients
+  // are the whole batch's loss's in parts (what SyncBN's sums need) and the reduce adds them.
+  std::vector<float> share(active);
+  for (int j = 0; j < active; ++j) {
+    share[j] = static_cast<float>(begin[j + 1] - begin[j]) / static_cast<float>(batch.size);
+  }
+  const int64_t targets_per_example = static_cast<int64_t>(batch.targets.size()) / batch.size;
+  if (sync_ != nullptr) sync_->Begin(active);
   std::vector<absl::StatusOr<engine::StepResult>> results(n, engine::StepResult{});
   const std::function<absl::Status(int)> train = [&](int i) -> absl::Status {
     if (i >= active) return absl::OkStatus();
@@ -139,10 +82,13 @@ absl::StatusOr<engine::StepResult> LocalReplicas::TrainStep(const engine::BatchV
     part.size = size;
     part.features = batch.features.subspan(b * width, size * width);
     if (!batch.labels.empty()) part.labels = batch.labels.subspan(b, size);
-    if (!batch.targets.empty()) part.targets = batch.targets.subspan(b, size);
+    if (!batch.targets.empty()) {
+      part.targets = batch.targets.subspan(b * targets_per_example, size * targets_per_example);
+    }
     engine::Model& model = *replicas_[i]->model;
     model.set_dropout_seed(dropout_seed + 0x9E3779B97F4A7C15ULL * static_cast<uint64_t>(i));
-    results[i] = model.TrainStep(part);
+    results[i] = model.StageTrain(0, part, share[i], nullptr);
+    if (!results[i].ok() && sync_ != nullptr) sync_->Abort(results[i].status());
     TESSERA_RETURN_IF_ERROR(results[i].status());
     std::vector<std::vector<float>>& host = replicas_[i]->host;
     host.resize(names.size());
@@ -153,13 +99,9 @@ absl::StatusOr<engine::StepResult> LocalReplicas::TrainStep(const engine::BatchV
     }
     return absl::OkStatus();
   };
-  TESSERA_RETURN_IF_ERROR(RunOnAll(train));
+  TESSERA_RETURN_IF_ERROR(threads_->RunOnAll(train));
 
-  // Gradients weighted by each part's share of the batch; state averaged evenly.
-  std::vector<float> share(active);
-  for (int j = 0; j < active; ++j) {
-    share[j] = static_cast<float>(begin[j + 1] - begin[j]) / static_cast<float>(batch.size);
-  }
+  // Gradients summed (each is already weighted); state averaged evenly.
   const float even = 1.0f / static_cast<float>(active);
   const absl::Time reduce_start = absl::Now();
   const std::function<absl::Status(int)> reduce = [&](int i) -> absl::Status {
@@ -169,7 +111,7 @@ absl::StatusOr<engine::StepResult> LocalReplicas::TrainStep(const engine::BatchV
       const int64_t lo = len * i / n;
       const int64_t hi = len * (i + 1) / n;
       for (int j = 0; j < active; ++j) {
-        const float w = state[k] ? even : share[j];
+        const float w = state[k] ? even : 1.0f;
         const float* src = replicas_[j]->host[k].data();
         if (j == 0) {
           for (int64_t e = lo; e < hi; ++e) dst[e] = w * src[e];
@@ -180,7 +122,7 @@ absl::StatusOr<engine::StepResult> LocalReplicas::TrainStep(const engine::BatchV
     }
     return absl::OkStatus();
   };
-  TESSERA_RETURN_IF_ERROR(RunOnAll(reduce));
+  TESSERA_RETURN_IF_ERROR(threads_->RunOnAll(reduce));
   last_reduce_seconds_ = absl::ToDoubleSeconds(absl::Now() - reduce_start);
 
   engine::StepResult total;
@@ -197,7 +139,7 @@ absl::Status LocalReplicas::Install(absl::Span<const std::string> names,
   if (names.size() != values.size()) {
     return absl::InternalError("LocalReplicas::Install: names and values differ in size");
   }
-  return RunOnAll([&](int i) -> absl::Status {
+  return threads_->RunOnAll([&](int i) -> absl::Status {
     for (size_t k = 0; k < names.size(); ++k) {
       TESSERA_RETURN_IF_ERROR(replicas_[i]->model->CopyValueFromHost(names[k], values[k]));
     }

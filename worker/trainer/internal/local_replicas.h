@@ -2,53 +2,53 @@
 // its own oneDNN backend driven by its own thread with its own OpenMP threads (`--devices cpu:N`).
 //
 // A step splits the batch into N contiguous parts (the first B mod N parts one example larger),
-// trains each part on its replica at once, and reduces on the host: every trainable tensor's
-// gradient becomes the example-weighted mean of the replicas' gradients, which is the gradient of
-// the whole batch's mean loss, so N replicas with B/N examples each push what one device with B
-// would (to float rounding). Non-trainable state (BatchNorm moving statistics, from per-replica
-// batch statistics) becomes the replicas' mean. The reduce itself runs on the replicas' threads,
-// each summing its own range of every tensor.
+// trains each part on its replica at once, with the part's loss gradient scaled by its share of
+// the batch, and reduces on the host: every trainable tensor's gradient becomes the sum of the
+// replicas' gradients, which is the gradient of the whole batch's mean loss, so N replicas with
+// B/N examples each push what one device with B would (to float rounding). Non-trainable state
+// (BatchNorm moving statistics) becomes the replicas' mean. BatchNorm uses each replica's batch
+// statistics, or, with batch_norm.sync (SyncBN), the whole batch's: the replicas sum them through
+// a HostAllReduce in the forward and backward passes, and then train exactly as one device. The
+// reduce itself runs on the replicas' threads, each summing its own range of every tensor.
 //
 // Every replica is built from the same spec and seed, so they start equal; Install() keeps them
 // equal with the weights pulled back from the shards. Models with sparse tables are refused: their
-// rows travel per batch (row_exchange.h), which this splits nothing of yet.
+// rows travel per batch (row_exchange.h), which this splits nothing of yet. Made through
+// LocalDevices::Create (local_devices.h), which chooses between replicas and pipeline stages.
 #ifndef TESSERA_WORKER_TRAINER_INTERNAL_LOCAL_REPLICAS_H_
 #define TESSERA_WORKER_TRAINER_INTERNAL_LOCAL_REPLICAS_H_
 
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
+#include "kernels/backend.h"
 #include "tessera/v1/model.pb.h"
 #include "worker/engine/model.h"
+#include "worker/trainer/internal/device_threads.h"
+#include "worker/trainer/internal/host_all_reduce.h"
+#include "worker/trainer/internal/local_devices.h"
 
 namespace tessera::trainer::internal {
 
-class LocalReplicas {
+class LocalReplicas final : public LocalDevices {
  public:
-  struct Options {
-    int replicas = 2;                // >= 1
-    int threads = 1;                 // OpenMP threads per replica, >= 1
-    int64_t memory_limit_bytes = 0;  // per replica's backend (0: the host's memory)
-  };
-
-  // Builds every replica on its own thread. INVALID_ARGUMENT naming `devices` for a bad count or a
-  // model with sparse tables; the spec's own errors as engine::Model::Create gives them.
+  // Builds options.devices replicas, each on its own thread. INVALID_ARGUMENT naming `devices`
+  // for a bad count or a model with sparse tables; the spec's own errors as
+  // engine::Model::Create gives them.
   static absl::StatusOr<std::unique_ptr<LocalReplicas>> Create(const v1::ModelSpec& spec,
                                                                uint64_t seed,
                                                                const Options& options);
-  ~LocalReplicas();
+  ~LocalReplicas() override;
   LocalReplicas(const LocalReplicas&) = delete;
   LocalReplicas& operator=(const LocalReplicas&) = delete;
 
-  int size() const { return static_cast<int>(replicas_.size()); }
+  int size() const override { return static_cast<int>(replicas_.size()); }
+  std::string Describe() const override;
   // Replica i's model, for reading (tests). Not to be driven while a step runs.
   const engine::Model& model(int i) const { return *replicas_[i]->model; }
 
@@ -60,10 +60,10 @@ class LocalReplicas {
                                                uint64_t dropout_seed,
                                                absl::Span<const std::string> names,
                                                const std::vector<bool>& state,
-                                               std::vector<std::vector<float>>* out);
+                                               std::vector<std::vector<float>>* out) override;
   // Sets tensor names[k] to values[k] in every replica.
   absl::Status Install(absl::Span<const std::string> names,
-                       absl::Span<const std::vector<float>> values);
+                       absl::Span<const std::vector<float>> values) override;
 
   // Seconds the last TrainStep spent in the reduce (wall time, all replicas at once).
   double last_reduce_seconds() const { return last_reduce_seconds_; }
@@ -73,20 +73,13 @@ class LocalReplicas {
     std::unique_ptr<kernels::Backend> backend;
     std::unique_ptr<engine::Model> model;
     std::vector<std::vector<float>> host;  // per tensor of the step: this replica's gradient
-    std::thread thread;
   };
   LocalReplicas() = default;
-  // Runs task(i) on every replica's thread at once and waits; the first error wins.
-  absl::Status RunOnAll(const std::function<absl::Status(int)>& task);
-  void Serve(int i, const v1::ModelSpec& spec, uint64_t seed, const Options& options);
 
+  // SyncBN (a batch_norm with sync): the replicas' models sum their statistics with it.
+  std::unique_ptr<HostAllReduce> sync_;
   std::vector<std::unique_ptr<Replica>> replicas_;
-  absl::Mutex mu_;
-  const std::function<absl::Status(int)>* task_ ABSL_GUARDED_BY(mu_) = nullptr;
-  uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;  // bumped per task
-  int running_ ABSL_GUARDED_BY(mu_) = 0;
-  absl::Status error_ ABSL_GUARDED_BY(mu_);
-  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::unique_ptr<DeviceThreads> threads_;  // after replicas_: stops before they go
   double last_reduce_seconds_ = 0;
 };
 

@@ -1,11 +1,14 @@
 // cpu:N replicas in one worker: N replicas with B/N examples each reduce to the gradient one
-// device computes with B, for even and uneven splits and batches smaller than N; BatchNorm state
-// is the replicas' mean; Install keeps the replicas equal; sparse models are refused.
+// device computes with B, for even and uneven splits and batches smaller than N, and for
+// regression targets; BatchNorm state is the replicas' mean; with SyncBN the replicas train
+// exactly as one device with the whole batch, and a failing replica does not leave the others
+// waiting; Install keeps the replicas equal; sparse models are refused.
 #include "worker/trainer/internal/local_replicas.h"
 
+#include <algorithm>
 #include <cmath>
+#include <map>
 #include <memory>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -13,24 +16,14 @@
 #include "google/protobuf/text_format.h"
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
+#include "worker/trainer/testing/one_device.h"
 
 namespace tessera::trainer::internal {
 namespace {
 
-using ::testing::HasSubstr;
+using namespace ::tessera::trainer::testing_devices;  // NOLINT: the tests' shared helpers
 
-// Convolution, pooling, dense: every layer kind whose gradient a split must reproduce.
-constexpr char kCnn[] = R"pb(
-  input_shape: [ 1, 6, 6 ]
-  layers { conv2d { filters: 4 kernel_h: 3 kernel_w: 3 padding_h: 1 padding_w: 1 } }
-  layers { relu {} }
-  layers { max_pool2d { pool_h: 2 pool_w: 2 } }
-  layers { flatten {} }
-  layers { dense { units: 5 } }
-  layers { tanh {} }
-  layers { dense { units: 3 } }
-  loss: LOSS_SOFTMAX_CROSS_ENTROPY
-)pb";
+using ::testing::HasSubstr;
 
 constexpr char kBatchNormMlp[] = R"pb(
   input_shape: [ 3 ]
@@ -41,64 +34,22 @@ constexpr char kBatchNormMlp[] = R"pb(
   loss: LOSS_SOFTMAX_CROSS_ENTROPY
 )pb";
 
-v1::ModelSpec Parse(const char* text) {
-  v1::ModelSpec spec;
-  EXPECT_TRUE(google::protobuf::TextFormat::ParseFromString(text, &spec));
-  return spec;
-}
-
-struct Batch {
-  std::vector<float> features;
-  std::vector<int32_t> labels;
-  engine::BatchView View() const {
-    engine::BatchView v;
-    v.size = static_cast<int64_t>(labels.size());
-    v.features = features;
-    v.labels = labels;
-    return v;
-  }
-};
-
-Batch RandomBatch(int64_t size, int64_t width, int classes, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> x(0.5f, 1.0f);
-  Batch b;
-  for (int64_t i = 0; i < size * width; ++i) b.features.push_back(x(rng));
-  for (int64_t i = 0; i < size; ++i) b.labels.push_back(static_cast<int32_t>(rng() % classes));
-  return b;
-}
-
-// The trainable tensors' names, in parameter order.
-std::vector<std::string> TrainableNames(const engine::Model& m) {
-  std::vector<std::string> out;
-  for (const engine::Parameter& p : m.parameters()) {
-    if (p.trainable) out.push_back(p.name);
-  }
-  return out;
-}
-
-struct Reference {
-  std::unique_ptr<kernels::Backend> backend;
-  std::unique_ptr<engine::Model> model;
-};
-
-Reference OneDevice(const v1::ModelSpec& spec) {
-  kernels::BackendOptions o;
-  o.device = kernels::DeviceChoice::kCpu;
-  o.num_threads = 1;
-  Reference r;
-  auto backend = kernels::CreateBackend(o);
-  EXPECT_TRUE(backend.ok()) << backend.status();
-  r.backend = std::move(*backend);
-  auto model = engine::Model::Create(spec, r.backend.get(), 11);
-  EXPECT_TRUE(model.ok()) << model.status();
-  r.model = std::move(*model);
-  return r;
-}
+// BatchNorm after a convolution (per channel over N, H, W) and after a dense layer, both SyncBN.
+constexpr char kSyncBatchNormCnn[] = R"pb(
+  input_shape: [ 2, 4, 4 ]
+  layers { conv2d { filters: 3 kernel_h: 3 kernel_w: 3 padding_h: 1 padding_w: 1 } }
+  layers { batch_norm { sync: true } }
+  layers { relu {} }
+  layers { flatten {} }
+  layers { dense { units: 4 } }
+  layers { batch_norm { sync: true momentum: 0.3 } }
+  layers { dense { units: 3 } }
+  loss: LOSS_SOFTMAX_CROSS_ENTROPY
+)pb";
 
 std::unique_ptr<LocalReplicas> Replicas(const v1::ModelSpec& spec, int n) {
   LocalReplicas::Options o;
-  o.replicas = n;
+  o.devices = n;
   o.threads = 1;
   auto r = LocalReplicas::Create(spec, 11, o);
   EXPECT_TRUE(r.ok()) << r.status();
@@ -106,7 +57,7 @@ std::unique_ptr<LocalReplicas> Replicas(const v1::ModelSpec& spec, int n) {
 }
 
 TEST(LocalReplicasTest, NReplicasWithBOverNExamplesGiveTheGradientOfOneDeviceWithB) {
-  const v1::ModelSpec spec = Parse(kCnn);
+  const v1::ModelSpec spec = Parse(kSmallCnn);
   // Even (12 over 1, 2, 4), uneven (10 over 4: 3, 3, 2, 2) and smaller than N (3 over 4).
   for (const auto& [n, size] : {std::pair{1, 12}, {2, 12}, {4, 12}, {4, 10}, {4, 3}}) {
     SCOPED_TRACE(testing::Message() << "cpu:" << n << ", batch " << size);
@@ -177,7 +128,7 @@ TEST(LocalReplicasTest, BatchNormStateIsTheMeanOfThePerReplicaMovingStatistics) 
 }
 
 TEST(LocalReplicasTest, ReplicasStartEqualAndInstallKeepsThemEqual) {
-  const v1::ModelSpec spec = Parse(kCnn);
+  const v1::ModelSpec spec = Parse(kSmallCnn);
   std::unique_ptr<LocalReplicas> replicas = Replicas(spec, 3);
   ASSERT_NE(replicas, nullptr);
   std::vector<float> w0, w2;
@@ -201,6 +152,98 @@ TEST(LocalReplicasTest, ReplicasStartEqualAndInstallKeepsThemEqual) {
   EXPECT_TRUE(replicas->TrainStep(batch.View(), 0, {"dense_1/kernel"}, state, &out).ok());
 }
 
+// Every tensor's gradient (trainable) or value (state) after one step, by name.
+std::map<std::string, std::vector<float>> AfterStep(const engine::Model& m) {
+  std::map<std::string, std::vector<float>> out;
+  for (const engine::Parameter& p : m.parameters()) {
+    EXPECT_TRUE((p.trainable ? m.CopyGradToHost(p.name, &out[p.name])
+                             : m.CopyValueToHost(p.name, &out[p.name]))
+                    .ok());
+  }
+  return out;
+}
+
+// The largest difference between the replicas' step and one device's, relative to the values.
+double StepDifference(const v1::ModelSpec& spec, int n, const Batch& batch, double* loss_diff) {
+  Reference one = OneDevice(spec);
+  absl::StatusOr<engine::StepResult> expected = one.model->TrainStep(batch.View());
+  EXPECT_TRUE(expected.ok()) << expected.status();
+  const std::map<std::string, std::vector<float>> want = AfterStep(*one.model);
+  std::unique_ptr<LocalReplicas> replicas = Replicas(spec, n);
+  if (replicas == nullptr) return 1e9;
+  std::vector<std::string> names;
+  std::vector<bool> state;
+  std::vector<std::vector<float>> got;
+  for (const engine::Parameter& p : one.model->parameters()) {
+    names.push_back(p.name);
+    state.push_back(!p.trainable);
+    got.emplace_back(want.at(p.name).size(), NAN);
+  }
+  absl::StatusOr<engine::StepResult> r = replicas->TrainStep(batch.View(), 0, names, state, &got);
+  EXPECT_TRUE(r.ok()) << r.status();
+  if (!r.ok()) return 1e9;
+  *loss_diff = std::abs(r->loss - expected->loss);
+  double worst = 0;
+  for (size_t k = 0; k < names.size(); ++k) {
+    const std::vector<float>& w = want.at(names[k]);
+    EXPECT_EQ(got[k].size(), w.size()) << names[k];
+    for (size_t e = 0; e < w.size() && e < got[k].size(); ++e) {
+      worst = std::max(worst, std::abs(static_cast<double>(got[k][e]) - w[e]) /
+                                  (1e-4 + std::abs(static_cast<double>(w[e]))));
+    }
+  }
+  return worst;
+}
+
+TEST(LocalReplicasTest, SyncBatchNormReplicasTrainExactlyAsOneDeviceWithTheWholeBatch) {
+  const v1::ModelSpec spec = Parse(kSyncBatchNormCnn);
+  // Even, uneven (10 over 3: 4, 3, 3) and one example per replica (3 over 4: one idle).
+  for (const auto& [n, size] : {std::pair{2, 12}, {3, 10}, {4, 3}}) {
+    SCOPED_TRACE(testing::Message() << "cpu:" << n << ", batch " << size);
+    const Batch batch = RandomBatch(size, 32, 3, static_cast<uint32_t>(size + n));
+    double loss_diff = 1;
+    // Gradients and moving statistics both, to float rounding.
+    EXPECT_LT(StepDifference(spec, n, batch, &loss_diff), 1e-3);
+    EXPECT_LT(loss_diff, 1e-5);
+  }
+  // Without sync each replica normalises its own part, and the same check fails: the one above
+  // is not vacuous.
+  v1::ModelSpec per_device = spec;
+  for (v1::Layer& layer : *per_device.mutable_layers()) {
+    if (layer.has_batch_norm()) layer.mutable_batch_norm()->set_sync(false);
+  }
+  double loss_diff = 0;
+  EXPECT_GT(StepDifference(per_device, 2, RandomBatch(12, 32, 3, 14), &loss_diff), 1e-2);
+}
+
+TEST(LocalReplicasTest, ASyncBatchNormReplicaThatFailsReleasesTheOthers) {
+  std::unique_ptr<LocalReplicas> replicas = Replicas(Parse(kSyncBatchNormCnn), 2);
+  ASSERT_NE(replicas, nullptr);
+  Batch batch = RandomBatch(8, 32, 3, 4);
+  batch.labels[6] = 9;  // replica 1's part: refused before its forward pass
+  std::vector<std::vector<float>> out = {std::vector<float>(12)};
+  const absl::StatusOr<engine::StepResult> r =
+      replicas->TrainStep(batch.View(), 0, {"dense_2/kernel"}, {false}, &out);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(r.status().message(), HasSubstr("batch.labels"));
+  batch.labels[6] = 2;
+  EXPECT_TRUE(replicas->TrainStep(batch.View(), 0, {"dense_2/kernel"}, {false}, &out).ok());
+}
+
+TEST(LocalReplicasTest, RegressionTargetsTravelWithTheirExamples) {
+  const v1::ModelSpec spec = Parse(R"pb(
+    input_shape: [ 3 ]
+    layers { dense { units: 5 } }
+    layers { tanh {} }
+    layers { dense { units: 2 } }
+    loss: LOSS_MEAN_SQUARED_ERROR
+  )pb");
+  const Batch batch = WithTargets(RandomBatch(9, 3, 2, 8), 2);
+  double loss_diff = 1;
+  EXPECT_LT(StepDifference(spec, 2, batch, &loss_diff), 1e-3);
+  EXPECT_LT(loss_diff, 1e-5);
+}
+
 TEST(LocalReplicasTest, RefusesSparseModelsAndBadCounts) {
   v1::ModelSpec sparse;
   ASSERT_TRUE(google::protobuf::TextFormat::ParseFromString(
@@ -216,14 +259,14 @@ TEST(LocalReplicasTest, RefusesSparseModelsAndBadCounts) {
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(refused.status().message(), HasSubstr("devices"));
   EXPECT_THAT(refused.status().message(), HasSubstr("sparse tables"));
-  o.replicas = 0;
-  auto zero = LocalReplicas::Create(Parse(kCnn), 1, o);
+  o.devices = 0;
+  auto zero = LocalReplicas::Create(Parse(kSmallCnn), 1, o);
   EXPECT_EQ(zero.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(zero.status().message(), HasSubstr("cpu:N"));
   // A spec the engine refuses comes back with the replica named, and nothing is left running.
-  v1::ModelSpec bad = Parse(kCnn);
+  v1::ModelSpec bad = Parse(kSmallCnn);
   bad.mutable_layers(0)->mutable_conv2d()->set_filters(0);
-  o.replicas = 2;
+  o.devices = 2;
   auto engine_error = LocalReplicas::Create(bad, 1, o);
   EXPECT_EQ(engine_error.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(engine_error.status().message(), HasSubstr("cpu replica"));

@@ -1,0 +1,65 @@
+// The devices of one worker that train each batch together (DESIGN.md §5, `--devices cpu:N`):
+// N data-parallel replicas (local_replicas.h), or the N stages of a pipelined model
+// (pipeline_stages.h). Either way a step ends with the whole batch's gradient on the host, which
+// the trainer pushes once, and the weights it pulls back are installed on every device. The
+// trainer's own model (on its own backend) evaluates and holds what is exported.
+#ifndef TESSERA_WORKER_TRAINER_INTERNAL_LOCAL_DEVICES_H_
+#define TESSERA_WORKER_TRAINER_INTERNAL_LOCAL_DEVICES_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "kernels/backend.h"
+#include "tessera/v1/model.pb.h"
+#include "worker/engine/model.h"
+
+namespace tessera::trainer::internal {
+
+class LocalDevices {
+ public:
+  struct Options {
+    int devices = 2;                 // >= 1
+    int threads = 1;                 // OpenMP threads per device, >= 1
+    int64_t memory_limit_bytes = 0;  // per device's backend (0: the host's memory)
+  };
+
+  // The policy in one place: a model with a pipeline (spec.pipeline) of S stages runs as a
+  // pipeline over exactly S devices; any other model as data-parallel replicas. INVALID_ARGUMENT
+  // naming `devices` when the count does not fit the model (a pipeline over another number of
+  // devices, sparse tables); the spec's own errors as engine::Model::Create gives them.
+  static absl::StatusOr<std::unique_ptr<LocalDevices>> Create(const v1::ModelSpec& spec,
+                                                              uint64_t seed,
+                                                              const Options& options);
+
+  virtual ~LocalDevices() = default;
+
+  virtual int size() const = 0;
+  // For the log: "splits each batch over 2 CPU replicas", "runs the model as a pipeline of 2
+  // stages on 2 CPU devices, 8 micro-batches a batch".
+  virtual std::string Describe() const = 0;
+
+  // One training step of `batch` (dropout masks derive from `dropout_seed`). out[k] gets tensor
+  // names[k]'s gradient of the whole batch's mean loss, or, where state[k], its value after the
+  // step (the devices' mean where several hold it); out[k] must already have the tensor's size.
+  virtual absl::StatusOr<engine::StepResult> TrainStep(const engine::BatchView& batch,
+                                                       uint64_t dropout_seed,
+                                                       absl::Span<const std::string> names,
+                                                       const std::vector<bool>& state,
+                                                       std::vector<std::vector<float>>* out) = 0;
+  // Sets tensor names[k] to values[k] on every device that holds it.
+  virtual absl::Status Install(absl::Span<const std::string> names,
+                               absl::Span<const std::vector<float>> values) = 0;
+};
+
+// A oneDNN backend for one local device with options.threads OpenMP threads. Call it on the
+// thread that will drive it (DeviceThreads' init).
+absl::StatusOr<std::unique_ptr<kernels::Backend>> CpuBackend(const LocalDevices::Options& options);
+
+}  // namespace tessera::trainer::internal
+
+#endif  // TESSERA_WORKER_TRAINER_INTERNAL_LOCAL_DEVICES_H_
