@@ -66,6 +66,11 @@ int64_t HostMemoryBytes() {
 
 int64_t Backend::MemoryCapacityBytes() const { return HostMemoryBytes(); }
 
+absl::Status Backend::SetThreads(int threads) {
+  return absl::FailedPreconditionError(
+      absl::StrCat(Name(), " has no CPU threads to set (asked for ", threads, ")"));
+}
+
 std::string ShapeString(const Shape& shape) {
   return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
 }

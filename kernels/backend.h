@@ -147,6 +147,13 @@ class Backend {
   virtual std::string Name() const = 0;
   virtual std::string Description() const = 0;
   virtual bool IsCuda() const = 0;
+  // CPU threads the backend's ops use when called from this thread (1 on a device backend).
+  virtual int Threads() const { return 1; }
+  // Sets them (the caller's thread; OpenMP keeps the count per calling thread), between steps: a
+  // CPU backend remakes its primitives for the new count, so no op may be half done (a backward
+  // pass still to come for a forward pass made before). A device backend has no CPU threads to
+  // set: FAILED_PRECONDITION. INVALID_ARGUMENT for threads < 1.
+  virtual absl::Status SetThreads(int threads);
 
   // --- Memory ----------------------------------------------------------------------------------
   // Bytes of memory this backend's tensors can use at most, for refusing a model or a batch that

@@ -142,6 +142,7 @@ int RunStandalone(const WorkerFlags& flags) {
   std::FILE* progress_out = json ? stderr : stdout;
   tessera::trainer::ProgressPrinter printer(progress_out, isatty(fileno(progress_out)) == 1);
   options.on_progress = [&printer](const tessera::trainer::Progress& p) { printer.Report(p); };
+  options.on_note = [&printer](const std::string& note) { printer.Note(note); };
 
   absl::StatusOr<std::unique_ptr<tessera::trainer::StandaloneTrainer>> trainer =
       tessera::trainer::StandaloneTrainer::Create(std::move(options));
@@ -347,7 +348,9 @@ int main(int argc, char** argv) {
                  "Standalone: epochs, overriding the spec (N > 0 also drops the spec's max_steps)")
       ->check(CLI::Range(0, 1 << 20));
   app.add_option("--threads", flags.threads,
-                 "CPU threads (0: the OpenMP default); with --devices cpu:N, per device (0: 1)")
+                 "CPU threads (0: the first training steps measure every core against 1 thread "
+                 "and keep the faster, saying so in the log); with --devices cpu:N, per device "
+                 "(0: 1)")
       ->check(CLI::Range(0, 4096));
   app.add_option("--devices", flags.devices,
                  "Daemon: cpu:N trains each task on N devices on this host's CPU: N model "

@@ -207,6 +207,28 @@ class CpuBackend final : public Backend {
                         " OpenMP threads)");
   }
   bool IsCuda() const override { return false; }
+  int Threads() const override { return threads_; }
+  absl::Status SetThreads(int threads) override {
+    if (threads < 1) {
+      return absl::InvalidArgumentError(absl::StrCat("threads: must be >= 1, got ", threads));
+    }
+    if (threads == threads_) return absl::OkStatus();
+    omp_set_num_threads(threads);
+    // A larger team may bring threads that have not flushed denormals yet.
+#pragma omp parallel
+    { _mm_setcsr(_mm_getcsr() | kFlushDenormals); }
+    threads_ = threads;
+    // oneDNN fixes a primitive's partitioning over threads when it is made: primitives made for
+    // the old count would go on using it. Tensors keep their layouts (blocked_).
+    dense_.clear();
+    conv_.clear();
+    pool_.clear();
+    pool_workspace_owner_.clear();
+    eltwise_.clear();
+    batch_norm_.clear();
+    log_softmax_.clear();
+    return absl::OkStatus();
+  }
   int64_t MemoryCapacityBytes() const override {
     return memory_limit_bytes_ > 0 ? memory_limit_bytes_ : HostMemoryBytes();
   }

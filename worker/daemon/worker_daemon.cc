@@ -483,6 +483,9 @@ void WorkerDaemon::RunTask(v1::Task task) {
   o.max_attempts = options_.data_plane_attempts;
   o.dataset_roots = options_.dataset_roots;
   o.credentials = options_.credentials;
+  o.on_note = [&task](const std::string& note) {
+    spdlog::info("job {}: rank {} {}", task.job_id(), task.rank(), note);
+  };
   o.on_progress = [this, &sender](const v1::ProgressReport& p) {
     RecordProgress(p);
     sender.Offer(p);

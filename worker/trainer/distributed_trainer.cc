@@ -197,6 +197,9 @@ absl::Status DistributedTrainer::Init() {
     TESSERA_ASSIGN_OR_RETURN(devices_,
                              internal::LocalDevices::Create(spec.model(), spec.seed(), d));
   }
+  // With several devices each runs its own threads; the evaluation model keeps the default.
+  tuner_ = std::make_unique<internal::ThreadTuner>(backend_.get(),
+                                                   devices_ != nullptr ? 1 : options_.num_threads);
   // Dropout masks must differ between ranks, or every rank drops the same units; each step's
   // derive from this base and the step alone (SetDropoutSeed).
   dropout_base_ = model_->dropout_seed() + 0x9E3779B97F4A7C15ULL * static_cast<uint64_t>(rank_);
@@ -512,7 +515,14 @@ absl::StatusOr<engine::StepResult> DistributedTrainer::Step(const engine::BatchV
     if (copy_error.ok() && !clip) push(static_cast<size_t>(k));
   };
   if (devices_ != nullptr) return DevicesStep(batch, push, push_small);
+  tuner_->BeforeStep();
+  const absl::Time compute_start = absl::Now();
   absl::StatusOr<engine::StepResult> r = model_->TrainStep(batch, on_grad_ready);
+  if (r.ok()) {
+    std::optional<std::string> note =
+        tuner_->AfterStep(absl::ToDoubleSeconds(absl::Now() - compute_start));
+    if (note.has_value() && options_.on_note) options_.on_note(*note);
+  }
   if (!r.ok() || !copy_error.ok()) {
     // Pushes already under way still complete on their own; wait for them so that nothing
     // writes into the buffers of a later step.

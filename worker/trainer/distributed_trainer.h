@@ -72,6 +72,7 @@
 #include "worker/trainer/internal/local_devices.h"
 #include "worker/trainer/internal/row_exchange.h"
 #include "worker/trainer/internal/splits.h"
+#include "worker/trainer/internal/thread_tuner.h"
 
 namespace tessera::trainer {
 
@@ -94,7 +95,8 @@ struct DistributedOptions {
   v1::Task task;
   // Overrides task.spec.device when not empty: "auto", "cpu" or "cuda".
   std::string device;
-  // CPU threads for the backend; 0 keeps the OpenMP default.
+  // CPU threads for the backend; 0: measured on the first steps, the OpenMP default against 1,
+  // keeping the faster (internal/thread_tuner.h; not with cpu_devices > 1).
   int num_threads = 0;
   // CPU backend memory bound (0: the host's physical memory); see TrainerOptions.
   int64_t memory_limit_bytes = 0;
@@ -128,6 +130,9 @@ struct DistributedOptions {
   // steps_per_epoch. member_id and job_id are left for the caller. Should not block for long. May
   // be empty.
   std::function<void(const v1::ProgressReport&)> on_progress;
+  // Called with a line about how the run is set up (the thread count chosen), on the training
+  // thread. May be empty.
+  std::function<void(const std::string&)> on_note;
   // Tests: sees every batch a step trains on, with the step, before the step runs. May be empty.
   std::function<void(int64_t step, const data::Batch& batch)> on_batch;
   // Rank 0 only: sends a TRAINING_DONE report to the coordinator and returns its answer (blocks).
@@ -233,6 +238,8 @@ class DistributedTrainer {
   std::unique_ptr<engine::Model> model_;
   // cpu:N (N > 1): the devices that train; model_ then evaluates and is what is exported.
   std::unique_ptr<internal::LocalDevices> devices_;
+  // One device, no --threads: picks the thread count on the first steps.
+  std::unique_ptr<internal::ThreadTuner> tuner_;
   std::shared_ptr<const data::Dataset> train_;
   std::shared_ptr<const data::Dataset> test_;  // rank 0 only
   // Indices into model_->parameters() of the dense tensors the shards hold: trainable ones, and

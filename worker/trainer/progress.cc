@@ -71,6 +71,12 @@ void ProgressPrinter::Report(const Progress& p) {
   std::fflush(out_);
 }
 
+void ProgressPrinter::Note(const std::string& line) {
+  Finish();
+  std::fprintf(out_, "%s\n", line.c_str());
+  std::fflush(out_);
+}
+
 void ProgressPrinter::Finish() {
   if (bar_on_screen_) {
     std::fputs("\n", out_);

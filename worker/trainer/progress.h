@@ -40,6 +40,8 @@ class ProgressPrinter {
   void Report(const Progress& p);
   // Ends a bar that is still on screen.
   void Finish();
+  // A line of its own (below a bar that is on screen, which the next Report redraws).
+  void Note(const std::string& line);
 
  private:
   std::FILE* out_;

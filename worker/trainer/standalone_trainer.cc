@@ -70,6 +70,7 @@ absl::Status StandaloneTrainer::Init() {
   backend_options.num_threads = options_.num_threads;
   backend_options.memory_limit_bytes = options_.memory_limit_bytes;
   TESSERA_ASSIGN_OR_RETURN(backend_, kernels::CreateBackend(backend_options));
+  tuner_ = std::make_unique<internal::ThreadTuner>(backend_.get(), options_.num_threads);
   TESSERA_ASSIGN_OR_RETURN(model_,
                            engine::Model::Create(spec.model(), backend_.get(), spec.seed()));
 
@@ -224,6 +225,8 @@ absl::StatusOr<TrainResult> StandaloneTrainer::Run() {
       std::optional<data::Batch> b = batches->Next();
       if (!b.has_value()) break;
       TESSERA_ASSIGN_OR_RETURN(const engine::BatchView view, Prepare(*b));
+      tuner_->BeforeStep();
+      const Clock::time_point step_start = Clock::now();
       TESSERA_ASSIGN_OR_RETURN(engine::StepResult r, model_->TrainStep(view));
       if (!std::isfinite(r.loss)) {
         return absl::FailedPreconditionError(
@@ -231,6 +234,10 @@ absl::StatusOr<TrainResult> StandaloneTrainer::Run() {
                          "; lower optimizer.learning_rate or set clipping.max_global_norm"));
       }
       TESSERA_RETURN_IF_ERROR(ApplyOptimizer());
+      if (std::optional<std::string> note = tuner_->AfterStep(Seconds(Clock::now() - step_start));
+          note.has_value() && options_.on_note) {
+        options_.on_note(*note);
+      }
       ++step;
       ++step_in_epoch;
       loss_sum += r.loss * static_cast<double>(r.examples);

@@ -26,6 +26,7 @@
 #include "worker/engine/model.h"
 #include "worker/trainer/internal/batch_rows.h"
 #include "worker/trainer/internal/splits.h"
+#include "worker/trainer/internal/thread_tuner.h"
 #include "worker/trainer/progress.h"
 
 namespace tessera::trainer {
@@ -34,7 +35,8 @@ struct TrainerOptions {
   v1::JobSpec spec;
   // Overrides spec.device when not empty: "auto", "cpu" or "cuda".
   std::string device;
-  // CPU threads for the backend; 0 keeps the OpenMP default.
+  // CPU threads for the backend; 0: measured on the first steps, the OpenMP default (every core)
+  // against 1, keeping the faster (internal/thread_tuner.h).
   int num_threads = 0;
   // CPU backend: the memory the model, its optimizer state and a batch may use (0: the host's
   // physical memory). A job that needs more is RESOURCE_EXHAUSTED before it allocates.
@@ -45,6 +47,9 @@ struct TrainerOptions {
   double target_accuracy = 0;
   // Called after every step and at every epoch end, on the training thread (may be empty).
   std::function<void(const Progress&)> on_progress;
+  // Called with a line about how the run is set up (the thread count chosen), on the training
+  // thread (may be empty).
+  std::function<void(const std::string&)> on_note;
 };
 
 struct EpochSummary {
@@ -125,6 +130,7 @@ class StandaloneTrainer {
   std::vector<float> row_values_;
   int64_t updates_ = 0;
   bool ran_ = false;
+  std::unique_ptr<internal::ThreadTuner> tuner_;
 };
 
 // One line of JSON (no newline) with the run's results: test_accuracy, test_loss, test_auc (null

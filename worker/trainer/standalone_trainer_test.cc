@@ -9,6 +9,7 @@
 #include <random>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -263,6 +264,53 @@ TEST_F(BlobsTest, JsonHoldsTheRequiredFields) {
   EXPECT_EQ(json.find('\n'), std::string::npos);
   EXPECT_EQ(json.front(), '{');
   EXPECT_EQ(json.back(), '}');
+}
+
+// No --threads: the first steps measure the default against 1 thread, and the run says which it
+// kept, once; the same run with the count given says nothing.
+TEST_F(BlobsTest, WithoutAThreadCountTheFirstStepsChooseItAndSayWhich) {
+  // On a thread of its own: OpenMP keeps the thread count per thread, and the other tests set
+  // this one's to 1.
+  std::vector<std::string> notes;
+  int available = 0, chosen = 0;
+  absl::StatusOr<TrainResult> r = absl::UnknownError("not run");
+  std::thread([&] {
+    kernels::BackendOptions o;
+    o.device = kernels::DeviceChoice::kCpu;
+    auto probe = kernels::CreateBackend(o);
+    if (!probe.ok()) return;
+    available = (*probe)->Threads();
+    if (available < 2) return;
+    TrainerOptions options;
+    options.spec = Spec();
+    options.on_note = [&notes](const std::string& line) { notes.push_back(line); };
+    absl::StatusOr<std::unique_ptr<StandaloneTrainer>> tuned = StandaloneTrainer::Create(options);
+    if (!tuned.ok()) {
+      r = tuned.status();
+      return;
+    }
+    r = (*tuned)->Run();
+    chosen = (*tuned)->backend().Threads();
+  }).join();
+  if (available < 2) GTEST_SKIP() << "one CPU thread: nothing to choose from";
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->steps, 95);
+  EXPECT_GT(r->test_accuracy, 0.9);
+  ASSERT_EQ(notes.size(), 1u);
+  EXPECT_THAT(notes[0],
+              ::testing::MatchesRegex(
+                  "threads: [0-9]+ of [0-9]+, measured on the first 16 steps: .* ms a "
+                  "step with 1 thread, .* ms with [0-9]+ \\(--threads sets the count\\)"));
+  EXPECT_TRUE(chosen == 1 || chosen == available) << chosen;
+  // With the count given there is nothing to choose and nothing to say.
+  notes.clear();
+  TrainerOptions given;
+  given.spec = Spec();
+  given.on_note = [&notes](const std::string& line) { notes.push_back(line); };
+  auto t = Make(given);  // --threads 1
+  ASSERT_NE(t, nullptr);
+  ASSERT_TRUE(t->Run().ok());
+  EXPECT_TRUE(notes.empty());
 }
 
 TEST(ProgressPrinterTest, PlainLinesAtEveryTenthAndAtEpochEnd) {
