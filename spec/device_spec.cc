@@ -38,6 +38,16 @@ absl::StatusOr<int> ParseCpuReplicas(absl::string_view devices) {
                                                  kMaxCpuReplicas, "]; got \"", devices, "\""));
 }
 
+absl::Status CheckWorkerFitsModel(absl::string_view device, const v1::ModelSpec& model) {
+  int devices = 1;
+  if (absl::StartsWith(absl::AsciiStrToLower(device), "cpu:")) {
+    absl::StatusOr<int> n = ParseCpuReplicas(device);
+    if (!n.ok()) return n.status();
+    devices = *n;
+  }
+  return CheckDevicesFitModel(devices, model);
+}
+
 absl::Status CheckDevicesFitModel(int devices, const v1::ModelSpec& model) {
   if (devices < 1 || devices > kMaxCpuReplicas) {
     return absl::InvalidArgumentError(

@@ -32,6 +32,10 @@ absl::StatusOr<int> ParseCpuReplicas(absl::string_view devices);
 // INVALID_ARGUMENT starting "devices: " with the fix otherwise. Pure; thread-safe.
 absl::Status CheckDevicesFitModel(int devices, const v1::ModelSpec& model);
 
+// CheckDevicesFitModel for a worker that registered `device` ("cpu", "cuda:0", "cpu:N"), as the
+// coordinator's gang scheduler asks before it picks the worker for a job. Pure; thread-safe.
+absl::Status CheckWorkerFitsModel(absl::string_view device, const v1::ModelSpec& model);
+
 }  // namespace tessera::spec
 
 #endif  // TESSERA_SPEC_DEVICE_SPEC_H_

@@ -76,6 +76,13 @@ TEST(DeviceSpecTest, DevicesFitTheModel) {
   EXPECT_EQ(CheckDevicesFitModel(0, dense),
             absl::InvalidArgumentError("devices: cpu:N needs N in [1, 256], got 0"));
   EXPECT_EQ(CheckDevicesFitModel(257, dense).code(), absl::StatusCode::kInvalidArgument);
+  // As registered by a worker.
+  for (const char* fits : {"cpu", "cuda:0", "cpu:1", "CPU:2"}) {
+    EXPECT_TRUE(CheckWorkerFitsModel(fits, pipelined).ok()) << fits;
+  }
+  EXPECT_EQ(CheckWorkerFitsModel("cpu:3", pipelined).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(CheckWorkerFitsModel("cpu:2", sparse).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(CheckWorkerFitsModel("cpu:2", dense).ok());
 }
 
 }  // namespace

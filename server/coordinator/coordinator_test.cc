@@ -38,6 +38,30 @@ using ::tessera::coordinator::testing::CoordinatorTest;
 using ::tessera::coordinator::testing::FakeShards;
 using ::tessera::coordinator::testing::FakeStream;
 
+// A worker whose devices cannot train the job's model is passed over, and the reason says so: a
+// pipeline of 2 stages needs one device or two, not cpu:3.
+TEST_F(CoordinatorTest, WorkersWhoseDevicesCannotTrainTheModelArePassedOver) {
+  v1::JobSpec spec = FashionMlpJob("mlp", 1, "/data");
+  spec.mutable_model()->mutable_pipeline()->add_stage_starts("dense_2");
+  ASSERT_TRUE(coordinator_->CreateJob(spec).ok());
+  RegisterShard(0);
+  const std::string three = RegisterWorker("host-a", true, 0, "cpu:3");
+  coordinator_->Tick();
+  EXPECT_EQ(Job("mlp-1").state(), v1::JOB_STATE_PENDING);
+  EXPECT_EQ(Job("mlp-1").reason(),
+            "waiting for 1 idle workers whose devices can train the model, 1 registered (1 idle "
+            "that cannot: cpu:3: devices: the model's pipeline has 2 stages, one per device, but "
+            "the worker drives 3 (use --devices cpu:2, or one device to train the model "
+            "unsplit))");
+  const std::string two = RegisterWorker("host-b", true, 0, "cpu:2");
+  coordinator_->Tick();
+  const v1::Job job = Job("mlp-1");
+  ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
+  ASSERT_EQ(job.workers_size(), 1);
+  EXPECT_EQ(job.workers(0).member_id(), two);
+  EXPECT_EQ(Member(three).state(), v1::MEMBER_STATE_READY);
+}
+
 TEST_F(CoordinatorTest, PendingReasonThenGangStart) {
   auto created = coordinator_->CreateJob(FashionMlpJob("mlp", 2, "/data"));
   ASSERT_TRUE(created.ok()) << created.status();

@@ -13,6 +13,7 @@
 #include "server/coordinator/internal/shard_drops.h"
 #include "server/coordinator/internal/task_assignments.h"
 #include "spdlog/spdlog.h"
+#include "spec/device_spec.h"
 #include "spec/job_spec.h"
 
 namespace tessera::coordinator::internal {
@@ -122,14 +123,33 @@ std::optional<GangPlan> ReserveGang(ClusterState& state) ABSL_EXCLUSIVE_LOCKS_RE
   const int num_shards = ShardsReady(state, *entry, resources);
   if (num_shards < 0) return std::nullopt;
   std::vector<MemberEntry*>& idle = resources.idle;
+  // A worker whose devices cannot train the model (a pipeline of S stages on cpu:N with N not 1
+  // or S, sparse tables on cpu:N) is passed over: it would fail the task at its start.
+  const size_t idle_workers = idle.size();
+  std::string unfit_reason;
+  idle.erase(std::remove_if(idle.begin(), idle.end(),
+                            [&](const MemberEntry* w) {
+                              const absl::Status fits = spec::CheckWorkerFitsModel(
+                                  w->member.device(), entry->job.spec().model());
+                              if (!fits.ok() && unfit_reason.empty()) {
+                                unfit_reason =
+                                    absl::StrCat(w->member.device(), ": ", fits.message());
+                              }
+                              return !fits.ok();
+                            }),
+             idle.end());
   if (static_cast<int>(idle.size()) < want_workers) {
     const int registered = resources.registered_workers;
+    const size_t unfit = idle_workers - idle.size();
     SetPendingReason(
         state, *entry,
-        absl::StrCat("waiting for ", want_workers, " idle workers, ", registered, " registered",
-                     registered > static_cast<int>(idle.size())
-                         ? absl::StrCat(", ", idle.size(), " idle")
-                         : std::string()));
+        absl::StrCat(
+            "waiting for ", want_workers, " idle workers",
+            unfit > 0 ? " whose devices can train the model" : "", ", ", registered, " registered",
+            registered > static_cast<int>(idle_workers) ? absl::StrCat(", ", idle_workers, " idle")
+                                                        : std::string(),
+            unfit > 0 ? absl::StrCat(" (", unfit, " idle that cannot: ", unfit_reason, ")")
+                      : std::string()));
     return std::nullopt;
   }
   std::sort(idle.begin(), idle.end(),

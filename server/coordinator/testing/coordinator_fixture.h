@@ -228,12 +228,13 @@ class CoordinatorTest : public ::testing::Test {
     return response.ok() ? response->member_id() : "";
   }
 
-  std::string RegisterWorker(const std::string& host, bool open_stream = true, int64_t pid = 0) {
+  std::string RegisterWorker(const std::string& host, bool open_stream = true, int64_t pid = 0,
+                             const std::string& device = "cpu") {
     v1::RegisterRequest request;
     request.set_role(v1::MEMBER_ROLE_WORKER);
     request.set_hostname(host);
     request.set_pid(pid);
-    request.set_device("cpu");
+    request.set_device(device);
     auto response = coordinator_->Register(request);
     EXPECT_TRUE(response.ok()) << response.status();
     if (!response.ok()) return "";
