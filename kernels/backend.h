@@ -179,9 +179,12 @@ class Backend {
   // y[n, o] = x[n, i] w[o, i]^T + b[o]. x may be any rank; it is read as [dim(0), rest].
   virtual absl::Status DenseForward(const Tensor& x, const Tensor& w, const Tensor& b,
                                     const Tensor& y) = 0;
-  // dx (nullable) = dy w; dw = dy^T x; db = sum over n of dy.
+  // dx (nullable) = dy w; dw = dy^T x; db = sum over n of dy. With `accumulate`, dw += dy^T x
+  // and db += sum over n of dy instead (a pipeline's micro-batches sum their weight gradients in
+  // the GEMM rather than in a pass of their own).
   virtual absl::Status DenseBackward(const Tensor& x, const Tensor& w, const Tensor& dy,
-                                     const Tensor* dx, const Tensor& dw, const Tensor& db) = 0;
+                                     const Tensor* dx, const Tensor& dw, const Tensor& db,
+                                     bool accumulate) = 0;
 
   // --- Conv2D ----------------------------------------------------------------------------------
   virtual absl::Status Conv2DForward(const Conv2DGeometry& g, const Tensor& x, const Tensor& w,

@@ -314,10 +314,11 @@ class CpuBackend final : public Backend {
   }
 
   absl::Status DenseBackward(const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor* dx,
-                             const Tensor& dw, const Tensor& db) override {
+                             const Tensor& dw, const Tensor& db, bool accumulate) override {
     FlushDenormalsOnThisThread();
     TESSERA_RETURN_IF_ERROR(MakePlain({&x, &dy}));
     if (dx != nullptr) MarkPlain(*dx);
+    if (accumulate) TESSERA_RETURN_IF_ERROR(AccumulateDenseWeightGrads(x, dy, dw, db));
     TESSERA_DNNL_TRY({
       DenseEntry& e = DenseFor(x.dim(0), w.dim(1), w.dim(0));
       if (!e.bwd_weights) {
@@ -331,16 +332,38 @@ class CpuBackend final : public Backend {
                 e.fwd_pd));
       }
       memory ddst(e.dst_md, eng_, dy.raw());
-      e.bwd_weights.execute(stream_, {{DNNL_ARG_SRC, memory(e.src_md, eng_, x.raw())},
-                                      {DNNL_ARG_DIFF_DST, ddst},
-                                      {DNNL_ARG_DIFF_WEIGHTS, memory(e.w_md, eng_, dw.raw())},
-                                      {DNNL_ARG_DIFF_BIAS, memory(e.b_md, eng_, db.raw())}});
+      if (!accumulate) {
+        e.bwd_weights.execute(stream_, {{DNNL_ARG_SRC, memory(e.src_md, eng_, x.raw())},
+                                        {DNNL_ARG_DIFF_DST, ddst},
+                                        {DNNL_ARG_DIFF_WEIGHTS, memory(e.w_md, eng_, dw.raw())},
+                                        {DNNL_ARG_DIFF_BIAS, memory(e.b_md, eng_, db.raw())}});
+      }
       if (dx != nullptr) {
         e.bwd_data.execute(stream_, {{DNNL_ARG_DIFF_DST, ddst},
                                      {DNNL_ARG_WEIGHTS, memory(e.w_md, eng_, w.raw())},
                                      {DNNL_ARG_DIFF_SRC, memory(e.src_md, eng_, dx->raw())}});
       }
     })
+    return absl::OkStatus();
+  }
+
+  // dw[o, i] += sum over n of dy[n, o] x[n, i] (oneDNN's sgemm with beta 1), db[o] += sum over n
+  // of dy[n, o]. x and dy are plain.
+  absl::Status AccumulateDenseWeightGrads(const Tensor& x, const Tensor& dy, const Tensor& dw,
+                                          const Tensor& db) {
+    const int64_t n = x.dim(0), out = dw.dim(0), in = dw.dim(1);
+    const float* g = static_cast<const float*>(dy.raw());
+    const dnnl_status_t status =
+        dnnl_sgemm('T', 'N', out, in, n, 1.0f, g, out, static_cast<const float*>(x.raw()), in, 1.0f,
+                   static_cast<float*>(dw.raw()), in);
+    if (status != dnnl_success) {
+      return absl::InternalError(
+          absl::StrCat("oneDNN sgemm (dense weight gradient): status ", static_cast<int>(status)));
+    }
+    float* b = static_cast<float*>(db.raw());
+    for (int64_t r = 0; r < n; ++r) {
+      for (int64_t o = 0; o < out; ++o) b[o] += g[r * out + o];
+    }
     return absl::OkStatus();
   }
 

@@ -424,16 +424,18 @@ class CudaBackend final : public Backend {
   }
 
   absl::Status DenseBackward(const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor* dx,
-                             const Tensor& dw, const Tensor& db) override {
+                             const Tensor& dw, const Tensor& db, bool accumulate) override {
     const int64_t n = x.dim(0), in = w.dim(1), out = w.dim(0);
     TESSERA_RETURN_IF_ERROR(CheckFitsInt({n, in, out}, "DenseBackward"));
     DeviceGuard guard(device_);
     const float one = 1.0f, zero = 0.0f;
-    // dw^T (in x out) = x^T (in x n) dy (n x out).
+    const float* beta = accumulate ? &one : &zero;
+    // dw^T (in x out) = x^T (in x n) dy (n x out) (+ dw^T).
     TESSERA_CUBLAS_RETURN_IF_ERROR(cublasSgemm(cublas_, CUBLAS_OP_N, CUBLAS_OP_T, I(in), I(out),
-                                               I(n), &one, x.f32(), I(in), dy.f32(), I(out), &zero,
+                                               I(n), &one, x.f32(), I(in), dy.f32(), I(out), beta,
                                                dw.f32(), I(in)));
-    TESSERA_CUDA_RETURN_IF_ERROR(cuda::LaunchBiasGrad(dy.f32(), db.f32(), n, out, 1, stream_));
+    TESSERA_CUDA_RETURN_IF_ERROR(
+        cuda::LaunchBiasGrad(dy.f32(), db.f32(), n, out, 1, accumulate, stream_));
     if (dx != nullptr) {
       // dx^T (in x n) = w^T (in x out) dy^T (out x n).
       TESSERA_CUBLAS_RETURN_IF_ERROR(cublasSgemm(cublas_, CUBLAS_OP_N, CUBLAS_OP_N, I(in), I(n),
@@ -467,7 +469,7 @@ class CudaBackend final : public Backend {
     if (!e->bwd_ready) TESSERA_RETURN_IF_ERROR(InitConvBackward(e));
     const float one = 1.0f, zero = 0.0f;
     TESSERA_CUDA_RETURN_IF_ERROR(
-        cuda::LaunchBiasGrad(dy.f32(), db.f32(), g.n, g.k, g.oh * g.ow, stream_));
+        cuda::LaunchBiasGrad(dy.f32(), db.f32(), g.n, g.k, g.oh * g.ow, false, stream_));
     {
       TESSERA_ASSIGN_OR_RETURN(void* ws, workspace_.Get(e->bwd_filter_bytes, stream_));
       TESSERA_CUDNN_RETURN_IF_ERROR(cudnnSetConvolutionMathType(e->conv, e->bwd_filter_math));

@@ -246,8 +246,8 @@ TEST_F(CudaVsCpuTest, DenseForwardAndBackward) {
     Pair dx = Output(c.x_shape);
     Pair dw = Output({c.out, in});
     Pair db = Output({c.out});
-    ASSERT_TRUE(cpu_->DenseBackward(x.cpu, w.cpu, dy.cpu, &dx.cpu, dw.cpu, db.cpu).ok());
-    ASSERT_TRUE(gpu_->DenseBackward(x.gpu, w.gpu, dy.gpu, &dx.gpu, dw.gpu, db.gpu).ok());
+    ASSERT_TRUE(cpu_->DenseBackward(x.cpu, w.cpu, dy.cpu, &dx.cpu, dw.cpu, db.cpu, false).ok());
+    ASSERT_TRUE(gpu_->DenseBackward(x.gpu, w.gpu, dy.gpu, &dx.gpu, dw.gpu, db.gpu, false).ok());
     ExpectClose(dx, kAtol, kRtol, what + " dx");
     ExpectClose(dw, kAtol, kRtol, what + " dw");
     ExpectClose(db, kAtol, kRtol, what + " db");
@@ -255,9 +255,15 @@ TEST_F(CudaVsCpuTest, DenseForwardAndBackward) {
     // Without dx, the other gradients are the same.
     Pair dw2 = Output({c.out, in});
     Pair db2 = Output({c.out});
-    ASSERT_TRUE(gpu_->DenseBackward(x.gpu, w.gpu, dy.gpu, nullptr, dw2.gpu, db2.gpu).ok());
-    ASSERT_TRUE(cpu_->DenseBackward(x.cpu, w.cpu, dy.cpu, nullptr, dw2.cpu, db2.cpu).ok());
+    ASSERT_TRUE(gpu_->DenseBackward(x.gpu, w.gpu, dy.gpu, nullptr, dw2.gpu, db2.gpu, false).ok());
+    ASSERT_TRUE(cpu_->DenseBackward(x.cpu, w.cpu, dy.cpu, nullptr, dw2.cpu, db2.cpu, false).ok());
     ExpectClose(dw2, kAtol, kRtol, what + " dw (no dx)");
+
+    // Accumulating adds a second micro-batch's weight gradients to the first's.
+    ASSERT_TRUE(cpu_->DenseBackward(x.cpu, w.cpu, dy.cpu, nullptr, dw.cpu, db.cpu, true).ok());
+    ASSERT_TRUE(gpu_->DenseBackward(x.gpu, w.gpu, dy.gpu, nullptr, dw.gpu, db.gpu, true).ok());
+    ExpectClose(dw, kAtol, kRtol, what + " dw (accumulated)");
+    ExpectClose(db, kAtol, kRtol, what + " db (accumulated)");
   }
 }
 
@@ -799,7 +805,7 @@ absl::StatusOr<StepOutput> RunStep(Backend& b, const std::vector<StepLayer>& lay
         TESSERA_ASSIGN_OR_RETURN(Tensor dw, b.Allocate(weights[wi].shape()));
         TESSERA_ASSIGN_OR_RETURN(Tensor db, b.Allocate(weights[wi + 1].shape()));
         if (l.kind == StepLayer::kDense) {
-          TESSERA_RETURN_IF_ERROR(b.DenseBackward(in, weights[wi], dy, &dx, dw, db));
+          TESSERA_RETURN_IF_ERROR(b.DenseBackward(in, weights[wi], dy, &dx, dw, db, false));
         } else {
           TESSERA_RETURN_IF_ERROR(b.Conv2DBackward(l.conv, in, weights[wi], dy, &dx, dw, db));
         }

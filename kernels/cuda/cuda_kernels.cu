@@ -93,7 +93,7 @@ __global__ void AddBiasKernel(float* __restrict__ y, const float* __restrict__ b
 
 // One block per channel.
 __global__ void BiasGradKernel(const float* __restrict__ dy, float* __restrict__ db, int64_t outer,
-                               int64_t channels, int64_t inner) {
+                               int64_t channels, int64_t inner, bool accumulate) {
   const int64_t c = blockIdx.x;
   const int64_t count = outer * inner;
   float sum = 0.0f;
@@ -103,7 +103,7 @@ __global__ void BiasGradKernel(const float* __restrict__ dy, float* __restrict__
     sum += dy[(o * channels + c) * inner + i];
   }
   sum = BlockSum(sum);
-  if (threadIdx.x == 0) db[c] = sum;
+  if (threadIdx.x == 0) db[c] = accumulate ? db[c] + sum : sum;
 }
 
 __global__ void DropoutForwardKernel(float rate, float keep_scale, uint64_t seed,
@@ -335,10 +335,10 @@ cudaError_t LaunchAddBias(float* y, const float* b, int64_t outer, int64_t chann
 }
 
 cudaError_t LaunchBiasGrad(const float* dy, float* db, int64_t outer, int64_t channels,
-                           int64_t inner, cudaStream_t stream) {
+                           int64_t inner, bool accumulate, cudaStream_t stream) {
   if (channels <= 0) return cudaSuccess;
   BiasGradKernel<<<static_cast<unsigned>(channels), kThreads, 0, stream>>>(dy, db, outer, channels,
-                                                                           inner);
+                                                                           inner, accumulate);
   return cudaGetLastError();
 }
 

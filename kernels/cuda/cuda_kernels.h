@@ -25,9 +25,9 @@ cudaError_t LaunchMultiply(const float* a, const float* b, float* out, int64_t n
 // y viewed as [outer, channels, inner]: y[o, c, i] += b[c].
 cudaError_t LaunchAddBias(float* y, const float* b, int64_t outer, int64_t channels, int64_t inner,
                           cudaStream_t stream);
-// db[c] = sum over o and i of dy[o, c, i] (overwrites db).
+// db[c] = sum over o and i of dy[o, c, i] (with `accumulate`, db[c] += that sum).
 cudaError_t LaunchBiasGrad(const float* dy, float* db, int64_t outer, int64_t channels,
-                           int64_t inner, cudaStream_t stream);
+                           int64_t inner, bool accumulate, cudaStream_t stream);
 
 // The mask and output of kernels::Backend::DropoutForward, with the same DropoutUniform stream.
 cudaError_t LaunchDropoutForward(float rate, uint64_t seed, const float* x, float* mask, float* y,

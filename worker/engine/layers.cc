@@ -20,11 +20,12 @@ class DenseLayer final : public Model::Layer {
   explicit DenseLayer(const spec::LayerInfo& info) : Layer(info) {}
 
   bool BackwardIgnoresOutput() const override { return true; }
+  bool AccumulatesGrads() const override { return true; }
   absl::Status Forward(Backend* backend, const ForwardArgs& a) override {
     return backend->DenseForward(a.x, values_[0], values_[1], a.y);
   }
   absl::Status Backward(Backend* backend, const BackwardArgs& a) override {
-    return backend->DenseBackward(a.x, values_[0], a.dy, a.dx, grads_[0], grads_[1]);
+    return backend->DenseBackward(a.x, values_[0], a.dy, a.dx, grads_[0], grads_[1], a.accumulate);
   }
 };
 

@@ -455,9 +455,10 @@ absl::Status Model::BackwardFromOutput(Activations* a,
     TESSERA_ASSIGN_OR_RETURN(a->input_grad, backend_->Allocate(WithBatch(a->n, input_shape_)));
   }
   const bool writes_input_grad = multi_input_ || layers_[0]->WritesInputGrad() || wanted;
-  TESSERA_RETURN_IF_ERROR(internal::BackwardChain(
-      backend_, layers_, layer_infos_, layer_parameters_, a->n, a->input,
-      writes_input_grad ? &a->input_grad : nullptr, a->top, &a->sparse, on_grad_ready));
+  TESSERA_RETURN_IF_ERROR(
+      internal::BackwardChain(backend_, layers_, layer_infos_, layer_parameters_, a->n, a->input,
+                              writes_input_grad ? &a->input_grad : nullptr, a->top, &a->sparse,
+                              accumulating_, on_grad_ready));
   if (multi_input_) TESSERA_RETURN_IF_ERROR(BackwardMultiInput(a, on_grad_ready));
   if (input_grad == nullptr) return absl::OkStatus();
   input_grad->resize(static_cast<size_t>(a->n * input_dim_));
@@ -532,6 +533,8 @@ absl::Status Model::AccumulateGrads(bool first) {
   for (size_t i = 0; i < parameters_.size(); ++i) {
     const Parameter& p = parameters_[i];
     if (!p.trainable || p.sparse || bindings_[i].first == nullptr) continue;
+    // Such a layer adds the next micro-batches' gradients itself (accumulating_).
+    if (bindings_[i].first->AccumulatesGrads()) continue;
     if (first) {
       // Every backward pass writes the whole gradient, so the next one may go to any buffer.
       if (accumulated_[i].empty()) {

@@ -201,8 +201,11 @@ class Model {
   absl::StatusOr<StepResult> StageTrain(int slot, const BatchView& batch, float weight,
                                         std::vector<float>* input_grad);
   // Gradient accumulation over micro-batches, on the device: after a micro-batch's backward
-  // pass, `first` keeps its gradients (the grads move to a second buffer, no copy), otherwise
-  // they are added to those kept; UseAccumulatedGrads then makes the grads the sum.
+  // pass, `first` keeps its gradients and opens an accumulation: the backward passes after it add
+  // their gradients to the kept ones, inside the kernel where a layer can (Dense, in its GEMM),
+  // otherwise in AccumulateGrads (the grads moved to a second buffer at `first`, no copy; Axpy).
+  // UseAccumulatedGrads makes the grads the sum and closes the accumulation (call it before a
+  // step, too, to close one that a failed step left open).
   absl::Status AccumulateGrads(bool first);
   absl::Status UseAccumulatedGrads();
 
@@ -297,7 +300,9 @@ class Model {
   std::vector<kernels::Tensor> accumulated_;  // AccumulateGrads, per parameter (or empty)
   // Per parameter: the layer its tensors are bound to, and their position there.
   std::vector<std::pair<Layer*, size_t>> bindings_;
-  bool accumulating_ = false;  // AccumulateGrads(first) swapped the buffers; Use swaps back
+  // Between AccumulateGrads(first) and UseAccumulatedGrads: the other layers' buffers are
+  // swapped, and the layers that AccumulatesGrads add theirs.
+  bool accumulating_ = false;
   uint64_t activation_clock_ = 0;
   kernels::Tensor metrics_;
   std::vector<float> host_metrics_;

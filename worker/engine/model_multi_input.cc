@@ -339,7 +339,7 @@ absl::Status Model::BackwardMultiInput(Activations* a,
       backend_->CopyColumns(m.dconcat, 0, m.bottom.dy.back(), 0, multi_.bottom_width, false));
   return internal::BackwardChain(backend_, bottom_, multi_.bottom, bottom_parameters_, n, m.dense,
                                  bottom_[0]->WritesInputGrad() ? &m.dense_grad : nullptr, m.bottom,
-                                 nullptr, on_grad_ready);
+                                 nullptr, /*accumulate=*/false, on_grad_ready);
 }
 
 }  // namespace tessera::engine

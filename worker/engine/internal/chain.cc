@@ -106,7 +106,7 @@ absl::Status BackwardChain(kernels::Backend* backend, const Layers& layers,
                            const std::vector<spec::LayerInfo>& infos,
                            const std::vector<std::vector<int>>& layer_parameters, int64_t n,
                            const Tensor& input, const Tensor* input_grad, ChainBuffers& buffers,
-                           const SparseInput* sparse,
+                           const SparseInput* sparse, bool accumulate,
                            const std::function<void(int)>& on_grad_ready) {
   for (size_t k = layers.size(); k-- > 0;) {
     Model::Layer& layer = *layers[k];
@@ -126,6 +126,7 @@ absl::Status BackwardChain(kernels::Backend* backend, const Layers& layers,
     args.dx = dx;
     args.scratch = &buffers.scratch[k];
     args.sparse = sparse;
+    args.accumulate = accumulate && layer.AccumulatesGrads();
     TESSERA_RETURN_IF_ERROR(layer.Backward(backend, args));
     if (on_grad_ready) {
       for (int p : layer_parameters[k]) on_grad_ready(p);

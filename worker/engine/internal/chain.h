@@ -41,13 +41,14 @@ absl::Status ForwardChain(kernels::Backend* backend, const Layers& layers, int64
 
 // Backward from buffers.dy.back(), last layer first. The first layer writes `input_grad` when
 // it is not null (always, when the layer WritesInputGrad); a first layer without parameters
-// and no input_grad is skipped. After each layer, `on_grad_ready` (may be empty) gets the
-// indices of its parameters in `layer_parameters`.
+// and no input_grad is skipped. With `accumulate`, the layers that AccumulatesGrads add their
+// gradients to the grads. After each layer, `on_grad_ready` (may be empty) gets the indices of
+// its parameters in `layer_parameters`.
 absl::Status BackwardChain(kernels::Backend* backend, const Layers& layers,
                            const std::vector<spec::LayerInfo>& infos,
                            const std::vector<std::vector<int>>& layer_parameters, int64_t n,
                            const kernels::Tensor& input, const kernels::Tensor* input_grad,
-                           ChainBuffers& buffers, const SparseInput* sparse,
+                           ChainBuffers& buffers, const SparseInput* sparse, bool accumulate,
                            const std::function<void(int)>& on_grad_ready);
 
 // The dropout seeds' mix of a seed and a layer index (SplitMix64).

@@ -40,6 +40,9 @@ struct BackwardArgs {
   const kernels::Tensor* dx = nullptr;  // null for the first layer
   std::vector<kernels::Tensor>* scratch = nullptr;
   const SparseInput* sparse = nullptr;
+  // Add this pass's parameter gradients to those in the grads (only for a layer that
+  // AccumulatesGrads; micro-batches after the first).
+  bool accumulate = false;
 };
 
 class Model::Layer {
@@ -81,6 +84,8 @@ class Model::Layer {
   virtual bool BackwardIgnoresOutput() const { return false; }
   // True when backward needs a dx buffer even for the first layer (it always writes one).
   virtual bool WritesInputGrad() const { return false; }
+  // True when Backward can add its parameter gradients to the grads (BackwardArgs::accumulate).
+  virtual bool AccumulatesGrads() const { return false; }
   // SyncBN: the collective a synchronised BatchNorm sums its statistics with (others ignore it).
   virtual void SetCrossDeviceSum(CrossDeviceSum* sum) {}
 

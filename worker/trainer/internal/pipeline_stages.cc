@@ -144,6 +144,7 @@ absl::Status PipelineStages::RunStage(int s, const engine::BatchView& batch, uin
   engine::Model& model = *stages_[s]->model;
   StageTime& time = profile_.stages[s];
   time = StageTime{};
+  TESSERA_RETURN_IF_ERROR(model.UseAccumulatedGrads());  // a failed step's, if one is open
   const int64_t width = s == 0 ? static_cast<int64_t>(batch.features.size()) / batch.size : 0;
   const auto part = [&](int m) {
     const int64_t b = begin[m];
