@@ -114,14 +114,14 @@ absl::Status SyncBatchNormBackward(kernels::Backend* backend, const kernels::Bat
   }
   s[2 * c] = static_cast<double>(g.n * sp);
   // This device's parameter gradients, before the sums become the group's.
-  host->beta.resize(static_cast<size_t>(c));
-  host->moving_mean.resize(static_cast<size_t>(c));  // dgamma
+  host->dbeta.resize(static_cast<size_t>(c));
+  host->dgamma.resize(static_cast<size_t>(c));
   for (int64_t ch = 0; ch < c; ++ch) {
-    host->beta[ch] = static_cast<float>(s[ch]);
-    host->moving_mean[ch] = static_cast<float>(s[c + ch]);
+    host->dbeta[ch] = static_cast<float>(s[ch]);
+    host->dgamma[ch] = static_cast<float>(s[c + ch]);
   }
-  TESSERA_RETURN_IF_ERROR(backend->CopyToDevice(host->moving_mean.data(), dgamma));
-  TESSERA_RETURN_IF_ERROR(backend->CopyToDevice(host->beta.data(), dbeta));
+  TESSERA_RETURN_IF_ERROR(backend->CopyToDevice(host->dgamma.data(), dgamma));
+  TESSERA_RETURN_IF_ERROR(backend->CopyToDevice(host->dbeta.data(), dbeta));
   TESSERA_RETURN_IF_ERROR(sum->Sum(absl::MakeSpan(s)));
   const double count = s[2 * c];
   for (int64_t b = 0; b < g.n; ++b) {

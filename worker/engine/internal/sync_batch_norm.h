@@ -20,7 +20,7 @@ namespace tessera::engine::internal {
 
 // Host copies reused from step to step.
 struct SyncBatchNormBuffers {
-  std::vector<float> x, y, gamma, beta, mean, var, moving_mean, moving_var;
+  std::vector<float> x, y, gamma, beta, mean, var, moving_mean, moving_var, dgamma, dbeta;
   std::vector<double> sums;
 };
 

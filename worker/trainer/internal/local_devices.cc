@@ -1,5 +1,7 @@
 #include "worker/trainer/internal/local_devices.h"
 
+#include <algorithm>
+
 #include "common/status_macros.h"
 #include "worker/trainer/internal/local_replicas.h"
 #include "worker/trainer/internal/pipeline_stages.h"
@@ -17,6 +19,26 @@ absl::StatusOr<std::unique_ptr<LocalDevices>> LocalDevices::Create(const v1::Mod
   TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<LocalReplicas> r,
                            LocalReplicas::Create(spec, seed, options));
   return std::unique_ptr<LocalDevices>(std::move(r));
+}
+
+std::vector<int64_t> SplitExamples(int64_t size, int parts) {
+  std::vector<int64_t> begin(static_cast<size_t>(parts) + 1);
+  for (int i = 0; i <= parts; ++i) begin[i] = size / parts * i + std::min<int64_t>(i, size % parts);
+  return begin;
+}
+
+engine::BatchView SliceBatch(const engine::BatchView& batch, int64_t begin, int64_t end) {
+  const int64_t n = end - begin;
+  const auto slice = [&](auto span) {
+    const int64_t per = static_cast<int64_t>(span.size()) / batch.size;
+    return span.empty() ? span : span.subspan(begin * per, n * per);
+  };
+  engine::BatchView part;
+  part.size = n;
+  part.features = slice(batch.features);
+  part.labels = slice(batch.labels);
+  part.targets = slice(batch.targets);
+  return part;
 }
 
 absl::StatusOr<std::unique_ptr<kernels::Backend>> CpuBackend(const LocalDevices::Options& options) {

@@ -56,6 +56,15 @@ class LocalDevices {
                                absl::Span<const std::vector<float>> values) = 0;
 };
 
+// Splits `size` examples into `parts` contiguous parts, the first size mod parts one example
+// larger: part i is [begin[i], begin[i + 1]) of the returned parts + 1 bounds (a part is empty
+// when size < parts). Replicas split batches this way, pipelines their micro-batches.
+std::vector<int64_t> SplitExamples(int64_t size, int parts);
+
+// Examples [begin, end) of `batch`: its features, labels and targets (each example's share of
+// them, whatever the width). REQUIRES: 0 <= begin <= end <= batch.size.
+engine::BatchView SliceBatch(const engine::BatchView& batch, int64_t begin, int64_t end);
+
 // A oneDNN backend for one local device with options.threads OpenMP threads. Call it on the
 // thread that will drive it (DeviceThreads' init).
 absl::StatusOr<std::unique_ptr<kernels::Backend>> CpuBackend(const LocalDevices::Options& options);

@@ -57,12 +57,8 @@ absl::StatusOr<engine::StepResult> LocalReplicas::TrainStep(const engine::BatchV
   if (names.size() != state.size() || out->size() != names.size()) {
     return absl::InternalError("LocalReplicas::TrainStep: names, state and out differ in size");
   }
-  const int64_t width = static_cast<int64_t>(batch.features.size()) / batch.size;
   // Replica i trains examples [begin[i], begin[i + 1]).
-  std::vector<int64_t> begin(n + 1);
-  for (int i = 0; i <= n; ++i) {
-    begin[i] = batch.size / n * i + std::min<int64_t>(i, batch.size % n);
-  }
+  const std::vector<int64_t> begin = SplitExamples(batch.size, n);
   int active = 0;
   while (active < n && begin[active + 1] > begin[active]) ++active;
   // Each part's loss gradient is scaled by its share of the batch, so the replicas' gradients
@@ -71,20 +67,11 @@ absl::StatusOr<engine::StepResult> LocalReplicas::TrainStep(const engine::BatchV
   for (int j = 0; j < active; ++j) {
     share[j] = static_cast<float>(begin[j + 1] - begin[j]) / static_cast<float>(batch.size);
   }
-  const int64_t targets_per_example = static_cast<int64_t>(batch.targets.size()) / batch.size;
   if (sync_ != nullptr) sync_->Begin(active);
   std::vector<absl::StatusOr<engine::StepResult>> results(n, engine::StepResult{});
   const std::function<absl::Status(int)> train = [&](int i) -> absl::Status {
     if (i >= active) return absl::OkStatus();
-    const int64_t b = begin[i];
-    const int64_t size = begin[i + 1] - b;
-    engine::BatchView part;
-    part.size = size;
-    part.features = batch.features.subspan(b * width, size * width);
-    if (!batch.labels.empty()) part.labels = batch.labels.subspan(b, size);
-    if (!batch.targets.empty()) {
-      part.targets = batch.targets.subspan(b * targets_per_example, size * targets_per_example);
-    }
+    const engine::BatchView part = SliceBatch(batch, begin[i], begin[i + 1]);
     engine::Model& model = *replicas_[i]->model;
     model.set_dropout_seed(dropout_seed + 0x9E3779B97F4A7C15ULL * static_cast<uint64_t>(i));
     results[i] = model.StageTrain(0, part, share[i], nullptr);

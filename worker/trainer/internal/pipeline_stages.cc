@@ -88,10 +88,7 @@ absl::StatusOr<engine::StepResult> PipelineStages::TrainStep(const engine::Batch
   const int stages = size();
   const int m_count = static_cast<int>(std::min<int64_t>(plan_.micro_batches, batch.size));
   // Micro-batch m is examples [begin[m], begin[m + 1]).
-  std::vector<int64_t> begin(m_count + 1);
-  for (int m = 0; m <= m_count; ++m) {
-    begin[m] = batch.size / m_count * m + std::min<int64_t>(m, batch.size % m_count);
-  }
+  const std::vector<int64_t> begin = SplitExamples(batch.size, m_count);
   for (int b = 0; b + 1 < stages; ++b) {
     acts_[b].resize(m_count);
     grads_[b].resize(m_count);
@@ -145,21 +142,14 @@ absl::Status PipelineStages::RunStage(int s, const engine::BatchView& batch, uin
   StageTime& time = profile_.stages[s];
   time = StageTime{};
   TESSERA_RETURN_IF_ERROR(model.UseAccumulatedGrads());  // a failed step's, if one is open
-  const int64_t width = s == 0 ? static_cast<int64_t>(batch.features.size()) / batch.size : 0;
+  // Micro-batch m as this stage sees it: its input from the batch or the stage before, and
+  // its labels or targets on the last stage only.
   const auto part = [&](int m) {
-    const int64_t b = begin[m];
-    const int64_t n = begin[m + 1] - b;
-    engine::BatchView v;
-    v.size = n;
-    if (s == 0) {
-      v.features = batch.features.subspan(b * width, n * width);
-    } else {
-      v.features = acts_[s - 1][m];
-    }
-    if (last && !batch.labels.empty()) v.labels = batch.labels.subspan(b, n);
-    if (last && !batch.targets.empty()) {
-      const int64_t k = static_cast<int64_t>(batch.targets.size()) / batch.size;
-      v.targets = batch.targets.subspan(b * k, n * k);
+    engine::BatchView v = SliceBatch(batch, begin[m], begin[m + 1]);
+    if (s > 0) v.features = acts_[s - 1][m];
+    if (!last) {
+      v.labels = {};
+      v.targets = {};
     }
     return v;
   };
