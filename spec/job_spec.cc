@@ -222,6 +222,11 @@ absl::Status ValidateDistributedFields(const v1::JobSpec& spec) {
         absl::StrCat("stall_policy: must be \"warn\" or \"evict\", got \"",
                      absl::CEscape(spec.stall_policy()), "\""));
   }
+  if (spec.replication() < 0 || spec.replication() > kMaxReplication) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("replication: must be 0 or 1 (one copy) or 2 (a primary and a backup), got ",
+                     spec.replication()));
+  }
   if (spec.keep_checkpoints() < 0 || spec.keep_checkpoints() > 1000) {
     return absl::InvalidArgumentError(absl::StrCat(
         "keep_checkpoints: must be in [0, 1000] (0 means 3), got ", spec.keep_checkpoints()));
@@ -247,6 +252,8 @@ absl::Duration StallTimeout(const v1::JobSpec& spec) {
   return absl::Seconds(spec.stall_timeout_seconds() > 0 ? spec.stall_timeout_seconds()
                                                         : kDefaultStallTimeoutSeconds);
 }
+
+int Replicas(const v1::JobSpec& spec) { return spec.replication() >= 2 ? 2 : 1; }
 
 bool EvictsStalledRanks(const v1::JobSpec& spec) {
   return absl::AsciiStrToLower(spec.stall_policy()) == "evict";

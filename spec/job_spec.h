@@ -54,6 +54,9 @@ inline constexpr int kMaxStallTimeoutSeconds = 7 * 24 * 3600;
 absl::Duration StallTimeout(const v1::JobSpec& spec);
 // spec.stall_policy is "evict" (a stalled rank is lost); otherwise the coordinator only warns.
 bool EvictsStalledRanks(const v1::JobSpec& spec);
+// Copies of each partition and sparse row (spec.replication: 0 and 1 mean 1; 2 is the most).
+inline constexpr int kMaxReplication = 2;
+int Replicas(const v1::JobSpec& spec);
 
 }  // namespace tessera::spec
 

@@ -340,7 +340,9 @@ INSTANTIATE_TEST_SUITE_P(
         BadSpec{"stall_timeout_negative", [](v1::JobSpec* s) { s->set_stall_timeout_seconds(-1); },
                 "stall_timeout_seconds: must be 0 (300 s) or in [5, 604800], got -1"},
         BadSpec{"stall_policy", [](v1::JobSpec* s) { s->set_stall_policy("kill"); },
-                "stall_policy: must be \"warn\" or \"evict\", got \"kill\""}),
+                "stall_policy: must be \"warn\" or \"evict\", got \"kill\""},
+        BadSpec{"replication", [](v1::JobSpec* s) { s->set_replication(3); },
+                "replication: must be 0 or 1 (one copy) or 2 (a primary and a backup), got 3"}),
     [](const ::testing::TestParamInfo<BadSpec>& info) { return std::string(info.param.what); });
 
 TEST(JobSpecTest, StallTimeoutAndPolicyDefaults) {
@@ -355,6 +357,14 @@ TEST(JobSpecTest, StallTimeoutAndPolicyDefaults) {
   spec.set_stall_policy("warn");
   ASSERT_TRUE(ValidateJobSpec(spec, Distributed()).ok());
   EXPECT_FALSE(EvictsStalledRanks(spec));
+}
+
+TEST(JobSpecTest, ReplicasFollowReplication) {
+  v1::JobSpec spec = DistributedMlp();
+  EXPECT_EQ(Replicas(spec), 1);
+  spec.set_replication(2);
+  ASSERT_TRUE(ValidateJobSpec(spec, Distributed()).ok());
+  EXPECT_EQ(Replicas(spec), 2);
 }
 
 TEST(JobSpecTest, JobConfigFollowsTheSpec) {

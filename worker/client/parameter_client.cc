@@ -14,7 +14,9 @@
 #include "common/grpc_status.h"
 #include "common/placement.h"
 #include "common/status_macros.h"
+#include "spdlog/spdlog.h"
 #include "worker/client/grpc_shard_client.h"
+#include "worker/client/internal/parameter_client_calls.h"
 
 namespace tessera {
 namespace client {
@@ -24,8 +26,20 @@ bool IsRetryable(absl::StatusCode code) {
   return code == absl::StatusCode::kUnavailable || code == absl::StatusCode::kDeadlineExceeded;
 }
 
-// Runs fn(i) for every i in `items`, concurrently when there is more than one, and returns the
-// first error.
+// The push data of values [in, in + n): lent from the caller's memory when fp32 (the wire format
+// is the caller's floats), else encoded into `slice`. Returns the lent view (empty: encoded).
+absl::string_view LendOrEncode(v1::Encoding encoding, const float* in, size_t n, v1::Slice* slice) {
+  if (BytesPerValue(encoding) == 4 && n > 0) {
+    return absl::string_view(reinterpret_cast<const char*>(in), n * sizeof(float));
+  }
+  internal::EncodeInto(encoding, in, n, slice->mutable_data());
+  return absl::string_view();
+}
+
+}  // namespace
+
+namespace internal {
+
 absl::Status ForEachConcurrently(const std::vector<int>& items,
                                  const std::function<absl::Status(int)>& fn) {
   if (items.size() == 1) return fn(items[0]);
@@ -40,8 +54,6 @@ absl::Status ForEachConcurrently(const std::vector<int>& items,
   return absl::OkStatus();
 }
 
-// EncodeValues, except that fp32 is one copy straight into the bytes field (resize() would
-// zero-fill the buffer first: a whole extra pass over a 4 MiB partition).
 void EncodeInto(v1::Encoding encoding, const float* in, size_t n, std::string* out) {
   if (BytesPerValue(encoding) == 4) {
     out->assign(reinterpret_cast<const char*>(in), n * sizeof(float));
@@ -50,93 +62,10 @@ void EncodeInto(v1::Encoding encoding, const float* in, size_t n, std::string* o
   }
 }
 
-// The push data of values [in, in + n): lent from the caller's memory when fp32 (the wire format
-// is the caller's floats), else encoded into `slice`. Returns the lent view (empty: encoded).
-absl::string_view LendOrEncode(v1::Encoding encoding, const float* in, size_t n, v1::Slice* slice) {
-  if (BytesPerValue(encoding) == 4 && n > 0) {
-    return absl::string_view(reinterpret_cast<const char*>(in), n * sizeof(float));
-  }
-  EncodeInto(encoding, in, n, slice->mutable_data());
-  return absl::string_view();
-}
+}  // namespace internal
 
-}  // namespace
-
-// One multi-request operation (a PushPull over several partitions or shards). Completes when
-// every request has finished, successfully or not.
-struct ParameterClient::Op {
-  PushPullCallback done;
-  std::atomic<int> remaining{0};
-  absl::Mutex mu;
-  absl::Status status ABSL_GUARDED_BY(mu);
-  PushPullResult result ABSL_GUARDED_BY(mu);
-  bool have_version ABSL_GUARDED_BY(mu) = false;
-};
-
-// One request of an Op, with its retry state. `accept` decodes the weights of a successful
-// response into the caller's buffer; it is empty when no weights were asked for.
-struct ParameterClient::Attempt {
-  std::shared_ptr<Op> op;
-  int shard = 0;
-  // What every attempt sends: the request, the fp32 push data lent from the caller's gradient
-  // (entry i is the data of request->push(i), whose own data is empty) and, for dense partitions,
-  // where the transport may decode the weights in place (then it sets `weights_written` and
-  // `accept` is skipped).
-  ShardClient::PushPullCall call;
-  int attempts = 0;
-  std::string what;
-  std::function<absl::Status(const v1::PushPullResponse&)> accept;
-  bool weights_written = false;
-};
-
-// Runs retries after their backoff on one thread.
-class ParameterClient::RetryTimer {
- public:
-  RetryTimer() : thread_([this] { Run(); }) {}
-  ~RetryTimer() {
-    {
-      absl::MutexLock lock(&mu_);
-      stop_ = true;
-    }
-    thread_.join();
-  }
-
-  void After(absl::Duration delay, std::function<void()> fn) {
-    absl::MutexLock lock(&mu_);
-    tasks_.emplace(absl::Now() + delay, std::move(fn));
-    changed_ = true;
-  }
-
- private:
-  bool Woken() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || changed_; }
-
-  void Run() {
-    for (;;) {
-      std::function<void()> fn;
-      {
-        absl::MutexLock lock(&mu_);
-        for (;;) {
-          if (stop_) return;
-          if (!tasks_.empty() && tasks_.begin()->first <= absl::Now()) {
-            fn = std::move(tasks_.begin()->second);
-            tasks_.erase(tasks_.begin());
-            break;
-          }
-          const absl::Time next = tasks_.empty() ? absl::InfiniteFuture() : tasks_.begin()->first;
-          changed_ = false;
-          mu_.AwaitWithDeadline(absl::Condition(this, &RetryTimer::Woken), next);
-        }
-      }
-      fn();
-    }
-  }
-
-  absl::Mutex mu_;
-  std::multimap<absl::Time, std::function<void()>> tasks_ ABSL_GUARDED_BY(mu_);
-  bool changed_ ABSL_GUARDED_BY(mu_) = false;
-  bool stop_ ABSL_GUARDED_BY(mu_) = false;
-  std::thread thread_;
-};
+using internal::EncodeInto;
+using internal::ForEachConcurrently;
 
 absl::StatusOr<std::unique_ptr<ParameterClient>> ParameterClient::Create(const Options& options) {
   std::vector<std::unique_ptr<ShardClient>> shards;
@@ -193,12 +122,22 @@ absl::StatusOr<std::unique_ptr<ParameterClient>> ParameterClient::CreateWithShar
       return absl::InvalidArgumentError(absl::StrCat("shard client ", i, " is null"));
     }
   }
-  return std::unique_ptr<ParameterClient>(new ParameterClient(options, std::move(shards)));
+  const int num_shards = static_cast<int>(shards.size());
+  TESSERA_RETURN_IF_ERROR(ReplicaRouting::Validate(num_shards, options.replicas));
+  if (options.replica_failover_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("replica_failover_timeout must be > 0");
+  }
+  std::unique_ptr<ParameterClient> client(new ParameterClient(options, std::move(shards)));
+  TESSERA_RETURN_IF_ERROR(client->SetDownShards(options.down_shards));
+  return client;
 }
 
 ParameterClient::ParameterClient(const Options& options,
                                  std::vector<std::unique_ptr<ShardClient>> shards)
-    : options_(options), shards_(std::move(shards)), retry_timer_(std::make_unique<RetryTimer>()) {}
+    : options_(options),
+      shards_(std::move(shards)),
+      routing_(static_cast<int>(shards_.size()), options.replicas),
+      retry_timer_(std::make_unique<RetryTimer>()) {}
 
 ParameterClient::~ParameterClient() {
   {
@@ -315,25 +254,25 @@ absl::Status ParameterClient::DeclareJob(const v1::JobConfig& config,
   for (const DenseTensorSpec& t : tensors) {
     TESSERA_ASSIGN_OR_RETURN(const DenseLayout* layout, Layout(t.name));
     for (const PartitionSpan& p : layout->partitions) {
-      const int64_t bytes = t.initial_values.empty() ? 64 : p.num_elements * 4 + 64;
-      if (batch_bytes[p.shard] > 0 && batch_bytes[p.shard] + bytes > options_.max_request_bytes) {
-        new_batch(p.shard);
-      }
-      batch_bytes[p.shard] += bytes;
-      v1::DensePartitionDecl* d = batches[p.shard].back().add_partitions();
-      d->mutable_key()->set_tensor(t.name);
-      d->mutable_key()->set_index(p.index);
-      d->set_num_elements(p.num_elements);
-      d->set_update(t.update);
-      if (!t.initial_values.empty()) {
-        EncodeValues(v1::ENCODING_FP32, t.initial_values.data() + p.offset,
-                     static_cast<size_t>(p.num_elements), d->mutable_initial_values());
+      for (int shard : routing_.LiveCopies(p.shard)) {
+        const int64_t bytes = t.initial_values.empty() ? 64 : p.num_elements * 4 + 64;
+        if (batch_bytes[shard] > 0 && batch_bytes[shard] + bytes > options_.max_request_bytes) {
+          new_batch(shard);
+        }
+        batch_bytes[shard] += bytes;
+        v1::DensePartitionDecl* d = batches[shard].back().add_partitions();
+        d->mutable_key()->set_tensor(t.name);
+        d->mutable_key()->set_index(p.index);
+        d->set_num_elements(p.num_elements);
+        d->set_update(t.update);
+        if (!t.initial_values.empty()) {
+          EncodeValues(v1::ENCODING_FP32, t.initial_values.data() + p.offset,
+                       static_cast<size_t>(p.num_elements), d->mutable_initial_values());
+        }
       }
     }
   }
-  std::vector<int> all(shards_.size());
-  for (int s = 0; s < num_shards(); ++s) all[s] = s;
-  return ForEachConcurrently(all, [&](int s) -> absl::Status {
+  return ForEachConcurrently(LiveShards(), [&](int s) -> absl::Status {
     for (const v1::CreateJobStateRequest& r : batches[s]) {
       TESSERA_RETURN_IF_ERROR(CallWithRetries(s, [&](absl::Time deadline) {
         return shards_[s]->CreateJobState(r, deadline).status();
@@ -379,6 +318,10 @@ void ParameterClient::Send(std::shared_ptr<Attempt> attempt) {
     OnResponse(attempt, absl::CancelledError("the client is shutting down"));
     return;
   }
+  if (routing_.IsDown(attempt->shard)) {
+    Reroute(std::move(attempt), absl::UnavailableError("the shard is down"));
+    return;
+  }
   ShardClient* shard = shards_[attempt->shard].get();
   attempt->weights_written = false;
   // The same request (same seq) on every attempt, so that the shard applies it at most once.
@@ -396,19 +339,108 @@ void ParameterClient::OnResponse(std::shared_ptr<Attempt> attempt,
   } else if (response->status().code() != 0) {
     error = StatusFromCode(response->status().code(), response->status().message());
   }
-  Op& op = *attempt->op;
-  if (!error.ok() && IsRetryable(error.code()) && attempt->attempts < options_.retry.max_attempts &&
-      !Stopping()) {
-    {
-      absl::MutexLock lock(&op.mu);
-      ++op.result.retries;
-    }
-    retry_timer_->After(Backoff(attempt->attempts), [this, attempt] { Send(attempt); });
+  if (!error.ok() && !Stopping() && routing_.IsDown(attempt->shard)) {
+    Reroute(std::move(attempt), error);
     return;
+  }
+  if (!error.ok() && IsRetryable(error.code()) && !Stopping()) {
+    bool again = attempt->attempts < options_.retry.max_attempts;
+    if (routing_.replicas() > 1) {
+      // The shard may be lost: keep trying until the coordinator says so (SetDownShards) or the
+      // failover timeout passes, and name it in the next progress report.
+      const absl::Time now = absl::Now();
+      if (attempt->first_failure == absl::InfiniteFuture()) attempt->first_failure = now;
+      again = now - attempt->first_failure < options_.replica_failover_timeout;
+      absl::MutexLock lock(&mu_);
+      unreachable_.insert(attempt->shard);
+    }
+    if (again) {
+      {
+        absl::MutexLock lock(&attempt->op->mu);
+        ++attempt->op->result.retries;
+      }
+      retry_timer_->After(Backoff(attempt->attempts), [this, attempt] { Send(attempt); });
+      return;
+    }
   }
   if (error.ok() && attempt->accept && !attempt->weights_written) {
     error = attempt->accept(*response);
   }
+  Finish(std::move(attempt), error, error.ok() ? &*response : nullptr);
+}
+
+void ParameterClient::Reroute(std::shared_ptr<Attempt> attempt, const absl::Status& error) {
+  const v1::PushPullRequest& request = *attempt->call.request;
+  bool wants = request.pull_size() > 0;
+  for (const v1::Slice& slice : request.push()) wants = wants || slice.want_weights();
+  // Every partition and row it carries must still have a live copy (which got the same push).
+  bool held = true;
+  for (int home : attempt->homes) held = held && routing_.Acting(home) >= 0;
+  if (!held) {
+    Finish(std::move(attempt),
+           absl::UnavailableError(absl::StrCat("shard ", attempt->shard,
+                                               " is down and no other copy of its data is live (",
+                                               error.message(), ")")),
+           nullptr);
+    return;
+  }
+  if (!wants) {
+    // A push whose other copies carry it (each was sent to every live copy): done here.
+    Finish(std::move(attempt), absl::OkStatus(), nullptr);
+    return;
+  }
+  // The weights it asked for are served by one shard now, or the request cannot move.
+  int next = -1;
+  for (int home : attempt->want_homes) {
+    const int acting = routing_.Acting(home);
+    if (next >= 0 && acting != next) next = -2;
+    if (next != -2) next = acting;
+  }
+  if (next < 0) {
+    Finish(std::move(attempt),
+           absl::UnavailableError(absl::StrCat("shard ", attempt->shard,
+                                               " is down and the weights it was asked for have "
+                                               "no single live copy (",
+                                               error.message(), ")")),
+           nullptr);
+    return;
+  }
+  if (attempt->rerouted) {
+    Finish(
+        std::move(attempt),
+        absl::UnavailableError(absl::StrCat(
+            "shard ", attempt->shard, " is down after a failover already (", error.message(), ")")),
+        nullptr);
+    return;
+  }
+  // Ask the next copy for the weights only: it got this push as a copy of its own (the same seq),
+  // so resending the push would be a second one under another seq there.
+  std::shared_ptr<v1::PushPullRequest> pull = NewRequest(request.step());
+  bool from_push = false;
+  for (const v1::Slice& slice : request.push()) {
+    if (!slice.want_weights()) continue;
+    v1::Slice* key = pull->add_pull();
+    *key->mutable_key() = slice.key();
+    *key->mutable_row_ids() = slice.row_ids();
+    from_push = true;
+  }
+  for (const v1::Slice& slice : request.pull()) *pull->add_pull() = slice;
+  // Pushed slices with want_weights are answered for step + 1 (docs/data-plane.md).
+  if (from_push) pull->set_step(request.step() + 1);
+  spdlog::info("client: shard {} is down; asking shard {} for the weights of {}", attempt->shard,
+               next, attempt->what);
+  attempt->shard = next;
+  attempt->rerouted = true;
+  attempt->attempts = 0;
+  attempt->first_failure = absl::InfiniteFuture();
+  attempt->call.request = std::move(pull);
+  attempt->call.lent.clear();
+  Send(std::move(attempt));
+}
+
+void ParameterClient::Finish(std::shared_ptr<Attempt> attempt, absl::Status error,
+                             const v1::PushPullResponse* response) {
+  Op& op = *attempt->op;
   {
     absl::MutexLock lock(&op.mu);
     if (!error.ok()) {
@@ -418,7 +450,7 @@ void ParameterClient::OnResponse(std::shared_ptr<Attempt> attempt,
             error.code(), absl::StrCat(attempt->what, " (seq ", attempt->call.request->seq(),
                                        ", attempt ", attempt->attempts, "): ", error.message()));
       }
-    } else {
+    } else if (response != nullptr) {
       op.result.duplicates += response->duplicates();
       op.result.skipped_non_finite += response->skipped_non_finite();
       for (const v1::Slice& w : response->weights()) {
@@ -448,6 +480,40 @@ void ParameterClient::OnResponse(std::shared_ptr<Attempt> attempt,
   OpFinished();
 }
 
+absl::Status ParameterClient::SetDownShards(const std::vector<int>& down) {
+  if (routing_.replicas() < 2 && !down.empty()) {
+    return absl::InvalidArgumentError(
+        "down shards: the job keeps one copy of each partition (replicas 1)");
+  }
+  std::vector<int> newly_down;
+  TESSERA_RETURN_IF_ERROR(routing_.SetDown(down, &newly_down));
+  if (newly_down.empty()) return absl::OkStatus();
+  spdlog::info("client: job {}: shards {} are down; their copies serve their partitions",
+               options_.job_id, absl::StrJoin(newly_down, ", "));
+  // Calls in flight on them end now (a stopped shard would hold them until their deadline), and
+  // retries waiting for their backoff go elsewhere at once.
+  for (int shard : newly_down) shards_[shard]->CancelPending();
+  retry_timer_->RunAllNow();
+  return absl::OkStatus();
+}
+
+std::vector<int> ParameterClient::TakeUnreachableShards() {
+  absl::MutexLock lock(&mu_);
+  std::vector<int> shards(unreachable_.begin(), unreachable_.end());
+  unreachable_.clear();
+  return shards;
+}
+
+int ParameterClient::PullShard(int home) const { return routing_.Acting(home); }
+
+std::vector<int> ParameterClient::LiveShards() const {
+  std::vector<int> live;
+  for (int s = 0; s < num_shards(); ++s) {
+    if (!routing_.IsDown(s)) live.push_back(s);
+  }
+  return live;
+}
+
 void ParameterClient::PushPullAsync(absl::string_view name, int64_t step,
                                     absl::Span<const float> gradient, absl::Span<float> weights_out,
                                     PushPullCallback done) {
@@ -468,16 +534,28 @@ void ParameterClient::PushPullAsync(absl::string_view name, int64_t step,
     return done(absl::InvalidArgumentError(
         absl::StrCat("PushPull tensor '", name, "': step must be >= 0, got ", step)));
   }
+  // One request per live copy of each partition, the acting one first (it alone wants weights).
+  std::vector<std::vector<int>> copies;
+  size_t requests = 0;
+  for (const PartitionSpan& p : layout.partitions) {
+    copies.push_back(routing_.LiveCopies(p.shard));
+    if (copies.back().empty()) {
+      return done(absl::UnavailableError(absl::StrCat("PushPull tensor '", name, "' partition ",
+                                                      p.index, ": every copy is down")));
+    }
+    requests += copies.back().size();
+  }
   auto op = std::make_shared<Op>();
   op->done = std::move(done);
-  op->remaining.store(static_cast<int>(layout.partitions.size()));
+  op->remaining.store(static_cast<int>(requests));
   {
     absl::MutexLock lock(&op->mu);
-    op->result.requests = static_cast<uint32_t>(layout.partitions.size());
+    op->result.requests = static_cast<uint32_t>(requests);
   }
   OpStarted();
   const bool want = !weights_out.empty();
-  for (const PartitionSpan& p : layout.partitions) {
+  for (size_t k = 0; k < layout.partitions.size(); ++k) {
+    const PartitionSpan& p = layout.partitions[k];
     std::shared_ptr<v1::PushPullRequest> request = NewRequest(step);
     v1::Slice* slice = request->add_push();
     slice->mutable_key()->set_tensor(layout.name);
@@ -486,13 +564,29 @@ void ParameterClient::PushPullAsync(absl::string_view name, int64_t step,
     slice->set_want_weights(want);
     const absl::string_view lent = LendOrEncode(options_.push_encoding, gradient.data() + p.offset,
                                                 static_cast<size_t>(p.num_elements), slice);
+    // The copies: the same request (the same seq) without want_weights.
+    for (size_t c = 1; c < copies[k].size(); ++c) {
+      auto copy_request = std::make_shared<v1::PushPullRequest>(*request);
+      copy_request->mutable_push(0)->set_want_weights(false);
+      auto copy = std::make_shared<Attempt>();
+      if (!lent.empty()) copy->call.lent.push_back(lent);
+      copy->op = op;
+      copy->shard = copies[k][c];
+      copy->homes = {p.shard};
+      copy->call.request = std::move(copy_request);
+      copy->what = absl::StrCat("PushPull tensor '", name, "' partition ", p.index, " step ", step,
+                                " on shard ", copy->shard, " (a copy)");
+      Send(std::move(copy));
+    }
     auto attempt = std::make_shared<Attempt>();
     if (!lent.empty()) attempt->call.lent.push_back(lent);
     attempt->op = op;
-    attempt->shard = p.shard;
+    attempt->shard = copies[k][0];
+    attempt->homes = {p.shard};
+    if (want) attempt->want_homes = {p.shard};
     attempt->call.request = std::move(request);
     attempt->what = absl::StrCat("PushPull tensor '", name, "' partition ", p.index, " step ", step,
-                                 " on shard ", p.shard);
+                                 " on shard ", attempt->shard);
     if (want) {
       float* out = weights_out.data() + p.offset;
       const size_t count = static_cast<size_t>(p.num_elements);
@@ -535,6 +629,8 @@ void ParameterClient::PushPullManyAsync(int64_t step, std::vector<TensorUpdate> 
     bool lends = false;
     std::vector<Target> targets;
     std::vector<std::string> names;
+    std::set<int> homes;       // the home shards of its partitions
+    std::set<int> want_homes;  // ... and of those it asks weights for
     size_t bytes = 0;
   };
   std::map<int, ShardPart> parts;
@@ -560,24 +656,34 @@ void ParameterClient::PushPullManyAsync(int64_t step, std::vector<TensorUpdate> 
     }
     const bool want = !t.weights_out.empty();
     for (const PartitionSpan& p : layout.partitions) {
-      ShardPart& part = parts[p.shard];
-      if (part.request == nullptr) part.request = NewRequest(step);
-      v1::Slice* slice = part.request->add_push();
-      slice->mutable_key()->set_tensor(layout.name);
-      slice->mutable_key()->set_index(p.index);
-      slice->set_encoding(options_.push_encoding);
-      slice->set_want_weights(want);
-      const absl::string_view lent =
-          LendOrEncode(options_.push_encoding, t.gradient.data() + p.offset,
-                       static_cast<size_t>(p.num_elements), slice);
-      part.lent.push_back(lent);
-      part.lends = part.lends || !lent.empty();
-      part.bytes += lent.empty() ? slice->data().size() : lent.size();
-      if (want) {
-        part.targets.push_back(Target{layout.name, p.index, t.weights_out.data() + p.offset,
-                                      static_cast<size_t>(p.num_elements)});
+      // Every live copy gets the slice; the first (acting) one alone is asked for weights.
+      const std::vector<int> copies = routing_.LiveCopies(p.shard);
+      if (copies.empty()) {
+        return done(absl::UnavailableError(absl::StrCat("PushPull tensor '", t.name, "' partition ",
+                                                        p.index, ": every copy is down")));
       }
-      if (part.names.empty() || part.names.back() != t.name) part.names.push_back(t.name);
+      for (size_t c = 0; c < copies.size(); ++c) {
+        ShardPart& part = parts[copies[c]];
+        if (part.request == nullptr) part.request = NewRequest(step);
+        part.homes.insert(p.shard);
+        v1::Slice* slice = part.request->add_push();
+        slice->mutable_key()->set_tensor(layout.name);
+        slice->mutable_key()->set_index(p.index);
+        slice->set_encoding(options_.push_encoding);
+        slice->set_want_weights(want && c == 0);
+        const absl::string_view lent =
+            LendOrEncode(options_.push_encoding, t.gradient.data() + p.offset,
+                         static_cast<size_t>(p.num_elements), slice);
+        part.lent.push_back(lent);
+        part.lends = part.lends || !lent.empty();
+        part.bytes += lent.empty() ? slice->data().size() : lent.size();
+        if (want && c == 0) {
+          part.want_homes.insert(p.shard);
+          part.targets.push_back(Target{layout.name, p.index, t.weights_out.data() + p.offset,
+                                        static_cast<size_t>(p.num_elements)});
+        }
+        if (part.names.empty() || part.names.back() != t.name) part.names.push_back(t.name);
+      }
     }
   }
   for (const auto& [shard, part] : parts) {
@@ -601,6 +707,8 @@ void ParameterClient::PushPullManyAsync(int64_t step, std::vector<TensorUpdate> 
     auto attempt = std::make_shared<Attempt>();
     attempt->op = op;
     attempt->shard = shard;
+    attempt->homes.assign(part.homes.begin(), part.homes.end());
+    attempt->want_homes.assign(part.want_homes.begin(), part.want_homes.end());
     attempt->call.request = std::move(part.request);
     if (part.lends) attempt->call.lent = std::move(part.lent);
     attempt->what = absl::StrCat("PushPull of tensors ", absl::StrJoin(part.names, ", "), " step ",
@@ -653,6 +761,15 @@ absl::Status ParameterClient::CallWithRetries(int shard,
 
 absl::Status ParameterClient::Pull(absl::string_view name, int64_t step, absl::Span<float> out,
                                    int64_t* min_version) {
+  // A shard found down while the pull ran: once more, from the copies that now serve.
+  const std::vector<int> down = routing_.Down();
+  absl::Status status = PullOnce(name, step, out, min_version);
+  if (!status.ok() && routing_.Down() != down) status = PullOnce(name, step, out, min_version);
+  return status;
+}
+
+absl::Status ParameterClient::PullOnce(absl::string_view name, int64_t step, absl::Span<float> out,
+                                       int64_t* min_version) {
   TESSERA_ASSIGN_OR_RETURN(const DenseLayout* layout, Layout(name));
   if (static_cast<int64_t>(out.size()) != layout->num_elements) {
     return absl::InvalidArgumentError(absl::StrCat("Pull tensor '", name, "': out has ", out.size(),
@@ -661,9 +778,16 @@ absl::Status ParameterClient::Pull(absl::string_view name, int64_t step, absl::S
   }
   std::vector<v1::PullRequest> requests(shards_.size());
   std::vector<int> used;
+  std::vector<int> serving(layout->partitions.size());
   for (const PartitionSpan& p : layout->partitions) {
-    v1::PullRequest& r = requests[p.shard];
-    if (r.keys_size() == 0) used.push_back(p.shard);
+    const int shard = PullShard(p.shard);
+    if (shard < 0) {
+      return absl::UnavailableError(
+          absl::StrCat("Pull tensor '", name, "' partition ", p.index, ": every copy is down"));
+    }
+    serving[p.index] = shard;
+    v1::PullRequest& r = requests[shard];
+    if (r.keys_size() == 0) used.push_back(shard);
     v1::Slice* key = r.add_keys();
     key->mutable_key()->set_tensor(layout->name);
     key->mutable_key()->set_index(p.index);
@@ -685,7 +809,7 @@ absl::Status ParameterClient::Pull(absl::string_view name, int64_t step, absl::S
     for (const v1::Slice& w : slices) {
       const uint32_t index = w.key().index();
       if (w.key().tensor() != layout->name || index >= layout->partitions.size() ||
-          layout->partitions[index].shard != s) {
+          serving[index] != s) {
         return absl::InternalError(absl::StrCat(shards_[s]->address(), ": Pull tensor '", name,
                                                 "' returned unexpected key '", w.key().tensor(),
                                                 "' partition ", index));
@@ -713,286 +837,13 @@ absl::Status ParameterClient::Pull(absl::string_view name, int64_t step, absl::S
   return absl::OkStatus();
 }
 
-void ParameterClient::PushPullSparseAsync(absl::string_view table, int64_t step,
-                                          absl::Span<const int64_t> rows,
-                                          absl::Span<const float> gradient,
-                                          absl::Span<float> weights_out, PushPullCallback done) {
-  absl::StatusOr<SparseTable> found = FindTable(table);
-  if (!found.ok()) return done(found.status());
-  const SparseTable t = *std::move(found);
-  const size_t dim = t.dim;
-  if (gradient.size() != rows.size() * dim) {
-    return done(absl::InvalidArgumentError(
-        absl::StrCat("PushPullSparse table '", table, "': gradient has ", gradient.size(),
-                     " values, ", rows.size(), " rows of dim ", dim, " need ", rows.size() * dim)));
-  }
-  if (!weights_out.empty() && weights_out.size() != rows.size() * dim) {
-    return done(absl::InvalidArgumentError(
-        absl::StrCat("PushPullSparse table '", table, "': weights_out has ", weights_out.size(),
-                     " values, ", rows.size(), " rows of dim ", dim, " need ", rows.size() * dim)));
-  }
-  if (step < 0) {
-    return done(absl::InvalidArgumentError(
-        absl::StrCat("PushPullSparse table '", table, "': step must be >= 0, got ", step)));
-  }
-  // One request per shard, rows or none: a table's clock on a shard advances with every push to
-  // it, so under BSP and SSP a worker whose batch touches no row there still counts for the step.
-  // The shard deduplicates per (worker, table), so two requests for the same table on one shard
-  // must never be in flight at once.
-  std::vector<std::vector<size_t>> positions(shards_.size());
-  for (size_t i = 0; i < rows.size(); ++i) {
-    positions[ShardOfSparseRow(options_.job_id, t.name, rows[i], num_shards())].push_back(i);
-  }
-  const size_t bpv = BytesPerValue(options_.push_encoding);
-  for (const auto& pos : positions) {
-    if (static_cast<int64_t>(pos.size() * dim * bpv) > options_.max_request_bytes) {
-      return done(absl::InvalidArgumentError(absl::StrCat(
-          "PushPullSparse table '", table, "': ", pos.size(), " rows for one shard exceed ",
-          "max_request_bytes ", options_.max_request_bytes, "; push fewer rows at once")));
-    }
-  }
-  auto op = std::make_shared<Op>();
-  op->done = std::move(done);
-  const int used = num_shards();
-  op->remaining.store(used);
-  {
-    absl::MutexLock lock(&op->mu);
-    op->result.requests = static_cast<uint32_t>(used);
-  }
-  OpStarted();
-  const bool want = !weights_out.empty();
-  for (int s = 0; s < num_shards(); ++s) {
-    auto pos = std::make_shared<std::vector<size_t>>(std::move(positions[s]));
-    std::shared_ptr<v1::PushPullRequest> request = NewRequest(step);
-    v1::Slice* slice = request->add_push();
-    slice->mutable_key()->set_tensor(t.name);
-    slice->mutable_key()->set_index(0);
-    slice->set_encoding(options_.push_encoding);
-    slice->set_want_weights(want);
-    std::vector<float> gathered(pos->size() * dim);
-    for (size_t j = 0; j < pos->size(); ++j) {
-      slice->add_row_ids(rows[(*pos)[j]]);
-      std::copy_n(gradient.data() + (*pos)[j] * dim, dim, gathered.data() + j * dim);
-    }
-    EncodeInto(options_.push_encoding, gathered.data(), gathered.size(), slice->mutable_data());
-    auto attempt = std::make_shared<Attempt>();
-    attempt->op = op;
-    attempt->shard = s;
-    attempt->call.request = std::move(request);
-    attempt->what = absl::StrCat("PushPullSparse table '", table, "' step ", step, " (",
-                                 pos->size(), " rows) on shard ", s);
-    if (want) {
-      float* out = weights_out.data();
-      const std::string name = t.name;
-      attempt->accept = [out, dim, pos, name](const v1::PushPullResponse& r) -> absl::Status {
-        for (const v1::Slice& w : r.weights()) {
-          if (w.key().tensor() != name) continue;
-          std::vector<float> values(pos->size() * dim);
-          TESSERA_RETURN_IF_ERROR(
-              DecodeValues(w.encoding(), w.data(), values.data(), values.size()));
-          for (size_t j = 0; j < pos->size(); ++j) {
-            std::copy_n(values.data() + j * dim, dim, out + (*pos)[j] * dim);
-          }
-          return absl::OkStatus();
-        }
-        return absl::InternalError(
-            absl::StrCat("response has no weights for sparse table '", name, "'"));
-      };
-    }
-    Send(std::move(attempt));
-  }
-}
-
-absl::Status ParameterClient::PullAllRows(absl::string_view table, std::vector<int64_t>* ids,
-                                          std::vector<float>* values) {
-  TESSERA_ASSIGN_OR_RETURN(SparseTable t, FindTable(table));
-  const size_t dim = t.dim;
-  std::vector<std::vector<int64_t>> shard_ids(shards_.size());
-  std::vector<std::vector<float>> shard_values(shards_.size());
-  std::vector<int> all(shards_.size());
-  for (size_t s = 0; s < all.size(); ++s) all[s] = static_cast<int>(s);
-  TESSERA_RETURN_IF_ERROR(ForEachConcurrently(all, [&](int s) -> absl::Status {
-    v1::PullRequest r;
-    r.set_job_id(options_.job_id);
-    r.set_worker_id(options_.worker_id);
-    r.set_step(-1);
-    r.set_encoding(v1::ENCODING_FP32);
-    v1::Slice* key = r.add_keys();
-    key->mutable_key()->set_tensor(t.name);
-    key->mutable_key()->set_index(0);
-    key->set_all_rows(true);
-    std::vector<v1::Slice> slices;
-    TESSERA_RETURN_IF_ERROR(CallWithRetries(s, [&](absl::Time deadline) -> absl::Status {
-      TESSERA_ASSIGN_OR_RETURN(slices, shards_[s]->Pull(r, deadline));
-      return absl::OkStatus();
-    }));
-    for (const v1::Slice& w : slices) {
-      if (w.key().tensor() != t.name) continue;
-      const size_t n = static_cast<size_t>(w.row_ids_size());
-      const size_t at = shard_values[s].size();
-      shard_values[s].resize(at + n * dim);
-      TESSERA_RETURN_IF_ERROR(WithAddress(
-          s, DecodeValues(w.encoding(), w.data(), shard_values[s].data() + at, n * dim)));
-      shard_ids[s].insert(shard_ids[s].end(), w.row_ids().begin(), w.row_ids().end());
-    }
-    return absl::OkStatus();
-  }));
-  ids->clear();
-  values->clear();
-  for (size_t s = 0; s < shards_.size(); ++s) {
-    ids->insert(ids->end(), shard_ids[s].begin(), shard_ids[s].end());
-    values->insert(values->end(), shard_values[s].begin(), shard_values[s].end());
-  }
-  return absl::OkStatus();
-}
-
-void ParameterClient::PullSparseAsync(absl::string_view table, int64_t step,
-                                      absl::Span<const int64_t> rows, absl::Span<float> out,
-                                      PushPullCallback done) {
-  absl::StatusOr<SparseTable> found = FindTable(table);
-  if (!found.ok()) return done(found.status());
-  const SparseTable t = *std::move(found);
-  const size_t dim = t.dim;
-  if (out.size() != rows.size() * dim) {
-    return done(absl::InvalidArgumentError(
-        absl::StrCat("PullSparseAsync table '", table, "': out has ", out.size(), " values, ",
-                     rows.size(), " rows of dim ", dim, " need ", rows.size() * dim)));
-  }
-  if (step < 0) {
-    return done(absl::InvalidArgumentError(
-        absl::StrCat("PullSparseAsync table '", table, "': step must be >= 0, got ", step)));
-  }
-  std::vector<std::vector<size_t>> positions(shards_.size());
-  for (size_t i = 0; i < rows.size(); ++i) {
-    positions[ShardOfSparseRow(options_.job_id, t.name, rows[i], num_shards())].push_back(i);
-  }
-  int used = 0;
-  for (const auto& pos : positions) used += pos.empty() ? 0 : 1;
-  if (used == 0) return done(PushPullResult{});
-  auto op = std::make_shared<Op>();
-  op->done = std::move(done);
-  op->remaining.store(used);
-  {
-    absl::MutexLock lock(&op->mu);
-    op->result.requests = static_cast<uint32_t>(used);
-  }
-  OpStarted();
-  for (int s = 0; s < num_shards(); ++s) {
-    if (positions[s].empty()) continue;
-    auto pos = std::make_shared<std::vector<size_t>>(std::move(positions[s]));
-    // A request without push slices: only its pull, gated for `step`.
-    std::shared_ptr<v1::PushPullRequest> request = NewRequest(step);
-    v1::Slice* key = request->add_pull();
-    key->mutable_key()->set_tensor(t.name);
-    key->mutable_key()->set_index(0);
-    for (size_t i : *pos) key->add_row_ids(rows[i]);
-    auto attempt = std::make_shared<Attempt>();
-    attempt->op = op;
-    attempt->shard = s;
-    attempt->call.request = std::move(request);
-    attempt->what = absl::StrCat("PullSparse table '", table, "' step ", step, " (", pos->size(),
-                                 " rows) on shard ", s);
-    float* dst = out.data();
-    const std::string name = t.name;
-    attempt->accept = [dst, dim, pos, name](const v1::PushPullResponse& r) -> absl::Status {
-      for (const v1::Slice& w : r.weights()) {
-        if (w.key().tensor() != name) continue;
-        if (static_cast<size_t>(w.row_ids_size()) != pos->size()) {
-          return absl::InternalError(absl::StrCat("sparse table '", name, "': ", w.row_ids_size(),
-                                                  " rows came back for ", pos->size(), " asked"));
-        }
-        std::vector<float> values(pos->size() * dim);
-        TESSERA_RETURN_IF_ERROR(DecodeValues(w.encoding(), w.data(), values.data(), values.size()));
-        for (size_t j = 0; j < pos->size(); ++j) {
-          std::copy_n(values.data() + j * dim, dim, dst + (*pos)[j] * dim);
-        }
-        return absl::OkStatus();
-      }
-      return absl::InternalError(
-          absl::StrCat("response has no rows for sparse table '", name, "'"));
-    };
-    Send(std::move(attempt));
-  }
-}
-
-std::future<absl::StatusOr<PushPullResult>> ParameterClient::PushPullSparse(
-    absl::string_view table, int64_t step, absl::Span<const int64_t> rows,
-    absl::Span<const float> gradient, absl::Span<float> weights_out) {
-  auto promise = std::make_shared<std::promise<absl::StatusOr<PushPullResult>>>();
-  std::future<absl::StatusOr<PushPullResult>> future = promise->get_future();
-  PushPullSparseAsync(
-      table, step, rows, gradient, weights_out,
-      [promise](absl::StatusOr<PushPullResult> r) { promise->set_value(std::move(r)); });
-  return future;
-}
-
-absl::Status ParameterClient::PullSparse(absl::string_view table, int64_t step,
-                                         absl::Span<const int64_t> rows, absl::Span<float> out) {
-  TESSERA_ASSIGN_OR_RETURN(SparseTable t, FindTable(table));
-  const size_t dim = t.dim;
-  if (out.size() != rows.size() * dim) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("PullSparse table '", table, "': out has ", out.size(), " values, ",
-                     rows.size(), " rows of dim ", dim, " need ", rows.size() * dim));
-  }
-  std::vector<std::vector<size_t>> positions(shards_.size());
-  std::vector<int> used;
-  for (size_t i = 0; i < rows.size(); ++i) {
-    const int s = ShardOfSparseRow(options_.job_id, t.name, rows[i], num_shards());
-    if (positions[s].empty()) used.push_back(s);
-    positions[s].push_back(i);
-  }
-  return ForEachConcurrently(used, [&](int s) -> absl::Status {
-    v1::PullRequest r;
-    r.set_job_id(options_.job_id);
-    r.set_worker_id(options_.worker_id);
-    r.set_step(step);
-    r.set_encoding(options_.pull_encoding);
-    v1::Slice* key = r.add_keys();
-    key->mutable_key()->set_tensor(t.name);
-    key->mutable_key()->set_index(0);
-    for (size_t i : positions[s]) key->add_row_ids(rows[i]);
-    std::vector<v1::Slice> slices;
-    TESSERA_RETURN_IF_ERROR(CallWithRetries(s, [&](absl::Time deadline) -> absl::Status {
-      TESSERA_ASSIGN_OR_RETURN(slices, shards_[s]->Pull(r, deadline));
-      return absl::OkStatus();
-    }));
-    // The rows may come back in several slices, in request order.
-    std::vector<float> values(positions[s].size() * dim);
-    size_t filled = 0;
-    for (const v1::Slice& w : slices) {
-      if (w.key().tensor() != t.name) continue;
-      const size_t n = static_cast<size_t>(w.row_ids_size()) * dim;
-      const size_t count = w.row_ids_size() > 0 ? n : values.size() - filled;
-      if (filled + count > values.size()) {
-        return absl::InternalError(absl::StrCat(shards_[s]->address(), ": PullSparse table '",
-                                                table, "' returned too many rows"));
-      }
-      TESSERA_RETURN_IF_ERROR(
-          WithAddress(s, DecodeValues(w.encoding(), w.data(), values.data() + filled, count)));
-      filled += count;
-    }
-    if (filled != values.size()) {
-      return absl::InternalError(absl::StrCat(shards_[s]->address(), ": PullSparse table '", table,
-                                              "' returned ", filled / dim, " of ",
-                                              positions[s].size(), " rows"));
-    }
-    for (size_t j = 0; j < positions[s].size(); ++j) {
-      std::copy_n(values.data() + j * dim, dim, out.data() + positions[s][j] * dim);
-    }
-    return absl::OkStatus();
-  });
-}
-
 absl::Status ParameterClient::UpdateMembership(const std::vector<uint32_t>& live_workers,
                                                int64_t effective_step) {
   v1::UpdateMembershipRequest r;
   r.set_job_id(options_.job_id);
   for (uint32_t w : live_workers) r.add_live_workers(w);
   r.set_effective_step(effective_step);
-  std::vector<int> all(shards_.size());
-  for (int s = 0; s < num_shards(); ++s) all[s] = s;
-  return ForEachConcurrently(all, [&](int s) {
+  return ForEachConcurrently(LiveShards(), [&](int s) {
     return CallWithRetries(
         s, [&](absl::Time deadline) { return shards_[s]->UpdateMembership(r, deadline); });
   });
@@ -1001,9 +852,7 @@ absl::Status ParameterClient::UpdateMembership(const std::vector<uint32_t>& live
 absl::Status ParameterClient::DropJob() {
   v1::DropJobRequest r;
   r.set_job_id(options_.job_id);
-  std::vector<int> all(shards_.size());
-  for (int s = 0; s < num_shards(); ++s) all[s] = s;
-  return ForEachConcurrently(all, [&](int s) {
+  return ForEachConcurrently(LiveShards(), [&](int s) {
     return CallWithRetries(s,
                            [&](absl::Time deadline) { return shards_[s]->DropJob(r, deadline); });
   });

@@ -16,6 +16,15 @@
 // the request's bytes field, which gRPC sends as slices of the request itself. Weights are decoded
 // from the received bytes straight into the caller's buffer.
 //
+// Replication (Options::replicas 2, DESIGN.md §7): every partition and row also lives on the next
+// shard index (replica_routing.h). Each push goes to every live copy with the same seq and is done
+// once all of them acknowledged it; pulls go to the first live copy. SetDownShards takes the
+// coordinator's word that shards are gone: a request still waiting on one of them is dropped when
+// another copy holds its push, and one that wanted weights asks the next copy for them instead.
+// Until that word comes, retryable errors on a replicated job are retried for
+// replica_failover_timeout rather than max_attempts times, so that a lost shard costs a failover,
+// not the call.
+//
 // Thread-safety: all methods may be called from any thread concurrently. The destructor fails
 // every call in flight with CANCELLED (no retries) and returns once their callbacks have run.
 #ifndef TESSERA_WORKER_CLIENT_PARAMETER_CLIENT_H_
@@ -27,6 +36,7 @@
 #include <future>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -40,6 +50,7 @@
 #include "absl/types/span.h"
 #include "common/security.h"
 #include "tessera/v1/parameter.pb.h"
+#include "worker/client/replica_routing.h"
 #include "worker/client/shard_client.h"
 #include "worker/client/tensor_layout.h"
 
@@ -106,6 +117,14 @@ class ParameterClient {
     int64_t max_request_bytes = 16 << 20;
     // How the channels to the shards are made (default: plaintext, no token).
     ClientCredentials credentials;
+    // Copies of every partition and row (the job's spec.replication): 1, or 2 for a backup on the
+    // next shard index. At most the number of shards.
+    int replicas = 1;
+    // Shards already down when the client is made (Task.down_shards); see SetDownShards.
+    std::vector<int> down_shards;
+    // Replicated jobs: how long a request keeps being retried on a shard that fails with a
+    // retryable error, waiting for the coordinator to say whether the shard is down.
+    absl::Duration replica_failover_timeout = absl::Seconds(120);
   };
 
   using PushPullCallback = std::function<void(absl::StatusOr<PushPullResult>)>;
@@ -165,10 +184,11 @@ class ParameterClient {
                     int64_t* min_version = nullptr);
 
   // Sparse tables: rows[i]'s gradient is gradient[i*dim, (i+1)*dim). Each row goes to
-  // ShardOfSparseRow(job, table, row), and every shard gets one request, rows or none (its clock
-  // for the table advances: a BSP step there does not wait for this worker). Weights come back
-  // into weights_out in the same layout. Same REQUIREs as PushPullAsync; sizes are
-  // rows.size() * dim; the rows are distinct.
+  // ShardOfSparseRow(job, table, row) and its copies, and every live shard gets one request, rows
+  // or none (its clock for the table advances: a BSP step there does not wait for this worker).
+  // Weights come back into weights_out in the same layout (replicas 1 only: INVALID_ARGUMENT
+  // otherwise). Same REQUIREs as PushPullAsync; sizes are rows.size() * dim; the rows are
+  // distinct.
   void PushPullSparseAsync(absl::string_view table, int64_t step, absl::Span<const int64_t> rows,
                            absl::Span<const float> gradient, absl::Span<float> weights_out,
                            PushPullCallback done);
@@ -190,11 +210,21 @@ class ParameterClient {
   void PullSparseAsync(absl::string_view table, int64_t step, absl::Span<const int64_t> rows,
                        absl::Span<float> out, PushPullCallback done);
 
-  // Control calls, sent to every shard. Block.
+  // The shards the coordinator has found down (replicated jobs; Job.down_shards): nothing is sent
+  // to them any more; requests waiting on them are dropped (their pushes are held by another
+  // copy) or sent as pulls to the next copy, now. INVALID_ARGUMENT for an index out of range or
+  // on a client with one copy.
+  absl::Status SetDownShards(const std::vector<int>& down);
+  // The shards that failed a request with a retryable error since the last call (replicated
+  // jobs), for the worker's next progress report.
+  std::vector<int> TakeUnreachableShards();
+
+  // Control calls, sent to every shard that is not down. Block.
   absl::Status UpdateMembership(const std::vector<uint32_t>& live_workers, int64_t effective_step);
   absl::Status DropJob();
 
   const Options& options() const { return options_; }
+  const ReplicaRouting& routing() const { return routing_; }
   int num_shards() const { return static_cast<int>(shards_.size()); }
 
  private:
@@ -213,6 +243,20 @@ class ParameterClient {
   absl::StatusOr<SparseTable> FindTable(absl::string_view table) const;
   std::shared_ptr<v1::PushPullRequest> NewRequest(int64_t step);
   void Send(std::shared_ptr<Attempt> attempt);
+  // An attempt whose shard is down: finished when it wants no weights and every partition of it
+  // has another live copy, sent as a pull to the next copy when it wants weights, else failed.
+  void Reroute(std::shared_ptr<Attempt> attempt, const absl::Status& error);
+  void Finish(std::shared_ptr<Attempt> attempt, absl::Status error,
+              const v1::PushPullResponse* response);
+  // The shards that serve partitions whose home is `home` and their copies (every live copy for
+  // pushes; the acting one for pulls).
+  int PullShard(int home) const;
+  absl::Status PullOnce(absl::string_view name, int64_t step, absl::Span<float> out,
+                        int64_t* min_version);
+  absl::Status PullSparseOnce(absl::string_view table, int64_t step, absl::Span<const int64_t> rows,
+                              absl::Span<float> out);
+  // The shards that are not down, ascending.
+  std::vector<int> LiveShards() const;
   void OnResponse(std::shared_ptr<Attempt> attempt, absl::StatusOr<v1::PushPullResponse> response);
   absl::Duration Backoff(int retry) const;
   // Runs `call` under the retry policy (idempotent blocking calls: Pull and control).
@@ -224,6 +268,7 @@ class ParameterClient {
 
   const Options options_;
   const std::vector<std::unique_ptr<ShardClient>> shards_;
+  ReplicaRouting routing_;
   std::atomic<uint64_t> next_seq_{1};
   std::unique_ptr<RetryTimer> retry_timer_;
 
@@ -231,6 +276,7 @@ class ParameterClient {
   std::map<std::string, DenseLayout, std::less<>> layouts_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, SparseTable, std::less<>> tables_ ABSL_GUARDED_BY(mu_);
   int ops_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  std::set<int> unreachable_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
 };
 

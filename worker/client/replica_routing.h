@@ -1,0 +1,61 @@
+// Which shards hold the copies of a partition or sparse row, and which of them answers
+// (DESIGN.md §7, docs/data-plane.md "Replication").
+//
+// A job with `replicas` copies keeps each partition and row on its placement's shard (its home,
+// common/placement.h) and on the next replicas - 1 shard indices, wrapping around. The worker
+// writes every push to every live copy with the same seq, so each copy applies it exactly once;
+// the first live copy in that order (the acting primary) also answers the pulls. When the
+// coordinator says a shard is down, the next copy acts for it: nothing is rewound, because it
+// holds every push the worker was told was applied.
+//
+// Thread-safety: all methods may be called from any thread concurrently.
+#ifndef TESSERA_WORKER_CLIENT_REPLICA_ROUTING_H_
+#define TESSERA_WORKER_CLIENT_REPLICA_ROUTING_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+
+namespace tessera {
+namespace client {
+
+class ReplicaRouting {
+ public:
+  // REQUIRES: num_shards >= 1, 1 <= replicas <= num_shards (Check them with Validate first).
+  ReplicaRouting(int num_shards, int replicas);
+
+  // INVALID_ARGUMENT naming `replicas` unless 1 <= replicas <= num_shards.
+  static absl::Status Validate(int num_shards, int replicas);
+
+  int num_shards() const { return num_shards_; }
+  int replicas() const { return replicas_; }
+
+  // The copies of what lives at `home`, home first: home, home + 1, ... (mod num_shards).
+  std::vector<int> Copies(int home) const;
+  // The live copies (not down), in the same order; the first one is the acting primary.
+  std::vector<int> LiveCopies(int home) const;
+  // The acting primary of `home`'s partitions: its first live copy; -1 when every copy is down.
+  int Acting(int home) const;
+  // True when `shard` is a copy of `home` (its own index included).
+  bool IsCopy(int home, int shard) const;
+
+  // Replaces the set of down shards. INVALID_ARGUMENT for an index outside [0, num_shards).
+  // Returns the shards that are down now and were not before.
+  absl::Status SetDown(const std::vector<int>& down, std::vector<int>* newly_down = nullptr);
+  bool IsDown(int shard) const;
+  std::vector<int> Down() const;
+
+ private:
+  const int num_shards_;
+  const int replicas_;
+  mutable absl::Mutex mu_;
+  std::vector<bool> down_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace client
+}  // namespace tessera
+
+#endif  // TESSERA_WORKER_CLIENT_REPLICA_ROUTING_H_
