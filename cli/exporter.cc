@@ -61,6 +61,11 @@ absl::StatusOr<std::vector<NamedTensor>> PullJobWeights(const v1::Job& job,
   client_options.pull_encoding = v1::ENCODING_FP32;
   client_options.call_timeout = options.call_timeout;
   client_options.credentials = options.credentials;
+  // A replicated job's down shards are read from their copies.
+  client_options.replicas = spec::Replicas(job.spec());
+  if (client_options.replicas > 1) {
+    client_options.down_shards.assign(job.down_shards().begin(), job.down_shards().end());
+  }
   TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<client::ParameterClient> client,
                            client::ParameterClient::Create(client_options));
 

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -208,7 +210,14 @@ std::string JobDetails(const v1::Job& job, absl::Time now) {
                     " so far\n");
   }
   if (!job.shard_addresses().empty()) {
-    absl::StrAppend(&out, "shards:     ", absl::StrJoin(job.shard_addresses(), " "), "\n");
+    // A replicated job's down shards are marked: their copies serve their partitions.
+    std::vector<std::string> shards(job.shard_addresses().begin(), job.shard_addresses().end());
+    for (int index : job.down_shards()) {
+      if (index >= 0 && index < static_cast<int>(shards.size())) shards[index] += " (DOWN)";
+    }
+    absl::StrAppend(&out, "shards:     ", absl::StrJoin(shards, " "));
+    if (job.spec().replication() >= 2) absl::StrAppend(&out, "; 2 copies of every partition");
+    absl::StrAppend(&out, "\n");
   }
   for (const v1::JobWorker& w : job.workers()) {
     // A lost rank counts as done: say which it was.

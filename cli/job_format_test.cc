@@ -260,6 +260,22 @@ TEST(JobFormatTest, ProgressPrinterShowsCheckpointsRecoveriesAndRanks) {
             "its 7 partitions to shard 0");
 }
 
+// `tessera get` marks a replicated job's down shard.
+TEST(JobFormatTest, DetailsMarkADownShardOfAReplicatedJob) {
+  v1::Job job;
+  job.set_id("r-2");
+  job.set_state(v1::JOB_STATE_RUNNING);
+  job.mutable_spec()->set_replication(2);
+  job.add_shard_addresses("127.0.0.1:4000");
+  job.add_shard_addresses("127.0.0.1:4001");
+  job.add_down_shards(1);
+  const std::string details = JobDetails(job, absl::FromUnixMillis(1000));
+  EXPECT_NE(details.find("shards:     127.0.0.1:4000 127.0.0.1:4001 (DOWN); 2 copies of every "
+                         "partition\n"),
+            std::string::npos)
+      << details;
+}
+
 // `tessera get` says what recovery the job is in, its checkpoints and recoveries, and which rank
 // was lost.
 TEST(JobFormatTest, DetailsShowRecoveryCheckpointsAndLostRanks) {

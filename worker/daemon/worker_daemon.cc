@@ -13,6 +13,7 @@
 #include "common/process.h"
 #include "grpcpp/channel.h"
 #include "spdlog/spdlog.h"
+#include "spec/job_spec.h"
 
 namespace tessera::worker {
 
@@ -107,14 +108,41 @@ class WorkerDaemon::ProgressSender {
   void Run() {
     absl::Duration backoff = daemon_->options_.initial_backoff;
     bool down = false;
+    // Replicated jobs: while the training loop waits on a shard that does not answer, it makes no
+    // reports; this thread then tells the coordinator which shards are unreachable (in a copy of
+    // the last report) every progress interval, and the acks bring the down shards back.
+    const bool replicated = spec::Replicas(task_.spec()) > 1;
+    std::optional<v1::ProgressReport> last;
     for (;;) {
       Entry entry;
       {
         absl::MutexLock lock(&mu_);
-        mu_.Await(absl::Condition(this, &ProgressSender::Ready));
+        if (replicated) {
+          mu_.AwaitWithTimeout(absl::Condition(this, &ProgressSender::Ready),
+                               daemon_->options_.progress_interval);
+        } else {
+          mu_.Await(absl::Condition(this, &ProgressSender::Ready));
+        }
         if (stop_) return;
-        entry = queue_.front();
+        if (queue_.empty()) {
+          if (!last.has_value()) continue;
+          entry.report = *last;  // a probe, sent without the lock below
+        } else {
+          entry = queue_.front();
+        }
       }
+      if (entry.id == 0) {
+        const std::vector<int> unreachable = daemon_->TakeUnreachableShards(task_);
+        if (unreachable.empty()) continue;
+        for (int shard : unreachable) entry.report.add_unreachable_shards(shard);
+        const absl::StatusOr<v1::ProgressAck> ack = daemon_->Report(task_, entry.report);
+        if (!ack.ok()) {
+          spdlog::warn("job {}: report of unreachable shards not delivered: {}", task_.job_id(),
+                       ack.status().ToString());
+        }
+        continue;
+      }
+      if (entry.report.phase() == v1::TASK_PHASE_TRAINING) last = entry.report;
       // Without the lock: an RPC.
       absl::StatusOr<v1::ProgressAck> ack = daemon_->Report(task_, entry.report);
       const bool refused = !ack.ok() && ack.status().code() == absl::StatusCode::kInvalidArgument;
@@ -453,6 +481,10 @@ absl::StatusOr<v1::ProgressAck> WorkerDaemon::Report(const v1::Task& task,
   report.set_job_id(task.job_id());
   report.set_rank(task.rank());
   report.set_incarnation(task.incarnation());
+  const bool replicated = spec::Replicas(task.spec()) > 1;
+  if (replicated) {
+    for (int shard : TakeUnreachableShards(task)) report.add_unreachable_shards(shard);
+  }
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
   v1::ProgressAck ack;
@@ -462,7 +494,20 @@ absl::StatusOr<v1::ProgressAck> WorkerDaemon::Report(const v1::Task& task,
     return absl::Status(s.code(),
                         absl::StrCat("coordinator ", options_.coordinator, ": ", s.message()));
   }
+  if (replicated) ApplyDownShards(task, ack);
   return ack;
+}
+
+std::vector<int> WorkerDaemon::TakeUnreachableShards(const v1::Task& task) {
+  absl::MutexLock lock(&mu_);
+  if (trainer_ == nullptr || !task_running_ || task_.incarnation() != task.incarnation()) return {};
+  return trainer_->TakeUnreachableShards();
+}
+
+void WorkerDaemon::ApplyDownShards(const v1::Task& task, const v1::ProgressAck& ack) {
+  absl::MutexLock lock(&mu_);
+  if (trainer_ == nullptr || !task_running_ || task_.incarnation() != task.incarnation()) return;
+  trainer_->SetDownShards(std::vector<int>(ack.down_shards().begin(), ack.down_shards().end()));
 }
 
 void WorkerDaemon::RunTask(v1::Task task) {

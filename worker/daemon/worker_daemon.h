@@ -131,8 +131,12 @@ class WorkerDaemon {
   // Folds a progress report of the task in hand into stats_.
   void RecordProgress(const v1::ProgressReport& report) ABSL_LOCKS_EXCLUDED(mu_);
   // One ReportProgress with member_id, job_id, rank and incarnation filled in. UNAVAILABLE while
-  // not registered.
+  // not registered. Replicated jobs: the report names the shards the trainer found unreachable,
+  // and the ack's down shards go to the trainer.
   absl::StatusOr<v1::ProgressAck> Report(const v1::Task& task, v1::ProgressReport report);
+  // The task's trainer, when it is the one running: its unreachable shards; SetDownShards.
+  std::vector<int> TakeUnreachableShards(const v1::Task& task) ABSL_LOCKS_EXCLUDED(mu_);
+  void ApplyDownShards(const v1::Task& task, const v1::ProgressAck& ack) ABSL_LOCKS_EXCLUDED(mu_);
   // Cancels the task in hand when it belongs to `job_id` (any job when empty) and, when given,
   // is of `incarnation`.
   void CancelTask(const std::string& job_id, const std::string& why,

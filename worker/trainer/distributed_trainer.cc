@@ -326,7 +326,20 @@ absl::Status DistributedTrainer::Connect() {
   o.call_timeout = options_.call_timeout;
   o.retry.max_attempts = options_.max_attempts;
   o.credentials = options_.credentials;
+  o.replicas = spec::Replicas(spec);
+  {
+    absl::MutexLock lock(&replica_mu_);
+    down_shards_.insert(down_shards_.end(), options_.task.down_shards().begin(),
+                        options_.task.down_shards().end());
+    std::sort(down_shards_.begin(), down_shards_.end());
+    down_shards_.erase(std::unique(down_shards_.begin(), down_shards_.end()), down_shards_.end());
+    if (o.replicas > 1) o.down_shards = down_shards_;
+  }
   TESSERA_ASSIGN_OR_RETURN(client_, client::ParameterClient::Create(o));
+  {
+    absl::MutexLock lock(&replica_mu_);
+    connected_ = client_.get();
+  }
 
   const std::vector<engine::Parameter>& params = model_->parameters();
   std::vector<std::vector<float>> initial(dense_.size());
@@ -355,6 +368,23 @@ absl::Status DistributedTrainer::Connect() {
   return PullAll();
 }
 
+void DistributedTrainer::SetDownShards(const std::vector<int>& down) {
+  absl::MutexLock lock(&replica_mu_);
+  if (down == down_shards_) return;
+  down_shards_ = down;
+  if (connected_ == nullptr) return;
+  const absl::Status s = connected_->SetDownShards(down);
+  if (!s.ok() && options_.on_note) {
+    options_.on_note(absl::StrCat("ignores the coordinator's down shards: ", s.message()));
+  }
+}
+
+std::vector<int> DistributedTrainer::TakeUnreachableShards() {
+  absl::MutexLock lock(&replica_mu_);
+  if (connected_ == nullptr) return {};
+  return connected_->TakeUnreachableShards();
+}
+
 absl::Status DistributedTrainer::PullAll() {
   const std::vector<engine::Parameter>& params = model_->parameters();
   for (size_t k = 0; k < dense_.size(); ++k) {
@@ -380,6 +410,7 @@ absl::Status DistributedTrainer::PullGated(int64_t step) {
   const v1::Consistency mode = spec::MakeJobConfig(options_.task.spec()).consistency();
   const bool bsp = mode == v1::CONSISTENCY_BSP || mode == v1::CONSISTENCY_HYBRID;
   client::ParameterClient::Options o = client_->options();
+  o.down_shards = client_->routing().Down();
   o.call_timeout = std::min(options_.call_timeout, kSlice);
   o.retry.max_attempts = 1;
   TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<client::ParameterClient> gate,

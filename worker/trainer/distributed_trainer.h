@@ -175,6 +175,12 @@ class DistributedTrainer {
   void Cancel();
   bool cancelled() const { return cancelled_.load(std::memory_order_acquire); }
 
+  // Replicated jobs (spec.replication 2): the coordinator's down shards (ProgressAck.down_shards),
+  // applied to the data plane at once or, before Run() has connected, when it does; and the
+  // shards it found unreachable since the last call, for the next progress report. Thread-safe.
+  void SetDownShards(const std::vector<int>& down);
+  std::vector<int> TakeUnreachableShards();
+
   int rank() const { return rank_; }
   int world_size() const { return world_; }
   int64_t steps_per_epoch() const { return steps_per_epoch_; }
@@ -272,6 +278,11 @@ class DistributedTrainer {
 
   // The sparse tables' rows (null for a dense model); outlives client_, whose calls fill it.
   std::unique_ptr<internal::RowExchange> rows_;
+
+  // What SetDownShards and TakeUnreachableShards reach: client_ once Connect() made it.
+  absl::Mutex replica_mu_;
+  client::ParameterClient* connected_ ABSL_GUARDED_BY(replica_mu_) = nullptr;
+  std::vector<int> down_shards_ ABSL_GUARDED_BY(replica_mu_);
 
   // Last member: destroyed first, which waits for its calls in flight.
   std::unique_ptr<client::ParameterClient> client_;

@@ -101,6 +101,13 @@ absl::StatusOr<CheckpointPlan> PlanCheckpoint(ClusterState& state, JobEntry& ent
     return absl::FailedPreconditionError(
         absl::StrCat("job ", job.id(), " is recovering (", job.recovery(), "); try again later"));
   }
+  if (job.down_shards_size() > 0) {
+    // A checkpoint is a cut of every index; the down one's state is only on its copies, which
+    // the shards do not write as its own (docs/reliability.md "Replicated shards").
+    return absl::FailedPreconditionError(
+        absl::StrCat("job ", job.id(), " runs with shard ", job.down_shards(0),
+                     " down (its copies serve it); checkpoints need every shard index"));
+  }
   CheckpointPlan plan;
   plan.job_id = job.id();
   plan.step = step;

@@ -44,6 +44,9 @@ struct MemberEntry {
   // there was no stream when it was due (the worker ignores an assignment it already runs).
   std::optional<v1::TaskEvent> assign;
   bool assign_durable = false;
+  // A shard a replicated job's rank could not reach (shard_failover.h): from then on, its lease
+  // is SuspectLeaseMs(); a heartbeat clears it. 0: not suspected.
+  int64_t suspected_ms = 0;
 };
 
 // A job: its record and what the rooms keep about it in memory.

@@ -110,6 +110,13 @@ int ShardsReady(ClusterState& state, JobEntry& entry, const GangResources& resou
                            missing, " is missing"));
     return -1;
   }
+  const int copies = spec::Replicas(entry.job.spec());
+  if (num_shards < copies) {
+    SetPendingReason(state, entry,
+                     absl::StrCat("waiting for shards: replication ", copies, " needs ", copies,
+                                  " shards, ", num_shards, " registered"));
+    return -1;
+  }
   return num_shards;
 }
 

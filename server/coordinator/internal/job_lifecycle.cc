@@ -24,6 +24,11 @@ absl::StatusOr<v1::Job> CreateJob(ClusterState& state, const v1::JobSpec& spec) 
   validate.distributed = true;
   validate.dataset_roots = state.options.dataset_roots;
   TESSERA_RETURN_IF_ERROR(spec::ValidateJobSpec(spec, validate));
+  if (state.options.num_shards > 0 && spec::Replicas(spec) > state.options.num_shards) {
+    return absl::InvalidArgumentError(absl::StrCat("replication: ", spec::Replicas(spec),
+                                                   " copies need as many shards; this cluster has ",
+                                                   state.options.num_shards, " (--num_shards)"));
+  }
   v1::Job created;
   {
     absl::MutexLock lock(&state.mu);

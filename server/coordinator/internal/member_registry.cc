@@ -7,6 +7,7 @@
 #include "common/status_macros.h"
 #include "server/coordinator/internal/recovery.h"
 #include "server/coordinator/internal/shard_drops.h"
+#include "server/coordinator/internal/shard_failover.h"
 #include "server/coordinator/internal/stall_inspector.h"
 #include "server/coordinator/internal/task_assignments.h"
 #include "spdlog/spdlog.h"
@@ -90,8 +91,9 @@ void MemberGone(ClusterState& state, MemberEntry& member, v1::MemberState member
           entry.job.shard_addresses(index) != member.member.address()) {
         continue;
       }
-      StartRecovery(state, entry,
-                    absl::StrCat("shard ", index, " (", member.member.address(), ") ", why));
+      const std::string cause =
+          absl::StrCat("shard ", index, " (", member.member.address(), ") ", why);
+      if (!FailOverShard(state, entry, index, cause)) StartRecovery(state, entry, cause);
     }
   }
   state.QueueMember(member);
@@ -209,6 +211,7 @@ absl::Status RenewLease(ClusterState& state, const v1::HeartbeatRequest& request
     }
     const int64_t now = state.NowMs();
     member->member.set_last_seen_ms(now);
+    member->suspected_ms = 0;
     if (member->member.role() != v1::MEMBER_ROLE_SERVER) return absl::OkStatus();
     RecordShardStalls(state, *member, request, now);
   }
@@ -280,11 +283,16 @@ absl::Status OpenTaskStream(ClusterState& state, const std::string& member_id,
 }
 
 void ExpireLeases(ClusterState& state, int64_t now_ms) {
-  const int64_t lease_ms = absl::ToInt64Milliseconds(state.options.lease);
+  const int64_t full_ms = absl::ToInt64Milliseconds(state.options.lease);
   for (auto& [id, member] : state.members) {
+    const bool suspected = member.suspected_ms > 0;
+    const int64_t lease_ms = suspected ? SuspectLeaseMs(state.options) : full_ms;
     if (!IsLive(member.member) || now_ms - member.member.last_seen_ms() <= lease_ms) continue;
     MemberGone(state, member, v1::MEMBER_STATE_LOST,
-               absl::StrCat("lost: no heartbeat for ", SecondsText(state.options.lease)));
+               suspected
+                   ? absl::StrCat("lost: unreachable from a worker and no heartbeat for ",
+                                  SecondsText(absl::Milliseconds(lease_ms)))
+                   : absl::StrCat("lost: no heartbeat for ", SecondsText(state.options.lease)));
   }
 }
 

@@ -10,6 +10,7 @@
 #include "server/coordinator/internal/job_events.h"
 #include "server/coordinator/internal/job_lifecycle.h"
 #include "server/coordinator/internal/recovery.h"
+#include "server/coordinator/internal/shard_failover.h"
 #include "server/coordinator/internal/task_assignments.h"
 #include "spdlog/spdlog.h"
 
@@ -254,6 +255,7 @@ absl::Status ApplyReport(ClusterState& state, JobEntry& entry, const v1::Progres
     return absl::OkStatus();
   }
   const int old_epoch = RecordProgress(entry, rank, report, now_ms);
+  SuspectShards(state, entry, report, now_ms);
   switch (report.phase()) {
     case v1::TASK_PHASE_FAILED:
       ReportFailure(state, entry, rank, report, member);
@@ -270,6 +272,7 @@ absl::Status ApplyReport(ClusterState& state, JobEntry& entry, const v1::Progres
   if (job.state() == v1::JOB_STATE_RUNNING || job.state() == v1::JOB_STATE_SUCCEEDED) {
     ack->set_all_workers_done(AllWorkersDone(job));
   }
+  *ack->mutable_down_shards() = job.down_shards();
   return absl::OkStatus();
 }
 

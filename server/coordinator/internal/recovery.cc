@@ -12,6 +12,7 @@
 #include "server/coordinator/internal/job_lifecycle.h"
 #include "server/coordinator/internal/job_steps.h"
 #include "server/coordinator/internal/shard_drops.h"
+#include "server/coordinator/internal/shard_failover.h"
 #include "server/coordinator/internal/stall_inspector.h"
 #include "server/coordinator/internal/task_assignments.h"
 #include "spdlog/spdlog.h"
@@ -97,6 +98,7 @@ void SendMembership(ClusterState& state, const std::string& job_id,
     ABSL_LOCKS_EXCLUDED(state.mu) {
   bool failed = false;
   for (size_t i = 0; i < addresses.size(); ++i) {
+    if (addresses[i].empty()) continue;  // down (shard_failover.h)
     // In order: each update replaces the shard's history from its step on.
     for (const auto& [effective_step, live_ranks] : layers) {
       v1::UpdateMembershipRequest request;
@@ -210,6 +212,8 @@ bool RewindJob(ClusterState& state, JobEntry& entry, const RecoveryPlan& plan, i
   job.set_step(restored);
   job.set_recoveries(job.recoveries() + 1);
   job.clear_recovery();
+  // Every index was restored from a checkpoint taken with every shard: none is down any more.
+  job.clear_down_shards();
   // The shards have just heard plan.live_ranks, every one from the checkpoint on: no join is
   // pending any more. A rank of them lost while the restore ran is still live there, so
   // they must hear the live ranks again.
@@ -285,6 +289,7 @@ JoinOutcome JoinOnShards(ClusterState& state, const HandoverPlan& plan)
   join.set_effective_step(plan.start_step);
   JoinOutcome out;
   for (size_t i = 0; i < plan.addresses.size() && out.failed.ok(); ++i) {
+    if (plan.addresses[i].empty()) continue;  // down (shard_failover.h)
     absl::StatusOr<v1::UpdateMembershipResponse> response =
         state.shards->UpdateMembership(plan.addresses[i], join);
     if (!response.ok()) {
@@ -439,7 +444,7 @@ std::function<void()> PlanHandover(ClusterState& state, JobEntry& entry, MemberE
   const int64_t margin = StepMargin(job, entry.handover_attempts);
   plan.start_step = std::max(MaxRankStep(job), entry.handover_floor) + margin;
   if (job.total_steps() > 0) plan.start_step = std::min(plan.start_step, job.total_steps());
-  plan.addresses.assign(job.shard_addresses().begin(), job.shard_addresses().end());
+  plan.addresses = ServingAddresses(job);
   plan.live_ranks = live_ranks;
   plan.resend = std::move(resend);
   entry.membership_dirty = false;
@@ -599,8 +604,7 @@ std::function<void()> PlanRecoveryAction(ClusterState& state, JobEntry& entry, L
   if (!send_membership) return nullptr;
   entry.membership_dirty = false;
   entry.action_running = true;
-  const std::vector<std::string> addresses(job.shard_addresses().begin(),
-                                           job.shard_addresses().end());
+  const std::vector<std::string> addresses = ServingAddresses(job);
   return [state = &state, job_id = job.id(), addresses, layers = std::move(layers)] {
     SendMembership(*state, job_id, addresses, layers);
     absl::MutexLock lock(&state->mu);

@@ -12,6 +12,7 @@
 #include "absl/strings/str_join.h"
 #include "server/coordinator/internal/job_events.h"
 #include "server/coordinator/internal/recovery.h"
+#include "server/coordinator/internal/shard_failover.h"
 #include "spdlog/spdlog.h"
 #include "spec/job_spec.h"
 
@@ -170,8 +171,8 @@ bool ShardsHeartbeating(ClusterState& state, const JobEntry& entry, int64_t now_
       fresh.insert(member.member.address());
     }
   }
-  for (const std::string& address : entry.job.shard_addresses()) {
-    if (fresh.count(address) == 0) return false;
+  for (const std::string& address : ServingAddresses(entry.job)) {
+    if (!address.empty() && fresh.count(address) == 0) return false;
   }
   return true;
 }

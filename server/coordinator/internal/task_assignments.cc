@@ -12,6 +12,7 @@ v1::TaskEvent AssignEvent(const v1::Job& job, int rank, std::optional<int64_t> s
   task->set_world_size(job.workers_size());
   for (const std::string& address : job.shard_addresses()) task->add_shard_addresses(address);
   *task->mutable_spec() = job.spec();
+  *task->mutable_down_shards() = job.down_shards();
   task->set_incarnation(job.workers(rank).incarnation());
   if (start_step.has_value()) {
     task->set_start_step(*start_step);
