@@ -60,6 +60,7 @@ struct PushPullFlags {
   int rounds = 3;
   int streams = 1;
   bool copy_push = false;
+  int replicas = 1;
   std::string reference = "tcp,zmq";
 };
 
@@ -106,7 +107,7 @@ class PushPullLoop {
  public:
   static absl::StatusOr<std::unique_ptr<PushPullLoop>> Create(
       int clients, int64_t bytes, int64_t partition_bytes, int streams, bool copy_push,
-      const std::vector<std::string>& addresses) {
+      int replicas, const std::vector<std::string>& addresses) {
     auto loop = std::unique_ptr<PushPullLoop>(new PushPullLoop());
     const int64_t n = bytes / 4;
     loop->n_ = n;
@@ -117,6 +118,7 @@ class PushPullLoop {
     base.call_timeout = absl::Seconds(60);
     base.streams_per_shard = streams;
     base.zero_copy_push = !copy_push;
+    base.replicas = replicas;
     {
       auto declarer = client::ParameterClient::Create(base);
       if (!declarer.ok()) return declarer.status();
@@ -341,7 +343,7 @@ int PushPullMain(const PushPullFlags& flags) {
   double grpc_bytes = 0, grpc_seconds = 0, tcp_seconds = 0, zmq_seconds = 0;
   {
     auto loop = PushPullLoop::Create(flags.clients, *bytes, *partition_bytes, flags.streams,
-                                     flags.copy_push, (*shards)->addresses());
+                                     flags.copy_push, flags.replicas, (*shards)->addresses());
     if (!loop.ok()) {
       std::fprintf(stderr, "tessera-bench: pushpull: %s\n", loop.status().ToString().c_str());
       return 1;
@@ -417,20 +419,22 @@ int PushPullMain(const PushPullFlags& flags) {
     }
     std::printf(
         "{\"benchmark\": \"pushpull\", \"shards\": %d, \"clients\": %d, \"bytes\": %lld, "
-        "\"partition_bytes\": %lld, \"streams\": %d, \"seconds\": %.3f, \"iterations\": %lld, "
-        "\"retries\": %lld, \"goodput_bytes_per_second\": %.0f, %s\"rounds\": [%s]}\n",
+        "\"partition_bytes\": %lld, \"streams\": %d, \"replicas\": %d, \"seconds\": %.3f, "
+        "\"iterations\": %lld, \"retries\": %lld, \"goodput_bytes_per_second\": %.0f, "
+        "%s\"rounds\": [%s]}\n",
         flags.shards, flags.clients, static_cast<long long>(*bytes),
-        static_cast<long long>(*partition_bytes), flags.streams, grpc_seconds,
+        static_cast<long long>(*partition_bytes), flags.streams, flags.replicas, grpc_seconds,
         static_cast<long long>(iterations), static_cast<long long>(retries), goodput,
         references.c_str(), per_round.c_str());
   } else {
     std::printf(
         "pushpull: %d shard(s), %d client(s), %lld bytes per tensor, partitions of %lld bytes, "
-        "%d stream(s) per shard\n"
+        "%d stream(s) per shard, %d cop%s of each partition\n"
         "  gRPC push+pull: %lld iterations in %.2f s, goodput %.3f GB/s (%lld retries)\n",
         flags.shards, flags.clients, static_cast<long long>(*bytes),
-        static_cast<long long>(*partition_bytes), flags.streams, static_cast<long long>(iterations),
-        grpc_seconds, goodput / 1e9, static_cast<long long>(retries));
+        static_cast<long long>(*partition_bytes), flags.streams, flags.replicas,
+        flags.replicas == 1 ? "y" : "ies", static_cast<long long>(iterations), grpc_seconds,
+        goodput / 1e9, static_cast<long long>(retries));
     if (with_tcp) {
       std::printf("  plain TCP:      same bytes in %.2f s, %.3f GB/s; ratio %.3f\n", tcp_seconds,
                   tcp / 1e9, median);
@@ -484,6 +488,12 @@ int main(int argc, char** argv) {
   pushpull->add_option("--streams", pp.streams, "PushPull streams per client and shard")
       ->capture_default_str()
       ->check(CLI::Range(1, 64));
+  pushpull
+      ->add_option("--replicas", pp.replicas,
+                   "copies of every partition (a job's replication; 2 needs --shards >= 2): each "
+                   "push goes to every copy, the goodput counts the tensor's bytes once")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 2));
   pushpull
       ->add_option("--reference", pp.reference,
                    "what the goodput is compared with, in the same run: tcp (plain sockets), "
