@@ -17,6 +17,10 @@
 // pushes 5 rows of a sparse table each step (PushPullSparse, one request per shard), and every row
 // must equal -lr * the sum of its acknowledged gradients (issue #15).
 //
+// The replicated case runs the same faults with replication 2: each worker writes each push to
+// both shards, one ledger per shard, and each copy must equal what it acknowledged, which must
+// be every push (issue #16).
+//
 // The second case takes a checkpoint at step S, keeps pushing, SIGKILLs one shard, restarts it on
 // the same port with the same --data_dir, restores S on both shards with a new incarnation, pushes
 // more, and expects the checkpoint's weights plus exactly what was acknowledged since.
@@ -386,6 +390,8 @@ class ExactlyOnceFaultsTest : public ::testing::Test {
     o.job_id = job;
     o.partition_bytes = kPartitionBytes;
     o.call_timeout = absl::Seconds(10);
+    o.replicas = replicas_;
+    if (replicas_ > 1) o.down_shards = read_down_;
     auto c = ParameterClient::Create(o);
     EXPECT_TRUE(c.ok()) << c.status();
     return c.ok() ? *std::move(c) : nullptr;
@@ -416,6 +422,13 @@ class ExactlyOnceFaultsTest : public ::testing::Test {
   // A worker's ParameterClient through the proxies, every transport call in `ledger`.
   std::unique_ptr<ParameterClient> WorkerClient(const std::string& job, uint32_t worker,
                                                 uint64_t incarnation, Ledger* ledger) {
+    return WorkerClient(job, worker, incarnation, std::vector<Ledger*>(kShards, ledger));
+  }
+  // The same with one ledger per shard (ledgers[i]: every call to shard i): a replicated client
+  // sends each push to both shards, and each copy's fate is its own.
+  std::unique_ptr<ParameterClient> WorkerClient(const std::string& job, uint32_t worker,
+                                                uint64_t incarnation,
+                                                const std::vector<Ledger*>& ledgers) {
     ParameterClient::Options o;
     o.shard_addresses = ProxyAddresses();
     o.job_id = job;
@@ -427,15 +440,17 @@ class ExactlyOnceFaultsTest : public ::testing::Test {
     o.retry.max_attempts = 4;
     o.retry.initial_backoff = absl::Milliseconds(5);
     o.retry.max_backoff = absl::Milliseconds(80);
+    o.replicas = replicas_;
     std::vector<std::unique_ptr<client::ShardClient>> transports;
-    for (const std::string& address : o.shard_addresses) {
+    for (size_t i = 0; i < o.shard_addresses.size(); ++i) {
+      const std::string& address = o.shard_addresses[i];
       client::GrpcShardClient::Options go;
       go.address = address;
       go.streams = o.streams_per_shard;
       auto g = client::GrpcShardClient::Create(go);
       EXPECT_TRUE(g.ok()) << g.status();
       if (!g.ok()) return nullptr;
-      transports.push_back(std::make_unique<LedgerShardClient>(*std::move(g), ledger));
+      transports.push_back(std::make_unique<LedgerShardClient>(*std::move(g), ledgers[i]));
     }
     auto c = ParameterClient::CreateWithShards(o, std::move(transports));
     EXPECT_TRUE(c.ok()) << c.status();
@@ -457,6 +472,12 @@ class ExactlyOnceFaultsTest : public ::testing::Test {
   // request is acknowledged before the next step; without, the first failure ends the run.
   WorkerRun RunWorker(ParameterClient& pc, Ledger& ledger, int worker, int64_t first_step,
                       int64_t max_steps, bool resend,
+                      const std::function<bool(int64_t steps_done)>& keep_going) {
+    return RunWorker(pc, std::vector<Ledger*>{&ledger}, worker, first_step, max_steps, resend,
+                     keep_going);
+  }
+  WorkerRun RunWorker(ParameterClient& pc, const std::vector<Ledger*>& ledgers, int worker,
+                      int64_t first_step, int64_t max_steps, bool resend,
                       const std::function<bool(int64_t steps_done)>& keep_going) {
     WorkerRun run;
     run.first_step = first_step;
@@ -495,7 +516,10 @@ class ExactlyOnceFaultsTest : public ::testing::Test {
           run.error = step_status;
           return run;
         }
-        absl::Status resent = ResendUntilAcknowledged(ledger);
+        absl::Status resent;
+        for (Ledger* ledger : ledgers) {
+          if (resent.ok()) resent = ResendUntilAcknowledged(*ledger);
+        }
         if (!resent.ok()) {
           run.error =
               absl::Status(resent.code(), absl::StrCat("step ", step, ": ", resent.message()));
@@ -674,32 +698,12 @@ class ExactlyOnceFaultsTest : public ::testing::Test {
   }
   // RunWorker also pushes rows of the sparse table each step (the first test).
   bool sparse_ = false;
-  int64_t Cuts() const {
-    int64_t n = 0;
-    for (const auto& p : proxies_) n += p->counters().cuts;
-    return n;
-  }
-
-  // Declared before shards_, so that it is removed after they are killed.
-  testlib::ScratchDirectory work_dir_owner_{"tessera-faults"};
-  std::string work_dir_;
-  std::vector<std::unique_ptr<ShardProcess>> shards_;
-  std::vector<std::unique_ptr<TcpProxy>> proxies_;
-  std::vector<std::vector<float>> initial_;
-  std::map<std::string, client::DenseLayout> layouts_;
-};
-
-TEST_F(ExactlyOnceFaultsTest, EveryAcknowledgedPushIsAppliedExactlyOnceUnderFaults) {
-  const std::string job = "eo-faults";
-  sparse_ = true;  // dense partitions and sparse rows, each under the same faults
-  DeclareJob(job);
-  constexpr int64_t kMinSteps = 30;
-  constexpr int64_t kMaxSteps = 400;
-
-  // The fault schedule, one full cycle (about 4 s), while the workers push.
-  std::atomic<bool> cycle_done{false};
-  std::atomic<bool> workers_done{false};
-  std::thread faults([&] {
+  // Copies of every partition and row (2: the replicated case), and, for the readers of a
+  // replicated job, the shards they treat as down (to read the other copy).
+  int replicas_ = 1;
+  std::vector<int> read_down_;
+  // The fault schedule, one full cycle (about 4 s), cut short once `workers_done`.
+  void RunFaultCycle(const std::atomic<bool>& workers_done) {
     auto pause = [&](absl::Duration d) {
       const absl::Time end = absl::Now() + d;
       while (absl::Now() < end && !workers_done.load()) absl::SleepFor(absl::Milliseconds(5));
@@ -738,6 +742,35 @@ TEST_F(ExactlyOnceFaultsTest, EveryAcknowledgedPushIsAppliedExactlyOnceUnderFaul
       p->SetLatency(absl::ZeroDuration());
       p->SetCutProbability(0.0);
     }
+  }
+
+  int64_t Cuts() const {
+    int64_t n = 0;
+    for (const auto& p : proxies_) n += p->counters().cuts;
+    return n;
+  }
+
+  // Declared before shards_, so that it is removed after they are killed.
+  testlib::ScratchDirectory work_dir_owner_{"tessera-faults"};
+  std::string work_dir_;
+  std::vector<std::unique_ptr<ShardProcess>> shards_;
+  std::vector<std::unique_ptr<TcpProxy>> proxies_;
+  std::vector<std::vector<float>> initial_;
+  std::map<std::string, client::DenseLayout> layouts_;
+};
+
+TEST_F(ExactlyOnceFaultsTest, EveryAcknowledgedPushIsAppliedExactlyOnceUnderFaults) {
+  const std::string job = "eo-faults";
+  sparse_ = true;  // dense partitions and sparse rows, each under the same faults
+  DeclareJob(job);
+  constexpr int64_t kMinSteps = 30;
+  constexpr int64_t kMaxSteps = 400;
+
+  // The fault schedule while the workers push.
+  std::atomic<bool> cycle_done{false};
+  std::atomic<bool> workers_done{false};
+  std::thread faults([&] {
+    RunFaultCycle(workers_done);
     cycle_done.store(true);
   });
 
@@ -806,6 +839,81 @@ TEST_F(ExactlyOnceFaultsTest, EveryAcknowledgedPushIsAppliedExactlyOnceUnderFaul
   EXPECT_GT(unavailable, 0) << "the resets must have produced UNAVAILABLE";
   EXPECT_EQ(keys, static_cast<int>(layouts_["dense/w"].partitions.size() +
                                    layouts_["dense/b"].partitions.size()));
+}
+
+// The same faults with replication 2 (issue #16): every partition and row lives on both shards,
+// each worker writes each push to both, and each copy must end exactly at its own acknowledged
+// pushes, which must be every push: both copies bit-identical to the unreplicated expectation.
+TEST_F(ExactlyOnceFaultsTest, ReplicatedCopiesBothApplyEveryAcknowledgedPushExactlyOnce) {
+  const std::string job = "eo-faults-replicated";
+  sparse_ = true;
+  replicas_ = 2;
+  DeclareJob(job);
+  constexpr int64_t kMinSteps = 30;
+  constexpr int64_t kMaxSteps = 400;
+  std::atomic<bool> cycle_done{false};
+  std::atomic<bool> workers_done{false};
+  std::thread faults([&] {
+    RunFaultCycle(workers_done);
+    cycle_done.store(true);
+  });
+  // ledgers[w][s]: worker w's calls to shard s.
+  std::vector<std::vector<std::unique_ptr<Ledger>>> ledgers(kWorkers);
+  std::vector<WorkerRun> runs(kWorkers);
+  std::vector<std::thread> threads;
+  for (int w = 0; w < kWorkers; ++w) {
+    for (int s = 0; s < kShards; ++s) ledgers[w].push_back(std::make_unique<Ledger>());
+  }
+  for (int w = 0; w < kWorkers; ++w) {
+    threads.emplace_back([&, w] {
+      std::vector<Ledger*> mine;
+      for (auto& l : ledgers[w]) mine.push_back(l.get());
+      auto pc = WorkerClient(job, w, /*incarnation=*/1, mine);
+      if (pc == nullptr) {
+        runs[w].error = absl::InternalError("no client");
+        return;
+      }
+      runs[w] = RunWorker(*pc, mine, w, 0, kMaxSteps, /*resend=*/true,
+                          [&](int64_t k) { return k < kMinSteps || !cycle_done.load(); });
+    });
+  }
+  for (auto& t : threads) t.join();
+  workers_done.store(true);
+  faults.join();
+
+  std::map<std::string, std::vector<double>> generated;
+  int64_t pushes = 0, dups = 0, retries = 0;
+  for (int w = 0; w < kWorkers; ++w) {
+    EXPECT_TRUE(runs[w].error.ok()) << "worker " << w << ": " << runs[w].error;
+    EXPECT_GE(runs[w].steps, kMinSteps);
+    AddGenerated(w, 0, runs[w].steps, &generated);
+    for (auto& l : ledgers[w]) {
+      EXPECT_TRUE(l->Unacknowledged().empty()) << "worker " << w;
+      pushes += l->requests();
+      dups += l->duplicates();
+      retries += l->retries();
+    }
+  }
+  int keys = 0, rows = 0;
+  for (int s = 0; s < kShards; ++s) {
+    std::vector<AckedPart> acked;
+    for (int w = 0; w < kWorkers; ++w) acked.push_back({ledgers[w][s].get()});
+    // Two shards, two copies: each holds every partition and row, so each acknowledged all.
+    EXPECT_TRUE(SumAcked(acked) == generated) << "shard " << s << " holds every pushed gradient";
+    // Read shard s's copy of everything: the other shard counts as down for the reader.
+    read_down_ = {1 - s};
+    keys += ExpectWeightsExact(job, acked);
+    rows += ExpectRowsExact(job, acked);
+  }
+  const int per_copy = static_cast<int>(layouts_["dense/w"].partitions.size() +
+                                        layouts_["dense/b"].partitions.size());
+  EXPECT_EQ(keys, 2 * per_copy);
+  EXPECT_GE(rows, 2 * 40);
+  std::cout << "exactly-once, replicated: " << pushes << " requests over both copies, " << retries
+            << " resends, " << dups << " duplicates dropped, " << Cuts() << " connection cuts; "
+            << keys << " keys and " << rows << " rows exact over the two copies\n";
+  EXPECT_GT(dups, 0);
+  EXPECT_GT(Cuts(), 0);
 }
 
 // Checkpoint and Restore straight to one shard (the coordinator's calls).
