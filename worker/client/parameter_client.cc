@@ -749,9 +749,23 @@ std::future<absl::StatusOr<PushPullResult>> ParameterClient::PushPull(
 absl::Status ParameterClient::CallWithRetries(int shard,
                                               const std::function<absl::Status(absl::Time)>& call) {
   absl::Status status;
+  const absl::Time start = absl::Now();
   for (int attempt = 1;; ++attempt) {
     status = call(absl::Now() + options_.call_timeout);
-    if (status.ok() || !IsRetryable(status.code()) || attempt >= options_.retry.max_attempts) {
+    if (status.ok() || !IsRetryable(status.code())) break;
+    if (routing_.replicas() > 1 && options_.retry.max_attempts > 1) {
+      // As for PushPull: the shard may be lost; retried until the coordinator says so (then the
+      // caller asks the copy that serves now) or the failover timeout passes. A client without
+      // retries (max_attempts 1: a caller that retries itself) keeps that.
+      {
+        absl::MutexLock lock(&mu_);
+        unreachable_.insert(shard);
+      }
+      if (routing_.IsDown(shard) || Stopping() ||
+          absl::Now() - start >= options_.replica_failover_timeout) {
+        break;
+      }
+    } else if (attempt >= options_.retry.max_attempts) {
       break;
     }
     absl::SleepFor(Backoff(attempt));

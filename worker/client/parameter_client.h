@@ -259,7 +259,8 @@ class ParameterClient {
   std::vector<int> LiveShards() const;
   void OnResponse(std::shared_ptr<Attempt> attempt, absl::StatusOr<v1::PushPullResponse> response);
   absl::Duration Backoff(int retry) const;
-  // Runs `call` under the retry policy (idempotent blocking calls: Pull and control).
+  // Runs `call` under the retry policy (idempotent blocking calls: Pull and control); replicated
+  // clients with retries retry for replica_failover_timeout unless the shard is found down.
   absl::Status CallWithRetries(int shard, const std::function<absl::Status(absl::Time)>& call);
   absl::Status WithAddress(int shard, const absl::Status& status) const;
   bool Stopping() const;

@@ -7,6 +7,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -189,6 +190,22 @@ TEST_F(ReplicatedClientTest, ADownShardsWaitingPushIsAnsweredByItsCopy) {
   ASSERT_TRUE(client_->PushPull("w", 5, grad, absl::MakeSpan(out)).get().ok());
   EXPECT_EQ(fakes_[1]->seqs().size(), before);
   for (int i = 0; i < 100; ++i) ASSERT_EQ(out[i], initial_[i] - 2.0f) << i;
+}
+
+TEST_F(ReplicatedClientTest, ABlockingPullWaitsForTheFailoverAndReadsTheCopy) {
+  MakeClient(2);
+  Declare(100);
+  fakes_[1]->SetDead(true);  // gone, and the coordinator has not said so yet
+  std::thread coordinator([&] {
+    absl::SleepFor(absl::Milliseconds(200));  // far past 5 attempts of 1-4 ms backoff
+    ASSERT_TRUE(client_->SetDownShards({1}).ok());
+  });
+  std::vector<float> out(100, -1.0f);
+  const absl::Status pulled = client_->Pull("w", -1, absl::MakeSpan(out));
+  coordinator.join();
+  ASSERT_TRUE(pulled.ok()) << pulled;
+  EXPECT_EQ(out, initial_);
+  EXPECT_THAT(client_->TakeUnreachableShards(), ElementsAre(1));
 }
 
 TEST_F(ReplicatedClientTest, RetryableErrorsAreRetriedAndNamedForTheReport) {

@@ -429,6 +429,8 @@ absl::Status DistributedTrainer::PullGated(int64_t step) {
     std::optional<absl::Time> unavailable_since;
     for (;;) {
       TESSERA_RETURN_IF_ERROR(CheckCancelled());
+      // A replicated job's shard found down meanwhile: the gate reads its copy instead.
+      if (o.replicas > 1) TESSERA_RETURN_IF_ERROR(gate->SetDownShards(client_->routing().Down()));
       int64_t version = 0;
       const absl::Status s =
           gate->Pull(tensors[k].name, gate_step, absl::MakeSpan(weights_[k]), &version);
