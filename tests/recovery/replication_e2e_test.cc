@@ -5,7 +5,8 @@
 // its final weights are bit-identical to a fault-free run of the same seed without replication
 // (BSP with a fixed data order and one thread per worker is deterministic, and the copies apply
 // the same pushes in the same order). Prints the seconds from the kill to the failover event and
-// to the first step past the one the job had reached.
+// to the first step past the one the job had reached, with the tests' short lease and with the
+// coordinator's defaults.
 //
 // Every wait is bounded. Skips (with a message) only when Fashion-MNIST is missing.
 #include <algorithm>
@@ -107,6 +108,50 @@ TEST_F(ReplicationE2eTest, ShardKilledForGoodJobSucceedsWithoutRewindAndTheFault
       to_step_s, done.test_accuracy(), done.samples_per_second(), baseline.samples_per_second());
   EXPECT_GT(to_step_s, 0);
   EXPECT_LT(to_failover_s, 10.0);  // the shortened lease, not a rewind
+}
+
+// What an operator gets: the coordinator's default lease (10 s) and heartbeat (2 s). The loss is
+// found through the workers' reports and the shortened lease, not the 10 s one.
+TEST_F(ReplicationE2eTest, WithTheDefaultLeaseAKilledShardFailsOverWithinSeconds) {
+  TESSERA_SKIP_WITHOUT_FASHION_MNIST();
+  cli::LocalCluster::Options o = ClusterOptions();
+  o.coordinator_args.clear();
+  o.num_workers = 2;
+  ASSERT_NO_FATAL_FAILURE(StartCluster(o));
+  v1::JobSpec spec = Spec("replicated-default-lease", 0);
+  spec.set_replication(2);
+  absl::StatusOr<v1::Job> created = client_->CreateJob(spec);
+  ASSERT_TRUE(created.ok()) << created.status();
+  const std::string id = created->id();
+  const v1::Job running = WaitForJob(id, absl::Seconds(120), [](const v1::Job& j) {
+    return Ended(j) || (j.state() == v1::JOB_STATE_RUNNING && j.step() >= 300);
+  });
+  ASSERT_EQ(running.state(), v1::JOB_STATE_RUNNING) << running.reason();
+  const int64_t kill_ms = NowMs();
+  ASSERT_TRUE(cluster_->Kill("shard-1").ok());
+  int64_t reached = running.step();
+  int64_t failover_ms = 0, past_ms = 0;
+  const v1::Job done = WaitForJob(id, absl::Seconds(240), Ended, [&](const v1::Job& j) {
+    if (failover_ms == 0) {
+      for (const v1::JobWorker& w : j.workers()) reached = std::max(reached, w.step());
+      if (j.down_shards_size() > 0) failover_ms = NowMs();
+    } else if (past_ms == 0 && j.step() > reached) {
+      past_ms = NowMs();
+    }
+  });
+  ASSERT_EQ(done.state(), v1::JOB_STATE_SUCCEEDED) << done.reason();
+  EXPECT_EQ(done.recoveries(), 0);
+  const std::optional<v1::JobEvent> failover = FindEvent(Events(id), "no rewind", kill_ms);
+  ASSERT_TRUE(failover.has_value());
+  const double to_failover_s = (failover->time_ms() - kill_ms) / 1000.0;
+  const double to_step_s = past_ms > 0 ? (past_ms - kill_ms) / 1000.0 : -1;
+  std::printf(
+      "replication, default lease 10 s and heartbeat 2 s: failover event %.2f s after the kill "
+      "(\"%s\"), first step past %lld seen %.2f s after it; 0 recoveries; test accuracy %.4f\n",
+      to_failover_s, failover->message().c_str(), static_cast<long long>(reached), to_step_s,
+      done.test_accuracy());
+  EXPECT_GT(to_step_s, 0);
+  EXPECT_LT(to_failover_s, 5.0);  // 1.25 heartbeats after the last one, not the 10 s lease
 }
 
 TEST_F(ReplicationE2eTest, AReplicatedJobNeedsTwoShards) {
