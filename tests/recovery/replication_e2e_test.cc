@@ -9,6 +9,8 @@
 // coordinator's defaults.
 //
 // Every wait is bounded. Skips (with a message) only when Fashion-MNIST is missing.
+#include <signal.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <map>
@@ -152,6 +154,45 @@ TEST_F(ReplicationE2eTest, WithTheDefaultLeaseAKilledShardFailsOverWithinSeconds
       done.test_accuracy());
   EXPECT_GT(to_step_s, 0);
   EXPECT_LT(to_failover_s, 5.0);  // 1.25 heartbeats after the last one, not the 10 s lease
+}
+
+// A shard SIGSTOPped with the default lease: it answers nothing (its calls wait for their
+// deadline, so no worker finds it unreachable first), and its own 10 s lease finds it.
+TEST_F(ReplicationE2eTest, AStoppedShardFailsOverWhenItsLeaseRunsOut) {
+  TESSERA_SKIP_WITHOUT_FASHION_MNIST();
+  cli::LocalCluster::Options o = ClusterOptions();
+  o.coordinator_args.clear();
+  o.num_workers = 2;
+  ASSERT_NO_FATAL_FAILURE(StartCluster(o));
+  v1::JobSpec spec = Spec("replicated-sigstop", 0);
+  spec.set_replication(2);
+  absl::StatusOr<v1::Job> created = client_->CreateJob(spec);
+  ASSERT_TRUE(created.ok()) << created.status();
+  const std::string id = created->id();
+  const v1::Job running = WaitForJob(id, absl::Seconds(120), [](const v1::Job& j) {
+    return Ended(j) || (j.state() == v1::JOB_STATE_RUNNING && j.step() >= 300);
+  });
+  ASSERT_EQ(running.state(), v1::JOB_STATE_RUNNING) << running.reason();
+  pid_t pid = -1;
+  for (const cli::LocalCluster::Child& child : cluster_->children()) {
+    if (child.name == "shard-1") pid = child.pid();
+  }
+  ASSERT_GT(pid, 0);
+  const int64_t stop_ms = NowMs();
+  ASSERT_EQ(::kill(pid, SIGSTOP), 0);
+  const v1::Job done = WaitForJob(id, absl::Seconds(240), Ended);
+  ::kill(pid, SIGCONT);
+  ASSERT_EQ(done.state(), v1::JOB_STATE_SUCCEEDED) << done.reason();
+  EXPECT_EQ(done.recoveries(), 0);
+  const std::optional<v1::JobEvent> failover = FindEvent(Events(id), "no rewind", stop_ms);
+  ASSERT_TRUE(failover.has_value());
+  const double to_failover_s = (failover->time_ms() - stop_ms) / 1000.0;
+  std::printf(
+      "replication, default lease: shard 1 SIGSTOPped at step ~%lld; failover event %.2f s "
+      "later (\"%s\"); 0 recoveries; test accuracy %.4f\n",
+      static_cast<long long>(running.step()), to_failover_s, failover->message().c_str(),
+      done.test_accuracy());
+  EXPECT_LT(to_failover_s, 15.0);  // the 10 s lease and a tick, not a call deadline after it
 }
 
 TEST_F(ReplicationE2eTest, AReplicatedJobNeedsTwoShards) {
