@@ -1429,6 +1429,90 @@ TEST_F(CoordinatorTest, ShardRestartRestoresTheNewestUsableCheckpointOnEveryShar
   EXPECT_GT(LastTask(w0).assign().incarnation(), base + 1);
 }
 
+// replication 2 (internal/shard_failover.h): a shard a rank cannot reach gets a short lease; once
+// it runs out the shard is down for the job, with no recovery; the acks say so; no checkpoint is
+// taken; a neighbour's loss then needs a recovery, which restores every index.
+TEST_F(CoordinatorTest, AReplicatedJobRunsOnWithoutALostShard) {
+  for (int i = 0; i < 3; ++i) RegisterShard(i);
+  for (int i = 0; i < 2; ++i) RegisterWorker(absl::StrCat("host-", i));
+  v1::JobSpec spec = FashionMlpJob("rep", 2, "/data");
+  spec.set_replication(2);
+  spec.set_checkpoint_every_steps(50);
+  auto created = coordinator_->CreateJob(spec);
+  ASSERT_TRUE(created.ok()) << created.status();
+  const std::string id = created->id();
+  coordinator_->Tick();
+  ASSERT_EQ(Job(id).state(), v1::JOB_STATE_RUNNING) << Job(id).reason();
+  ReportAll(id, 20);
+
+  // Rank 0 cannot reach shard 1; every member but shard 1 goes on heartbeating.
+  v1::ProgressReport report;
+  report.set_member_id(Job(id).workers(0).member_id());
+  report.set_job_id(id);
+  report.set_rank(0);
+  report.set_phase(v1::TASK_PHASE_TRAINING);
+  report.set_step(21);
+  report.set_incarnation(Job(id).workers(0).incarnation());
+  report.add_unreachable_shards(1);
+  ASSERT_TRUE(coordinator_->ReportProgress(report).ok());
+  const std::string shard1 = "s-2";
+  ASSERT_EQ(Member(shard1).shard_index(), 1);
+  // The short lease is 1.25 heartbeat intervals (2 s): 2.5 s, well inside the 10 s one.
+  for (int i = 0; i < 6; ++i) {
+    now_ms_ += 500;
+    for (const v1::Member& m : coordinator_->ListMembers()) {
+      if (m.id() == shard1) continue;
+      v1::HeartbeatRequest beat;
+      beat.set_member_id(m.id());
+      ASSERT_TRUE(coordinator_->Heartbeat(beat).ok());
+    }
+    coordinator_->Tick();
+  }
+  v1::Job job = Job(id);
+  // The fake shards answer checkpoint calls at once, ahead of the job: some were committed.
+  const int64_t committed = job.last_checkpoint_step();
+  EXPECT_GT(committed, 0);
+  EXPECT_EQ(Member(shard1).state(), v1::MEMBER_STATE_LOST);
+  EXPECT_EQ(job.state(), v1::JOB_STATE_RUNNING);
+  ASSERT_EQ(job.down_shards_size(), 1);
+  EXPECT_EQ(job.down_shards(0), 1);
+  EXPECT_EQ(job.recovery(), "");
+  EXPECT_EQ(job.recoveries(), 0);
+  EXPECT_TRUE(absl::StrContains(Events(id).back(),
+                                "served by their copies on shard 2 and shard 0, "
+                                "no rewind"))
+      << Events(id).back();
+  // The ranks hear it in their acks.
+  const v1::ProgressAck ack = ReportRank(id, 1, 22);
+  ASSERT_EQ(ack.down_shards_size(), 1);
+  EXPECT_EQ(ack.down_shards(0), 1);
+  // No checkpoint while a shard is down.
+  ReportAll(id, 60);
+  coordinator_->Tick();
+  EXPECT_EQ(Job(id).last_checkpoint_step(), committed);
+  const absl::StatusOr<v1::CheckpointRecord> manual = coordinator_->CheckpointJob(id);
+  EXPECT_EQ(manual.status().code(), absl::StatusCode::kFailedPrecondition) << manual.status();
+  EXPECT_TRUE(absl::StrContains(manual.status().message(), "shard 1 down")) << manual.status();
+
+  // Shard 2 holds the only live copy of shard 1's partitions: its loss cannot fail over, so the
+  // job recovers from its newest checkpoint (taken with every shard) once every index is served
+  // again, and the restore clears the down set.
+  v1::DeregisterRequest leave;
+  leave.set_member_id("s-3");
+  ASSERT_TRUE(coordinator_->Deregister(leave).ok());
+  job = Job(id);
+  EXPECT_EQ(job.state(), v1::JOB_STATE_RUNNING);
+  EXPECT_TRUE(absl::StrContains(job.recovery(), "shard 2")) << job.recovery();
+  RegisterShard(1);
+  RegisterShard(2);
+  coordinator_->Tick();
+  job = Job(id);
+  EXPECT_EQ(job.recovery(), "");
+  EXPECT_EQ(job.recoveries(), 1);
+  EXPECT_EQ(job.step(), committed);
+  EXPECT_EQ(job.down_shards_size(), 0);
+}
+
 TEST_F(CoordinatorTest, WithoutACheckpointAShardLossOrShardErrorFailsTheJob) {
   const std::string id = StartCheckpointedJob(1, 2, /*every=*/50);
   ReportAll(id, 30);

@@ -200,6 +200,13 @@ absl::StatusOr<v1::CheckpointRecord> CommitCheckpoint(
                                              " ended or recovered while checkpoint ", plan.step,
                                              " was written; not committed"));
     }
+    if (entry->job.down_shards_size() > 0) {
+      // A shard of a replicated job was lost while the step was written: the cut is not one the
+      // job can restore on every index (docs/reliability.md "Replicated shards").
+      return absl::AbortedError(
+          absl::StrCat("job ", plan.job_id, ": shard ", entry->job.down_shards(0),
+                       " went down while checkpoint ", plan.step, " was written; not committed"));
+    }
     uint64_t bytes = 0;
     record = MakeRecord(entry->job, plan, responses, state.NowMs(), &bytes);
     KeepCommitted(state, *entry, record);
