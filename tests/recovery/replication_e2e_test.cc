@@ -29,9 +29,51 @@
 namespace tessera {
 namespace {
 
-using ReplicationE2eTest = ::tessera::testing::ClusterE2eTest;
 using ::tessera::testing::NowMs;
 using ::tessera::testing::Spec;
+
+class ReplicationE2eTest : public ::tessera::testing::ClusterE2eTest {
+ protected:
+  // Submits `name` (the demo MLP) with replication 2 and waits until it is RUNNING at step 300;
+  // returns that record (another state on failure).
+  v1::Job StartReplicatedAtStep300(const std::string& name) {
+    v1::JobSpec spec = Spec(name, 0);
+    spec.set_replication(2);
+    absl::StatusOr<v1::Job> created = client_->CreateJob(spec);
+    EXPECT_TRUE(created.ok()) << created.status();
+    if (!created.ok()) return v1::Job();
+    return WaitForJob(created->id(), absl::Seconds(120), [](const v1::Job& j) {
+      return Ended(j) || (j.state() == v1::JOB_STATE_RUNNING && j.step() >= 300);
+    });
+  }
+
+  // When the records showed the failover, and the first step past the one reached before it.
+  struct Failover {
+    int64_t reached = 0;      // the largest step a rank reported before the failover
+    int64_t failover_ms = 0;  // the first record with down shards (0: none)
+    int64_t past_ms = 0;      // the first record whose step is past `reached` after it
+  };
+  // Waits for `running`'s job to end, watching for the failover.
+  v1::Job WaitWatchingFailover(const v1::Job& running, Failover* f) {
+    f->reached = running.step();
+    return WaitForJob(running.id(), absl::Seconds(240), Ended, [f](const v1::Job& j) {
+      if (f->failover_ms == 0) {
+        for (const v1::JobWorker& w : j.workers()) f->reached = std::max(f->reached, w.step());
+        if (j.down_shards_size() > 0) f->failover_ms = NowMs();
+      } else if (f->past_ms == 0 && j.step() > f->reached) {
+        f->past_ms = NowMs();
+      }
+    });
+  }
+
+  // The cluster with the coordinator's default lease (10 s) and heartbeat (2 s), 2 workers.
+  static cli::LocalCluster::Options DefaultLeases() {
+    cli::LocalCluster::Options o = ClusterOptions();
+    o.coordinator_args.clear();
+    o.num_workers = 2;
+    return o;
+  }
+};
 
 std::map<std::string, std::vector<float>> Weights(const v1::Job& job) {
   std::map<std::string, std::vector<float>> out;
@@ -51,31 +93,15 @@ TEST_F(ReplicationE2eTest, ShardKilledForGoodJobSucceedsWithoutRewindAndTheFault
   const std::map<std::string, std::vector<float>> want = Weights(baseline);
   ASSERT_FALSE(want.empty());
 
-  v1::JobSpec spec = Spec("replicated", 0);
-  spec.set_replication(2);
-  absl::StatusOr<v1::Job> created = client_->CreateJob(spec);
-  ASSERT_TRUE(created.ok()) << created.status();
-  const std::string id = created->id();
-  const v1::Job running = WaitForJob(id, absl::Seconds(120), [](const v1::Job& j) {
-    return Ended(j) || (j.state() == v1::JOB_STATE_RUNNING && j.step() >= 300);
-  });
+  const v1::Job running = StartReplicatedAtStep300("replicated");
   ASSERT_EQ(running.state(), v1::JOB_STATE_RUNNING) << running.reason();
+  const std::string id = running.id();
   const int64_t kill_ms = NowMs();
   ASSERT_TRUE(cluster_->Kill("shard-1").ok());
-
   // The step the job had reached when shard 1 went (the reports trail by up to 0.5 s), and when
   // it went past it.
-  int64_t reached = running.step();
-  int64_t failover_ms = 0;
-  int64_t past_ms = 0;
-  const v1::Job done = WaitForJob(id, absl::Seconds(240), Ended, [&](const v1::Job& j) {
-    if (failover_ms == 0) {
-      for (const v1::JobWorker& w : j.workers()) reached = std::max(reached, w.step());
-      if (j.down_shards_size() > 0) failover_ms = NowMs();
-    } else if (past_ms == 0 && j.step() > reached) {
-      past_ms = NowMs();
-    }
-  });
+  Failover f;
+  const v1::Job done = WaitWatchingFailover(running, &f);
   ASSERT_EQ(done.state(), v1::JOB_STATE_SUCCEEDED) << done.reason();
   EXPECT_EQ(done.recoveries(), 0);
   ASSERT_EQ(done.down_shards_size(), 1);
@@ -100,13 +126,13 @@ TEST_F(ReplicationE2eTest, ShardKilledForGoodJobSucceedsWithoutRewindAndTheFault
   EXPECT_EQ(differing, 0);
   EXPECT_EQ(done.test_accuracy(), baseline.test_accuracy());
   const double to_failover_s = (failover->time_ms() - kill_ms) / 1000.0;
-  const double to_step_s = past_ms > 0 ? (past_ms - kill_ms) / 1000.0 : -1;
+  const double to_step_s = f.past_ms > 0 ? (f.past_ms - kill_ms) / 1000.0 : -1;
   std::printf(
       "replication: shard 1 killed at step ~%lld, not restarted; failover event %.2f s after the "
       "kill, first step past %lld seen %.2f s after it (records polled every 50 ms, reports every "
       "0.5 s); 0 recoveries; weights bit-identical to the unreplicated run; test accuracy %.4f; "
       "%.0f vs %.0f samples/s unreplicated\n",
-      static_cast<long long>(running.step()), to_failover_s, static_cast<long long>(reached),
+      static_cast<long long>(running.step()), to_failover_s, static_cast<long long>(f.reached),
       to_step_s, done.test_accuracy(), done.samples_per_second(), baseline.samples_per_second());
   EXPECT_GT(to_step_s, 0);
   EXPECT_LT(to_failover_s, 10.0);  // the shortened lease, not a rewind
@@ -116,41 +142,24 @@ TEST_F(ReplicationE2eTest, ShardKilledForGoodJobSucceedsWithoutRewindAndTheFault
 // found through the workers' reports and the shortened lease, not the 10 s one.
 TEST_F(ReplicationE2eTest, WithTheDefaultLeaseAKilledShardFailsOverWithinSeconds) {
   TESSERA_SKIP_WITHOUT_FASHION_MNIST();
-  cli::LocalCluster::Options o = ClusterOptions();
-  o.coordinator_args.clear();
-  o.num_workers = 2;
-  ASSERT_NO_FATAL_FAILURE(StartCluster(o));
-  v1::JobSpec spec = Spec("replicated-default-lease", 0);
-  spec.set_replication(2);
-  absl::StatusOr<v1::Job> created = client_->CreateJob(spec);
-  ASSERT_TRUE(created.ok()) << created.status();
-  const std::string id = created->id();
-  const v1::Job running = WaitForJob(id, absl::Seconds(120), [](const v1::Job& j) {
-    return Ended(j) || (j.state() == v1::JOB_STATE_RUNNING && j.step() >= 300);
-  });
+  ASSERT_NO_FATAL_FAILURE(StartCluster(DefaultLeases()));
+  const v1::Job running = StartReplicatedAtStep300("replicated-default-lease");
   ASSERT_EQ(running.state(), v1::JOB_STATE_RUNNING) << running.reason();
+  const std::string id = running.id();
   const int64_t kill_ms = NowMs();
   ASSERT_TRUE(cluster_->Kill("shard-1").ok());
-  int64_t reached = running.step();
-  int64_t failover_ms = 0, past_ms = 0;
-  const v1::Job done = WaitForJob(id, absl::Seconds(240), Ended, [&](const v1::Job& j) {
-    if (failover_ms == 0) {
-      for (const v1::JobWorker& w : j.workers()) reached = std::max(reached, w.step());
-      if (j.down_shards_size() > 0) failover_ms = NowMs();
-    } else if (past_ms == 0 && j.step() > reached) {
-      past_ms = NowMs();
-    }
-  });
+  Failover f;
+  const v1::Job done = WaitWatchingFailover(running, &f);
   ASSERT_EQ(done.state(), v1::JOB_STATE_SUCCEEDED) << done.reason();
   EXPECT_EQ(done.recoveries(), 0);
   const std::optional<v1::JobEvent> failover = FindEvent(Events(id), "no rewind", kill_ms);
   ASSERT_TRUE(failover.has_value());
   const double to_failover_s = (failover->time_ms() - kill_ms) / 1000.0;
-  const double to_step_s = past_ms > 0 ? (past_ms - kill_ms) / 1000.0 : -1;
+  const double to_step_s = f.past_ms > 0 ? (f.past_ms - kill_ms) / 1000.0 : -1;
   std::printf(
       "replication, default lease 10 s and heartbeat 2 s: failover event %.2f s after the kill "
       "(\"%s\"), first step past %lld seen %.2f s after it; 0 recoveries; test accuracy %.4f\n",
-      to_failover_s, failover->message().c_str(), static_cast<long long>(reached), to_step_s,
+      to_failover_s, failover->message().c_str(), static_cast<long long>(f.reached), to_step_s,
       done.test_accuracy());
   EXPECT_GT(to_step_s, 0);
   EXPECT_LT(to_failover_s, 5.0);  // 1.25 heartbeats after the last one, not the 10 s lease
@@ -160,19 +169,10 @@ TEST_F(ReplicationE2eTest, WithTheDefaultLeaseAKilledShardFailsOverWithinSeconds
 // deadline, so no worker finds it unreachable first), and its own 10 s lease finds it.
 TEST_F(ReplicationE2eTest, AStoppedShardFailsOverWhenItsLeaseRunsOut) {
   TESSERA_SKIP_WITHOUT_FASHION_MNIST();
-  cli::LocalCluster::Options o = ClusterOptions();
-  o.coordinator_args.clear();
-  o.num_workers = 2;
-  ASSERT_NO_FATAL_FAILURE(StartCluster(o));
-  v1::JobSpec spec = Spec("replicated-sigstop", 0);
-  spec.set_replication(2);
-  absl::StatusOr<v1::Job> created = client_->CreateJob(spec);
-  ASSERT_TRUE(created.ok()) << created.status();
-  const std::string id = created->id();
-  const v1::Job running = WaitForJob(id, absl::Seconds(120), [](const v1::Job& j) {
-    return Ended(j) || (j.state() == v1::JOB_STATE_RUNNING && j.step() >= 300);
-  });
+  ASSERT_NO_FATAL_FAILURE(StartCluster(DefaultLeases()));
+  const v1::Job running = StartReplicatedAtStep300("replicated-sigstop");
   ASSERT_EQ(running.state(), v1::JOB_STATE_RUNNING) << running.reason();
+  const std::string id = running.id();
   pid_t pid = -1;
   for (const cli::LocalCluster::Child& child : cluster_->children()) {
     if (child.name == "shard-1") pid = child.pid();

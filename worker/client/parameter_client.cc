@@ -272,7 +272,7 @@ absl::Status ParameterClient::DeclareJob(const v1::JobConfig& config,
       }
     }
   }
-  return ForEachConcurrently(LiveShards(), [&](int s) -> absl::Status {
+  return ForEachConcurrently(routing_.Live(), [&](int s) -> absl::Status {
     for (const v1::CreateJobStateRequest& r : batches[s]) {
       TESSERA_RETURN_IF_ERROR(CallWithRetries(s, [&](absl::Time deadline) {
         return shards_[s]->CreateJobState(r, deadline).status();
@@ -390,12 +390,9 @@ void ParameterClient::Reroute(std::shared_ptr<Attempt> attempt, const absl::Stat
     return;
   }
   // The weights it asked for are served by one shard now, or the request cannot move.
-  int next = -1;
-  for (int home : attempt->want_homes) {
-    const int acting = routing_.Acting(home);
-    if (next >= 0 && acting != next) next = -2;
-    if (next != -2) next = acting;
-  }
+  std::set<int> serving;
+  for (int home : attempt->want_homes) serving.insert(routing_.Acting(home));
+  const int next = serving.size() == 1 ? *serving.begin() : -1;
   if (next < 0) {
     Finish(std::move(attempt),
            absl::UnavailableError(absl::StrCat("shard ", attempt->shard,
@@ -502,16 +499,6 @@ std::vector<int> ParameterClient::TakeUnreachableShards() {
   std::vector<int> shards(unreachable_.begin(), unreachable_.end());
   unreachable_.clear();
   return shards;
-}
-
-int ParameterClient::PullShard(int home) const { return routing_.Acting(home); }
-
-std::vector<int> ParameterClient::LiveShards() const {
-  std::vector<int> live;
-  for (int s = 0; s < num_shards(); ++s) {
-    if (!routing_.IsDown(s)) live.push_back(s);
-  }
-  return live;
 }
 
 void ParameterClient::PushPullAsync(absl::string_view name, int64_t step,
@@ -775,10 +762,14 @@ absl::Status ParameterClient::CallWithRetries(int shard,
 
 absl::Status ParameterClient::Pull(absl::string_view name, int64_t step, absl::Span<float> out,
                                    int64_t* min_version) {
-  // A shard found down while the pull ran: once more, from the copies that now serve.
+  return AgainAfterAFailover([&] { return PullOnce(name, step, out, min_version); });
+}
+
+absl::Status ParameterClient::AgainAfterAFailover(const std::function<absl::Status()>& call) {
+  // A shard found down while the call ran: once more, from the copies that now serve.
   const std::vector<int> down = routing_.Down();
-  absl::Status status = PullOnce(name, step, out, min_version);
-  if (!status.ok() && routing_.Down() != down) status = PullOnce(name, step, out, min_version);
+  absl::Status status = call();
+  if (!status.ok() && routing_.Down() != down) status = call();
   return status;
 }
 
@@ -794,7 +785,7 @@ absl::Status ParameterClient::PullOnce(absl::string_view name, int64_t step, abs
   std::vector<int> used;
   std::vector<int> serving(layout->partitions.size());
   for (const PartitionSpan& p : layout->partitions) {
-    const int shard = PullShard(p.shard);
+    const int shard = routing_.Acting(p.shard);
     if (shard < 0) {
       return absl::UnavailableError(
           absl::StrCat("Pull tensor '", name, "' partition ", p.index, ": every copy is down"));
@@ -857,7 +848,7 @@ absl::Status ParameterClient::UpdateMembership(const std::vector<uint32_t>& live
   r.set_job_id(options_.job_id);
   for (uint32_t w : live_workers) r.add_live_workers(w);
   r.set_effective_step(effective_step);
-  return ForEachConcurrently(LiveShards(), [&](int s) {
+  return ForEachConcurrently(routing_.Live(), [&](int s) {
     return CallWithRetries(
         s, [&](absl::Time deadline) { return shards_[s]->UpdateMembership(r, deadline); });
   });
@@ -866,7 +857,7 @@ absl::Status ParameterClient::UpdateMembership(const std::vector<uint32_t>& live
 absl::Status ParameterClient::DropJob() {
   v1::DropJobRequest r;
   r.set_job_id(options_.job_id);
-  return ForEachConcurrently(LiveShards(), [&](int s) {
+  return ForEachConcurrently(routing_.Live(), [&](int s) {
     return CallWithRetries(s,
                            [&](absl::Time deadline) { return shards_[s]->DropJob(r, deadline); });
   });

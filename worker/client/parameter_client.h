@@ -248,15 +248,12 @@ class ParameterClient {
   void Reroute(std::shared_ptr<Attempt> attempt, const absl::Status& error);
   void Finish(std::shared_ptr<Attempt> attempt, absl::Status error,
               const v1::PushPullResponse* response);
-  // The shards that serve partitions whose home is `home` and their copies (every live copy for
-  // pushes; the acting one for pulls).
-  int PullShard(int home) const;
+  // Runs `call` (a blocking pull) once more when it failed and the down shards changed meanwhile.
+  absl::Status AgainAfterAFailover(const std::function<absl::Status()>& call);
   absl::Status PullOnce(absl::string_view name, int64_t step, absl::Span<float> out,
                         int64_t* min_version);
   absl::Status PullSparseOnce(absl::string_view table, int64_t step, absl::Span<const int64_t> rows,
                               absl::Span<float> out);
-  // The shards that are not down, ascending.
-  std::vector<int> LiveShards() const;
   void OnResponse(std::shared_ptr<Attempt> attempt, absl::StatusOr<v1::PushPullResponse> response);
   absl::Duration Backoff(int retry) const;
   // Runs `call` under the retry policy (idempotent blocking calls: Pull and control); replicated

@@ -73,7 +73,7 @@ void ParameterClient::PushPullSparseAsync(absl::string_view table, int64_t step,
           "max_request_bytes ", options_.max_request_bytes, "; push fewer rows at once")));
     }
   }
-  const std::vector<int> live = LiveShards();
+  const std::vector<int> live = routing_.Live();
   auto op = std::make_shared<Op>();
   op->done = std::move(done);
   const int used = static_cast<int>(live.size());
@@ -135,7 +135,7 @@ absl::Status ParameterClient::PullAllRows(absl::string_view table, std::vector<i
   std::vector<std::vector<int64_t>> shard_ids(shards_.size());
   std::vector<std::vector<float>> shard_values(shards_.size());
   // Every live shard; with copies, a row counts from its acting copy alone.
-  TESSERA_RETURN_IF_ERROR(ForEachConcurrently(LiveShards(), [&](int s) -> absl::Status {
+  TESSERA_RETURN_IF_ERROR(ForEachConcurrently(routing_.Live(), [&](int s) -> absl::Status {
     v1::PullRequest r;
     r.set_job_id(options_.job_id);
     r.set_worker_id(options_.worker_id);
@@ -199,7 +199,7 @@ void ParameterClient::PullSparseAsync(absl::string_view table, int64_t step,
   std::vector<std::set<int>> homes(shards_.size());
   for (size_t i = 0; i < rows.size(); ++i) {
     const int home = ShardOfSparseRow(options_.job_id, t.name, rows[i], num_shards());
-    const int s = PullShard(home);
+    const int s = routing_.Acting(home);
     if (s < 0) {
       return done(absl::UnavailableError(absl::StrCat("PullSparseAsync table '", table, "' row ",
                                                       rows[i], ": every copy is down")));
@@ -271,11 +271,7 @@ std::future<absl::StatusOr<PushPullResult>> ParameterClient::PushPullSparse(
 
 absl::Status ParameterClient::PullSparse(absl::string_view table, int64_t step,
                                          absl::Span<const int64_t> rows, absl::Span<float> out) {
-  // A shard found down while the pull ran: once more, from the copies that now serve.
-  const std::vector<int> down = routing_.Down();
-  absl::Status status = PullSparseOnce(table, step, rows, out);
-  if (!status.ok() && routing_.Down() != down) status = PullSparseOnce(table, step, rows, out);
-  return status;
+  return AgainAfterAFailover([&] { return PullSparseOnce(table, step, rows, out); });
 }
 
 absl::Status ParameterClient::PullSparseOnce(absl::string_view table, int64_t step,
@@ -291,7 +287,7 @@ absl::Status ParameterClient::PullSparseOnce(absl::string_view table, int64_t st
   std::vector<std::vector<size_t>> positions(shards_.size());
   std::vector<int> used;
   for (size_t i = 0; i < rows.size(); ++i) {
-    const int s = PullShard(ShardOfSparseRow(options_.job_id, t.name, rows[i], num_shards()));
+    const int s = routing_.Acting(ShardOfSparseRow(options_.job_id, t.name, rows[i], num_shards()));
     if (s < 0) {
       return absl::UnavailableError(
           absl::StrCat("PullSparse table '", table, "' row ", rows[i], ": every copy is down"));

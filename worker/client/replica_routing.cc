@@ -74,13 +74,17 @@ bool ReplicaRouting::IsDown(int shard) const {
   return down_[static_cast<size_t>(shard)];
 }
 
-std::vector<int> ReplicaRouting::Down() const {
-  std::vector<int> down;
+std::vector<int> ReplicaRouting::Down() const { return Where(true); }
+
+std::vector<int> ReplicaRouting::Live() const { return Where(false); }
+
+std::vector<int> ReplicaRouting::Where(bool down) const {
+  std::vector<int> shards;
   absl::MutexLock lock(&mu_);
   for (int s = 0; s < num_shards_; ++s) {
-    if (down_[static_cast<size_t>(s)]) down.push_back(s);
+    if (down_[static_cast<size_t>(s)] == down) shards.push_back(s);
   }
-  return down;
+  return shards;
 }
 
 }  // namespace client

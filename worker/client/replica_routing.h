@@ -47,8 +47,12 @@ class ReplicaRouting {
   absl::Status SetDown(const std::vector<int>& down, std::vector<int>* newly_down = nullptr);
   bool IsDown(int shard) const;
   std::vector<int> Down() const;
+  // The shards that are not down, ascending.
+  std::vector<int> Live() const;
 
  private:
+  std::vector<int> Where(bool down) const;
+
   const int num_shards_;
   const int replicas_;
   mutable absl::Mutex mu_;

@@ -115,6 +115,7 @@ class WorkerDaemon::ProgressSender {
     std::optional<v1::ProgressReport> last;
     for (;;) {
       Entry entry;
+      bool probe = false;
       {
         absl::MutexLock lock(&mu_);
         if (replicated) {
@@ -126,12 +127,13 @@ class WorkerDaemon::ProgressSender {
         if (stop_) return;
         if (queue_.empty()) {
           if (!last.has_value()) continue;
-          entry.report = *last;  // a probe, sent without the lock below
+          entry.report = *last;  // sent without the lock below
+          probe = true;
         } else {
           entry = queue_.front();
         }
       }
-      if (entry.id == 0) {
+      if (probe) {
         const std::vector<int> unreachable = daemon_->TakeUnreachableShards(task_);
         if (unreachable.empty()) continue;
         for (int shard : unreachable) entry.report.add_unreachable_shards(shard);
