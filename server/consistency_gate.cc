@@ -117,6 +117,12 @@ absl::Status ConsistencyGate::CheckSspPushStep(absl::string_view key, const Work
   const int64_t slowest = SlowestClockLocked(clocks, step);
   if (slowest_out != nullptr) *slowest_out = slowest;
   const int64_t limit = slowest + static_cast<int64_t>(staleness_) + 1;
+  if (step == limit + 1) {
+    // A copy that lags its acting shard by a step (replication) admits it soon: try again.
+    return absl::UnavailableError(absl::StrCat(
+        "key ", key, ": step ", step, " is one past what is accepted (slowest live worker's clock ",
+        slowest, ", staleness ", staleness_, "); try again once that worker's step is in"));
+  }
   if (step > limit) {
     return absl::InvalidArgumentError(absl::StrCat(
         "key ", key, ": step ", step, " is from the future (slowest live worker's clock ", slowest,
@@ -147,6 +153,12 @@ absl::StatusOr<bool> ConsistencyGate::AdmitLocked(const Partition& p, uint32_t w
                                                   int64_t step) const {
   if (!bsp(p)) return false;
   const int64_t version = p.version.load(std::memory_order_relaxed);
+  if (step == version + 1) {
+    // A copy that lags its acting shard by a step (replication) applies that step soon: try again.
+    return absl::UnavailableError(absl::StrCat("key ", p.name, ": step ", step,
+                                               " is one ahead of the partition (version ", version,
+                                               "); try again once step ", version, " is applied"));
+  }
   if (step > version) {
     return absl::InvalidArgumentError(absl::StrCat("key ", p.name, ": step ", step,
                                                    " is from the future (partition version ",
@@ -312,6 +324,14 @@ absl::Status ConsistencyGate::CheckPullStep(absl::string_view field, const Slice
                                             const Partition& p, int64_t gate_step) const {
   if (!bsp(p) || gate_step < 0) return absl::OkStatus();
   const int64_t version = p.version.load(std::memory_order_acquire);
+  if (gate_step == version + 2) {
+    // One further ahead than a pull may park: a copy that lags the shard the worker read its last
+    // weights from (replication). It catches up soon: try again.
+    return absl::UnavailableError(
+        absl::StrCat(field, " key ", KeyName(key), ": pull for step ", gate_step,
+                     " is one further ahead than can wait (partition version ", version,
+                     "); try again once step ", version, " is applied"));
+  }
   if (gate_step > version + 1) {
     return absl::InvalidArgumentError(
         absl::StrCat(field, " key ", KeyName(key), ": pull for step ", gate_step,

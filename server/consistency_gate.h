@@ -19,7 +19,9 @@
 //
 // Admission. A push for step s is refused when its worker is not live at s (FAILED_PRECONDITION),
 // and when it is from the future: BSP s > version, SSP s > slowest clock + k + 1
-// (INVALID_ARGUMENT). Under BSP a push for a step already applied without the worker is
+// (INVALID_ARGUMENT), except that exactly one step past that is UNAVAILABLE (try again): a copy of
+// a replicated job may lag the shard the worker read its weights from by a step (the pull limit
+// below has the same step of slack). Under BSP a push for a step already applied without the worker is
 // FAILED_PRECONDITION, and a second incarnation's push of a step the worker already staged counts
 // as applied. BSP completion sums the staged gradients in ascending worker order (so the result
 // does not depend on arrival order) and applies sum / contributors once; a push skipped for

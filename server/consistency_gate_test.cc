@@ -235,7 +235,11 @@ TEST(ConsistencyGateTest, BspAdmitsOnlyThePartitionsCurrentStep) {
   std::shared_ptr<Partition> p = SgdPartition(2, 1);
   {
     absl::MutexLock lock(&p->mu);
-    absl::StatusOr<bool> future = gate.AdmitLocked(*p, 0, 1);
+    // One ahead: a lagging copy's, to be tried again; further: refused.
+    absl::StatusOr<bool> next = gate.AdmitLocked(*p, 0, 1);
+    EXPECT_EQ(next.status().code(), absl::StatusCode::kUnavailable);
+    EXPECT_THAT(next.status().message(), HasSubstr("one ahead of the partition (version 0)"));
+    absl::StatusOr<bool> future = gate.AdmitLocked(*p, 0, 2);
     EXPECT_EQ(future.status().code(), absl::StatusCode::kInvalidArgument);
     EXPECT_THAT(future.status().message(), HasSubstr("from the future"));
   }
@@ -282,7 +286,8 @@ TEST(ConsistencyGateTest, SspScalesByLiveWorkersAndAspAppliesAsIs) {
   EXPECT_EQ(p->version.load(), 1);
   EXPECT_EQ(WeightsOf(*p), (std::vector<float>{-1, -2}));
   std::optional<int64_t> staleness;
-  EXPECT_EQ(ssp.AdmitSlice("w/0", *p, 3, &staleness).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ssp.AdmitSlice("w/0", *p, 4, &staleness).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ssp.AdmitSlice("w/0", *p, 3, &staleness).code(), absl::StatusCode::kUnavailable);
   ASSERT_TRUE(ssp.AdmitSlice("w/0", *p, 2, &staleness).ok());
   EXPECT_EQ(staleness, std::optional<int64_t>(2));  // worker 1 has completed no step
   ASSERT_TRUE(ssp.UpdateMembership({0}, 0).ok());
@@ -381,10 +386,14 @@ TEST(ConsistencyGateTest, BspAveragesExactlyOncePerStep) {
 TEST(ConsistencyGateTest, BspRefusesStepsFromTheFutureAndThePast) {
   ParameterStore store;
   ASSERT_TRUE(store.CreateJobState(Job("b", Config(v1::CONSISTENCY_BSP, 2, 0.5f), 1, 2)).ok());
-  auto future = store.Push(Request("b", 0, 1, 1, 1, {GradSlice("w", 0, {1, 1})})).status();
+  // One step ahead: what a lagging copy of a replicated job sees, to be tried again.
+  auto next = store.Push(Request("b", 0, 1, 1, 1, {GradSlice("w", 0, {1, 1})})).status();
+  EXPECT_EQ(next.code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(next.message(), HasSubstr("w/0"));
+  auto future = store.Push(Request("b", 0, 1, 2, 1, {GradSlice("w", 0, {1, 1})})).status();
   EXPECT_EQ(future.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(future.message(), HasSubstr("w/0"));
-  EXPECT_THAT(future.message(), HasSubstr("step 1"));
+  EXPECT_THAT(future.message(), HasSubstr("step 2"));
   EXPECT_THAT(future.message(), HasSubstr("version 0"));
   auto negative = store.Push(Request("b", 0, 1, -1, 1, {GradSlice("w", 0, {1, 1})})).status();
   EXPECT_EQ(negative.code(), absl::StatusCode::kInvalidArgument);
@@ -453,9 +462,12 @@ TEST(ConsistencyGateTest, SspNeverServesStalerThanK) {
   }
   for (uint32_t s = 0; s < kStaleness; ++s) EXPECT_TRUE(answers[s].has_value()) << s;
   EXPECT_FALSE(answers[kStaleness].has_value());  // pull for step k+1 waits for worker 1
-  // A push beyond slowest + k + 1 is from the future.
+  // A push one beyond slowest + k + 1 is to be tried again (a lagging copy's); further, it is
+  // from the future.
+  auto next = alone.Push(Request("s", 0, 1, kStaleness + 2, 99, {GradSlice("w", 0, {1, 1, 1, 1})}));
+  EXPECT_EQ(next.status().code(), absl::StatusCode::kUnavailable);
   auto too_far =
-      alone.Push(Request("s", 0, 1, kStaleness + 2, 99, {GradSlice("w", 0, {1, 1, 1, 1})}));
+      alone.Push(Request("s", 0, 1, kStaleness + 3, 100, {GradSlice("w", 0, {1, 1, 1, 1})}));
   EXPECT_EQ(too_far.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(too_far.status().message(), HasSubstr("w/0"));
   ASSERT_TRUE(alone.Push(Request("s", 1, 1, 0, 1, {GradSlice("w", 0, {1, 1, 1, 1})})).ok());

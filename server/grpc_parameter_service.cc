@@ -726,4 +726,29 @@ grpc::ServerUnaryReactor* GrpcParameterService::Restore(grpc::CallbackServerCont
   return reactor;
 }
 
+grpc::ServerUnaryReactor* GrpcParameterService::ReadCheckpoint(
+    grpc::CallbackServerContext* context, const v1::ReadCheckpointRequest* request,
+    v1::ReadCheckpointResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  pool_->Schedule([this, reactor, request, response] {
+    absl::StatusOr<v1::ReadCheckpointResponse> result = store_->ReadCheckpoint(*request);
+    if (result.ok()) response->Swap(&*result);
+    reactor->Finish(ToGrpcStatus(result.status()));
+  });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* GrpcParameterService::Fill(grpc::CallbackServerContext* context,
+                                                     const v1::FillRequest* request,
+                                                     v1::FillResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  // The last page cuts and installs the state: on the pool.
+  pool_->Schedule([this, reactor, request, response] {
+    absl::StatusOr<v1::FillResponse> result = store_->Fill(*request);
+    if (result.ok()) response->Swap(&*result);
+    reactor->Finish(ToGrpcStatus(result.status()));
+  });
+  return reactor;
+}
+
 }  // namespace tessera::server

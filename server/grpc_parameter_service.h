@@ -49,7 +49,9 @@ using ParameterCallbackServiceBase = v1::ParameterService::WithRawCallbackMethod
                 v1::ParameterService::WithCallbackMethod_DropJob<
                     v1::ParameterService::WithCallbackMethod_Checkpoint<
                         v1::ParameterService::WithCallbackMethod_Restore<
-                            v1::ParameterService::Service>>>>>>>>;
+                            v1::ParameterService::WithCallbackMethod_ReadCheckpoint<
+                                v1::ParameterService::WithCallbackMethod_Fill<
+                                    v1::ParameterService::Service>>>>>>>>>>;
 
 // Counters of the PushPull streams, over all streams since the service was made. Thread-safe.
 struct PushPullStreamStats {
@@ -118,6 +120,12 @@ class GrpcParameterService final : public ParameterCallbackServiceBase {
   grpc::ServerUnaryReactor* Restore(grpc::CallbackServerContext* context,
                                     const v1::RestoreRequest* request,
                                     v1::RestoreResponse* response) override;
+  grpc::ServerUnaryReactor* ReadCheckpoint(grpc::CallbackServerContext* context,
+                                           const v1::ReadCheckpointRequest* request,
+                                           v1::ReadCheckpointResponse* response) override;
+  grpc::ServerUnaryReactor* Fill(grpc::CallbackServerContext* context,
+                                 const v1::FillRequest* request,
+                                 v1::FillResponse* response) override;
 
   // Counters of the PushPull streams. Thread-safe.
   PushPullStreamStats stream_stats() const;

@@ -37,7 +37,8 @@ ParameterStore::ParameterStore(ParameterStoreOptions options)
       counters_(std::make_shared<ShardCounters>()),
       writer_(std::make_unique<CheckpointWriter>(options_.checkpoint_dir, options_.shard_index,
                                                  budget_)),
-      pulls_(std::make_unique<PullAnswerer>(options_.executor, counters_)) {}
+      pulls_(std::make_unique<PullAnswerer>(options_.executor, counters_)),
+      fills_(budget_) {}
 
 ParameterStore::~ParameterStore() {
   CloseAll(absl::CancelledError("the parameter store is shutting down"));
@@ -141,6 +142,7 @@ absl::Status ParameterStore::CheckLive() const {
 }
 
 absl::Status ParameterStore::DropJob(absl::string_view job_id) {
+  fills_.Forget(std::string(job_id));
   std::shared_ptr<JobState> job;
   {
     absl::MutexLock lock(&mu_);
@@ -424,6 +426,55 @@ absl::StatusOr<v1::RestoreResponse> ParameterStore::RestoreJobFromCheckpoint(
   response.set_step(h.step());
   response.set_partitions(job->NumDense());
   response.set_tables(job->NumTables());
+  return response;
+}
+
+absl::StatusOr<v1::ReadCheckpointResponse> ParameterStore::ReadCheckpoint(
+    const v1::ReadCheckpointRequest& request) const {
+  if (options_.checkpoint_dir.empty()) {
+    return absl::FailedPreconditionError("this shard keeps no checkpoints (no --data_dir)");
+  }
+  TESSERA_RETURN_IF_ERROR(ValidateJobId(request.job_id()));
+  if (request.step() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("step: must be >= 0, got ", request.step()));
+  }
+  return ReadFilePage(
+      CheckpointPath(options_.checkpoint_dir, request.job_id(), request.step(),
+                     options_.shard_index),
+      request.offset(), request.max_bytes());
+}
+
+absl::StatusOr<v1::FillResponse> ParameterStore::Fill(const v1::FillRequest& page) {
+  std::vector<std::string> files;
+  TESSERA_ASSIGN_OR_RETURN(const bool whole, fills_.Add(page, &files));
+  v1::FillResponse response;
+  if (!whole) return response;
+  std::vector<CheckpointContents> sources;
+  uint64_t bytes = 0;
+  for (size_t s = 0; s < files.size(); ++s) {
+    bytes += files[s].size();
+    absl::StatusOr<CheckpointContents> parsed = ParseCheckpointBuffer(std::move(files[s]));
+    if (!parsed.ok()) {
+      return absl::Status(parsed.status().code(),
+                          absl::StrCat("fill source ", s, ": ", parsed.status().message()));
+    }
+    sources.push_back(*std::move(parsed));
+  }
+  files.clear();
+  TESSERA_ASSIGN_OR_RETURN(
+      CheckpointContents cut,
+      CutFill(sources, options_.shard_index, static_cast<int>(page.num_shards()),
+              static_cast<int>(page.replicas())));
+  sources.clear();
+  TESSERA_ASSIGN_OR_RETURN(v1::RestoreResponse restored,
+                           RestoreJobFromCheckpoint(cut, cut.header.min_incarnation()));
+  response.set_installed(true);
+  response.set_partitions(restored.partitions());
+  response.set_tables(restored.tables());
+  uint64_t rows = 0;
+  for (const v1::PartitionCheckpoint& pc : cut.header.partitions()) rows += pc.num_rows();
+  response.set_rows(rows);
+  response.set_bytes(bytes);
   return response;
 }
 

@@ -54,6 +54,7 @@
 #include "common/push_pull_view.h"
 #include "server/checkpoint_file.h"
 #include "server/push_pull_answer_sink.h"
+#include "server/shard_fill.h"
 #include "server/shared_weights.h"
 #include "server/store_histogram.h"
 #include "tessera/v1/job.pb.h"
@@ -199,6 +200,16 @@ class ParameterStore {
                                                                uint64_t min_incarnation,
                                                                int64_t protect_through = 0);
 
+  // Filling a new copy (server/shard_fill.h): a page of this shard's checkpoint file of
+  // (job_id, step). FAILED_PRECONDITION without checkpoint_dir; otherwise as ReadFilePage.
+  // Blocks on file I/O.
+  absl::StatusOr<v1::ReadCheckpointResponse> ReadCheckpoint(
+      const v1::ReadCheckpointRequest& request) const;
+  // A page of a fill (FillRequest, parameter.proto): once every source file is whole, the state
+  // this shard's index holds is cut from them (CutFill) and installed as the job, as Restore
+  // does. Blocks on the cut. Thread-safe.
+  absl::StatusOr<v1::FillResponse> Fill(const v1::FillRequest& page);
+
   // Removes the job; its parked pulls and waiting Checkpoint calls fail with ABORTED. With a
   // checkpoint_dir, the writer thread then skips the job's queued writes and deletes
   // <checkpoint_dir>/<job_id> (asynchronously, after any write in progress). NOT_FOUND for an
@@ -287,6 +298,7 @@ class ParameterStore {
   const std::shared_ptr<ShardCounters> counters_;
   const std::unique_ptr<CheckpointWriter> writer_;
   const std::unique_ptr<PullAnswerer> pulls_;
+  FillAssembler fills_;
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<JobState>> jobs_ ABSL_GUARDED_BY(mu_);
   absl::Status closed_ ABSL_GUARDED_BY(mu_);

@@ -21,6 +21,7 @@
 #include "server/coordinator/internal/member_registry.h"
 #include "server/coordinator/internal/progress_reports.h"
 #include "server/coordinator/internal/recovery.h"
+#include "server/coordinator/internal/shard_refill.h"
 #include "server/coordinator/internal/shard_drops.h"
 #include "server/coordinator/internal/stall_inspector.h"
 #include "spdlog/spdlog.h"
@@ -204,6 +205,8 @@ std::vector<std::function<void()>> PlanActions(ClusterState& state)
     }
     if (std::function<void()> action = internal::PlanRecoveryAction(state, entry, live)) {
       actions.push_back(std::move(action));
+    } else if (std::function<void()> fill = internal::PlanFill(state, entry, live)) {
+      actions.push_back(std::move(fill));
     }
   }
   return actions;

@@ -59,6 +59,57 @@ absl::Status GrpcShardControl::DropJob(const std::string& address, const std::st
   return FromGrpcStatus(status, address);
 }
 
+absl::StatusOr<v1::FillResponse> GrpcShardControl::CopyFill(const std::vector<std::string>& sources,
+                                                            const std::string& target,
+                                                            const v1::FillRequest& shape,
+                                                            absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  v1::FillResponse answer;
+  for (size_t s = 0; s < sources.size(); ++s) {
+    uint64_t offset = 0;
+    uint64_t file_bytes = 0;
+    do {
+      v1::ReadCheckpointRequest read;
+      read.set_job_id(shape.job_id());
+      read.set_step(shape.step());
+      read.set_offset(offset);
+      read.set_max_bytes(kFillPageBytes);
+      v1::ReadCheckpointResponse page;
+      {
+        grpc::ClientContext context;
+        context.set_deadline(absl::ToChronoTime(deadline));
+        TESSERA_RETURN_IF_ERROR(Begin(&context));
+        const grpc::Status status = StubFor(sources[s])->ReadCheckpoint(&context, read, &page);
+        End(&context);
+        TESSERA_RETURN_IF_ERROR(FromGrpcStatus(status, sources[s]));
+      }
+      file_bytes = page.file_bytes();
+      if (page.data().empty() && offset < file_bytes) {
+        return absl::InternalError(absl::StrCat(sources[s], ": ReadCheckpoint at offset ", offset,
+                                                " of ", file_bytes, " bytes answered nothing"));
+      }
+      v1::FillRequest fill = shape;
+      fill.set_source(static_cast<uint32_t>(s));
+      fill.set_num_sources(static_cast<uint32_t>(sources.size()));
+      fill.set_offset(offset);
+      fill.set_file_bytes(file_bytes);
+      offset += page.data().size();
+      fill.set_allocated_data(page.release_data());
+      grpc::ClientContext context;
+      context.set_deadline(absl::ToChronoTime(deadline));
+      TESSERA_RETURN_IF_ERROR(Begin(&context));
+      const grpc::Status status = StubFor(target)->Fill(&context, fill, &answer);
+      End(&context);
+      TESSERA_RETURN_IF_ERROR(FromGrpcStatus(status, target));
+    } while (offset < file_bytes);
+  }
+  if (!answer.installed()) {
+    return absl::InternalError(
+        absl::StrCat(target, ": the fill's last page was taken but nothing was installed"));
+  }
+  return answer;
+}
+
 absl::StatusOr<v1::CheckpointResponse> GrpcShardControl::Checkpoint(
     const std::string& address, const v1::CheckpointRequest& request, absl::Duration timeout) {
   grpc::ClientContext context;

@@ -38,6 +38,14 @@ class GrpcShardControl : public ShardControl {
   absl::StatusOr<v1::UpdateMembershipResponse> UpdateMembership(
       const std::string& address, const v1::UpdateMembershipRequest& request) override;
 
+  // Pages of kFillPageBytes; every call's deadline is the whole copy's.
+  absl::StatusOr<v1::FillResponse> CopyFill(const std::vector<std::string>& sources,
+                                            const std::string& target,
+                                            const v1::FillRequest& shape,
+                                            absl::Duration timeout) override;
+  // Under gRPC's default 4 MiB receive limit with room for the message around it.
+  static constexpr uint32_t kFillPageBytes = 1u << 20;
+
   // Cancels the calls in flight and makes every later call fail at once with CANCELLED, so a
   // stopping coordinator does not wait out a Checkpoint deadline. Irreversible; thread-safe.
   void CancelAll() override;

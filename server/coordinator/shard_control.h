@@ -4,6 +4,7 @@
 #define TESSERA_SERVER_COORDINATOR_SHARD_CONTROL_H_
 
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -36,6 +37,17 @@ class ShardControl {
   // UpdateMembership (see parameter.proto). Blocks (the implementation's deadline).
   virtual absl::StatusOr<v1::UpdateMembershipResponse> UpdateMembership(
       const std::string& address, const v1::UpdateMembershipRequest& request) = 0;
+  // Filling a new copy (server/shard_fill.h): copies the checkpoint files of `shape.step` of the
+  // shards at `sources` (in this order) page by page to the shard at `target` (ReadCheckpoint,
+  // then Fill with `shape`'s job, step, num_shards and replicas), and returns the target's answer
+  // to the last page (installed). Blocks for at most `timeout` in all. The default is
+  // UNIMPLEMENTED.
+  virtual absl::StatusOr<v1::FillResponse> CopyFill(const std::vector<std::string>& sources,
+                                                    const std::string& target,
+                                                    const v1::FillRequest& shape,
+                                                    absl::Duration timeout) {
+    return absl::UnimplementedError("this shard control cannot fill a shard");
+  }
   // Ends the calls in flight (they return CANCELLED) so that a stopping coordinator does not wait
   // out their deadlines; the coordinator calls it from Stop() before it joins its threads. May
   // make later calls fail at once too. Never blocks. The default does nothing.

@@ -68,17 +68,25 @@ using internal::EncodeInto;
 using internal::ForEachConcurrently;
 
 absl::StatusOr<std::unique_ptr<ParameterClient>> ParameterClient::Create(const Options& options) {
-  std::vector<std::unique_ptr<ShardClient>> shards;
-  for (const std::string& address : options.shard_addresses) {
+  Options with_connect = options;
+  with_connect.connect =
+      [streams = options.streams_per_shard, zero_copy = options.zero_copy_push,
+       credentials = options.credentials](
+          const std::string& address) -> absl::StatusOr<std::unique_ptr<ShardClient>> {
     GrpcShardClient::Options o;
     o.address = address;
-    o.streams = options.streams_per_shard;
-    o.zero_copy_push = options.zero_copy_push;
-    o.credentials = options.credentials;
+    o.streams = streams;
+    o.zero_copy_push = zero_copy;
+    o.credentials = credentials;
     TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<GrpcShardClient> shard, GrpcShardClient::Create(o));
+    return std::unique_ptr<ShardClient>(std::move(shard));
+  };
+  std::vector<std::unique_ptr<ShardClient>> shards;
+  for (const std::string& address : options.shard_addresses) {
+    TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<ShardClient> shard, with_connect.connect(address));
     shards.push_back(std::move(shard));
   }
-  return CreateWithShards(options, std::move(shards));
+  return CreateWithShards(with_connect, std::move(shards));
 }
 
 absl::StatusOr<std::unique_ptr<ParameterClient>> ParameterClient::CreateWithShards(
@@ -135,8 +143,9 @@ absl::StatusOr<std::unique_ptr<ParameterClient>> ParameterClient::CreateWithShar
 ParameterClient::ParameterClient(const Options& options,
                                  std::vector<std::unique_ptr<ShardClient>> shards)
     : options_(options),
-      shards_(std::move(shards)),
-      routing_(static_cast<int>(shards_.size()), options.replicas),
+      num_shards_(static_cast<int>(shards.size())),
+      shards_(std::make_move_iterator(shards.begin()), std::make_move_iterator(shards.end())),
+      routing_(num_shards_, options.replicas),
       retry_timer_(std::make_unique<RetryTimer>()) {}
 
 ParameterClient::~ParameterClient() {
@@ -147,7 +156,15 @@ ParameterClient::~ParameterClient() {
   // Calls in flight end now rather than at their deadline (a pull parked at a barrier that will
   // never open, after a cancel, would otherwise hold this destructor for call_timeout times the
   // attempts); stopping_ keeps them from being retried.
-  for (const std::unique_ptr<ShardClient>& shard : shards_) shard->CancelPending();
+  std::vector<std::shared_ptr<ShardClient>> every;
+  {
+    absl::MutexLock lock(&shards_mu_);
+    every = shards_;
+    every.insert(every.end(), retired_.begin(), retired_.end());
+  }
+  // Without the lock: the cancelled calls' callbacks run here and look their shards up.
+  for (const std::shared_ptr<ShardClient>& shard : every) shard->CancelPending();
+  every.clear();
   absl::MutexLock lock(&mu_);
   mu_.Await(absl::Condition(
       +[](int* n) { return *n == 0; }, &ops_in_flight_));
@@ -168,9 +185,14 @@ void ParameterClient::OpFinished() {
   --ops_in_flight_;
 }
 
+std::shared_ptr<ShardClient> ParameterClient::Shard(int index) const {
+  absl::MutexLock lock(&shards_mu_);
+  return shards_[static_cast<size_t>(index)];
+}
+
 absl::Status ParameterClient::WithAddress(int shard, const absl::Status& status) const {
   if (status.ok()) return status;
-  const std::string& address = shards_[shard]->address();
+  const std::string address = Shard(shard)->address();
   if (absl::StrContains(status.message(), address)) return status;
   return absl::Status(status.code(), absl::StrCat(address, ": ", status.message()));
 }
@@ -238,8 +260,8 @@ absl::Status ParameterClient::DeclareJob(const v1::JobConfig& config,
                                          const std::vector<v1::SparseTableDecl>& tables) {
   TESSERA_RETURN_IF_ERROR(RecordLayouts(tensors, tables));
   // Per shard, batches of partition declarations, each under max_request_bytes.
-  std::vector<std::vector<v1::CreateJobStateRequest>> batches(shards_.size());
-  std::vector<int64_t> batch_bytes(shards_.size(), 0);
+  std::vector<std::vector<v1::CreateJobStateRequest>> batches(num_shards_);
+  std::vector<int64_t> batch_bytes(num_shards_, 0);
   auto new_batch = [&](int shard) {
     v1::CreateJobStateRequest r;
     r.set_job_id(options_.job_id);
@@ -275,7 +297,7 @@ absl::Status ParameterClient::DeclareJob(const v1::JobConfig& config,
   return ForEachConcurrently(routing_.Live(), [&](int s) -> absl::Status {
     for (const v1::CreateJobStateRequest& r : batches[s]) {
       TESSERA_RETURN_IF_ERROR(CallWithRetries(s, [&](absl::Time deadline) {
-        return shards_[s]->CreateJobState(r, deadline).status();
+        return Shard(s)->CreateJobState(r, deadline).status();
       }));
     }
     return absl::OkStatus();
@@ -318,11 +340,11 @@ void ParameterClient::Send(std::shared_ptr<Attempt> attempt) {
     OnResponse(attempt, absl::CancelledError("the client is shutting down"));
     return;
   }
-  if (routing_.IsDown(attempt->shard)) {
+  if (!routing_.IsWritable(attempt->shard, attempt->fill_write)) {
     Reroute(std::move(attempt), absl::UnavailableError("the shard is down"));
     return;
   }
-  ShardClient* shard = shards_[attempt->shard].get();
+  const std::shared_ptr<ShardClient> shard = Shard(attempt->shard);
   attempt->weights_written = false;
   // The same request (same seq) on every attempt, so that the shard applies it at most once.
   shard->PushPull(attempt->call, absl::Now() + options_.call_timeout,
@@ -339,11 +361,16 @@ void ParameterClient::OnResponse(std::shared_ptr<Attempt> attempt,
   } else if (response->status().code() != 0) {
     error = StatusFromCode(response->status().code(), response->status().message());
   }
-  if (!error.ok() && !Stopping() && routing_.IsDown(attempt->shard)) {
+  if (!error.ok() && !Stopping() && !routing_.IsWritable(attempt->shard, attempt->fill_write)) {
     Reroute(std::move(attempt), error);
     return;
   }
-  if (!error.ok() && IsRetryable(error.code()) && !Stopping()) {
+  // A shard being filled knows the job only once its fill is installed: until then its answer
+  // is NOT_FOUND, and the push is sent again.
+  const bool filling = attempt->fill_write && routing_.IsDown(attempt->shard);
+  const bool retryable = IsRetryable(error.code()) ||
+                         (filling && error.code() == absl::StatusCode::kNotFound);
+  if (!error.ok() && retryable && !Stopping()) {
     bool again = attempt->attempts < options_.retry.max_attempts;
     if (routing_.replicas() > 1) {
       // The shard may be lost: keep trying until the coordinator says so (SetDownShards) or the
@@ -362,6 +389,11 @@ void ParameterClient::OnResponse(std::shared_ptr<Attempt> attempt,
       retry_timer_->After(Backoff(attempt->attempts), [this, attempt] { Send(attempt); });
       return;
     }
+  }
+  if (!error.ok() && filling && !Stopping()) {
+    BreakFill(attempt->shard, error);
+    Finish(std::move(attempt), absl::OkStatus(), nullptr);
+    return;
   }
   if (error.ok() && attempt->accept && !attempt->weights_written) {
     error = attempt->accept(*response);
@@ -489,9 +521,74 @@ absl::Status ParameterClient::SetDownShards(const std::vector<int>& down) {
                options_.job_id, absl::StrJoin(newly_down, ", "));
   // Calls in flight on them end now (a stopped shard would hold them until their deadline), and
   // retries waiting for their backoff go elsewhere at once.
-  for (int shard : newly_down) shards_[shard]->CancelPending();
+  for (int shard : newly_down) Shard(shard)->CancelPending();
   retry_timer_->RunAllNow();
   return absl::OkStatus();
+}
+
+absl::StatusOr<ParameterClient::FillReport> ParameterClient::SetFill(int shard,
+                                                                    const std::string& address,
+                                                                    int64_t from_step) {
+  if (shard < 0) {
+    const int was = routing_.ClearFill();
+    {
+      absl::MutexLock lock(&mu_);
+      fill_ = FillReport{};
+    }
+    if (was >= 0 && routing_.IsDown(was)) {
+      spdlog::info("client: job {}: the fill of shard {} is over; it stays down", options_.job_id,
+                   was);
+      // Its writes in flight end now; their pushes stand on the other copies.
+      Shard(was)->CancelPending();
+      retry_timer_->RunAllNow();
+    }
+    return FillReport{};
+  }
+  if (routing_.replicas() < 2) {
+    return absl::InvalidArgumentError("fill: the job keeps one copy of each partition");
+  }
+  if (routing_.filling() == shard && routing_.fill_from_step() == from_step) return fill_report();
+  if (shard >= num_shards_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("fill shard ", shard, ": must be in [0, ", num_shards_, ")"));
+  }
+  if (!routing_.IsDown(shard)) {
+    return absl::InvalidArgumentError(absl::StrCat("fill shard ", shard, ": it is not down"));
+  }
+  if (Shard(shard)->address() != address) {
+    if (!options_.connect) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "fill shard ", shard, ": it serves at ", address, " now, and this client cannot connect"));
+    }
+    TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<ShardClient> fresh, options_.connect(address));
+    spdlog::info("client: job {}: shard {} serves at {} now", options_.job_id, shard, address);
+    absl::MutexLock lock(&shards_mu_);
+    retired_.push_back(std::move(shards_[static_cast<size_t>(shard)]));
+    shards_[static_cast<size_t>(shard)] = std::move(fresh);
+  }
+  TESSERA_ASSIGN_OR_RETURN(const bool in_time, routing_.SetFill(shard, from_step));
+  FillReport report;
+  report.from_step = from_step;
+  report.missed = !in_time;
+  spdlog::info("client: job {}: filling shard {}: {}", options_.job_id, shard,
+               in_time ? absl::StrCat("writing it every push from step ", from_step)
+                       : absl::StrCat("missed: a push of step ", from_step,
+                                      " or later went out without it"));
+  absl::MutexLock lock(&mu_);
+  fill_ = report;
+  return report;
+}
+
+ParameterClient::FillReport ParameterClient::fill_report() const {
+  absl::MutexLock lock(&mu_);
+  return fill_;
+}
+
+void ParameterClient::BreakFill(int shard, const absl::Status& error) {
+  spdlog::warn("client: job {}: a write to shard {}, being filled, failed: {}", options_.job_id,
+               shard, error.ToString());
+  absl::MutexLock lock(&mu_);
+  if (fill_.from_step > 0) fill_.missed = true;
 }
 
 std::vector<int> ParameterClient::TakeUnreachableShards() {
@@ -525,8 +622,8 @@ void ParameterClient::PushPullAsync(absl::string_view name, int64_t step,
   std::vector<std::vector<int>> copies;
   size_t requests = 0;
   for (const PartitionSpan& p : layout.partitions) {
-    copies.push_back(routing_.LiveCopies(p.shard));
-    if (copies.back().empty()) {
+    copies.push_back(routing_.WriteCopies(p.shard, step));
+    if (copies.back().empty() || routing_.IsDown(copies.back().front())) {
       return done(absl::UnavailableError(absl::StrCat("PushPull tensor '", name, "' partition ",
                                                       p.index, ": every copy is down")));
     }
@@ -559,6 +656,7 @@ void ParameterClient::PushPullAsync(absl::string_view name, int64_t step,
       if (!lent.empty()) copy->call.lent.push_back(lent);
       copy->op = op;
       copy->shard = copies[k][c];
+      copy->fill_write = routing_.IsDown(copy->shard);
       copy->homes = {p.shard};
       copy->call.request = std::move(copy_request);
       copy->what = absl::StrCat("PushPull tensor '", name, "' partition ", p.index, " step ", step,
@@ -644,8 +742,8 @@ void ParameterClient::PushPullManyAsync(int64_t step, std::vector<TensorUpdate> 
     const bool want = !t.weights_out.empty();
     for (const PartitionSpan& p : layout.partitions) {
       // Every live copy gets the slice; the first (acting) one alone is asked for weights.
-      const std::vector<int> copies = routing_.LiveCopies(p.shard);
-      if (copies.empty()) {
+      const std::vector<int> copies = routing_.WriteCopies(p.shard, step);
+      if (copies.empty() || routing_.IsDown(copies.front())) {
         return done(absl::UnavailableError(absl::StrCat("PushPull tensor '", t.name, "' partition ",
                                                         p.index, ": every copy is down")));
       }
@@ -694,6 +792,7 @@ void ParameterClient::PushPullManyAsync(int64_t step, std::vector<TensorUpdate> 
     auto attempt = std::make_shared<Attempt>();
     attempt->op = op;
     attempt->shard = shard;
+    attempt->fill_write = routing_.IsDown(shard);
     attempt->homes.assign(part.homes.begin(), part.homes.end());
     attempt->want_homes.assign(part.want_homes.begin(), part.want_homes.end());
     attempt->call.request = std::move(part.request);
@@ -781,7 +880,7 @@ absl::Status ParameterClient::PullOnce(absl::string_view name, int64_t step, abs
                                                    " values, the tensor has ",
                                                    layout->num_elements));
   }
-  std::vector<v1::PullRequest> requests(shards_.size());
+  std::vector<v1::PullRequest> requests(num_shards_);
   std::vector<int> used;
   std::vector<int> serving(layout->partitions.size());
   for (const PartitionSpan& p : layout->partitions) {
@@ -807,7 +906,7 @@ absl::Status ParameterClient::PullOnce(absl::string_view name, int64_t step, abs
     r.set_encoding(options_.pull_encoding);
     std::vector<v1::Slice> slices;
     TESSERA_RETURN_IF_ERROR(CallWithRetries(s, [&](absl::Time deadline) -> absl::Status {
-      TESSERA_ASSIGN_OR_RETURN(slices, shards_[s]->Pull(r, deadline));
+      TESSERA_ASSIGN_OR_RETURN(slices, Shard(s)->Pull(r, deadline));
       return absl::OkStatus();
     }));
     size_t received = 0;
@@ -815,7 +914,7 @@ absl::Status ParameterClient::PullOnce(absl::string_view name, int64_t step, abs
       const uint32_t index = w.key().index();
       if (w.key().tensor() != layout->name || index >= layout->partitions.size() ||
           serving[index] != s) {
-        return absl::InternalError(absl::StrCat(shards_[s]->address(), ": Pull tensor '", name,
+        return absl::InternalError(absl::StrCat(Shard(s)->address(), ": Pull tensor '", name,
                                                 "' returned unexpected key '", w.key().tensor(),
                                                 "' partition ", index));
       }
@@ -830,7 +929,7 @@ absl::Status ParameterClient::PullOnce(absl::string_view name, int64_t step, abs
       ++received;
     }
     if (received != static_cast<size_t>(r.keys_size())) {
-      return absl::InternalError(absl::StrCat(shards_[s]->address(), ": Pull tensor '", name,
+      return absl::InternalError(absl::StrCat(Shard(s)->address(), ": Pull tensor '", name,
                                               "' returned ", received, " of ", r.keys_size(),
                                               " partitions"));
     }
@@ -850,7 +949,7 @@ absl::Status ParameterClient::UpdateMembership(const std::vector<uint32_t>& live
   r.set_effective_step(effective_step);
   return ForEachConcurrently(routing_.Live(), [&](int s) {
     return CallWithRetries(
-        s, [&](absl::Time deadline) { return shards_[s]->UpdateMembership(r, deadline); });
+        s, [&](absl::Time deadline) { return Shard(s)->UpdateMembership(r, deadline); });
   });
 }
 
@@ -859,7 +958,7 @@ absl::Status ParameterClient::DropJob() {
   r.set_job_id(options_.job_id);
   return ForEachConcurrently(routing_.Live(), [&](int s) {
     return CallWithRetries(s,
-                           [&](absl::Time deadline) { return shards_[s]->DropJob(r, deadline); });
+                           [&](absl::Time deadline) { return Shard(s)->DropJob(r, deadline); });
   });
 }
 

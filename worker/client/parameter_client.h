@@ -125,6 +125,10 @@ class ParameterClient {
     // Replicated jobs: how long a request keeps being retried on a shard that fails with a
     // retryable error, waiting for the coordinator to say whether the shard is down.
     absl::Duration replica_failover_timeout = absl::Seconds(120);
+    // Makes the transport to a shard that serves at a new address (SetFill). Create sets it to
+    // a GrpcShardClient with these options; empty: a fill at another address is refused.
+    std::function<absl::StatusOr<std::unique_ptr<ShardClient>>(const std::string& address)>
+        connect;
   };
 
   using PushPullCallback = std::function<void(absl::StatusOr<PushPullResult>)>;
@@ -215,6 +219,20 @@ class ParameterClient {
   // copy) or sent as pulls to the next copy, now. INVALID_ARGUMENT for an index out of range or
   // on a client with one copy.
   absl::Status SetDownShards(const std::vector<int>& down);
+  // The coordinator's fill of a down shard (ProgressAck.fill; docs/reliability.md "Filling a new
+  // copy"), or none (shard < 0). While it lasts, every push of from_step or later goes to that
+  // shard too, at `address` (a new transport when it changed); it is read from once it is no
+  // longer down. A fill that ends with the shard still down stops the writes to it. What the
+  // next progress report says of it:
+  struct FillReport {
+    int64_t from_step = 0;  // the fill this client writes (0: none)
+    bool missed = false;    // it had routed a push of from_step or later without the shard
+  };
+  // INVALID_ARGUMENT for a shard out of range or not down, on a client with one copy, or an
+  // address it cannot connect (no Options::connect).
+  absl::StatusOr<FillReport> SetFill(int shard, const std::string& address, int64_t from_step);
+  FillReport fill_report() const;
+
   // The shards that failed a request with a retryable error since the last call (replicated
   // jobs), for the worker's next progress report.
   std::vector<int> TakeUnreachableShards();
@@ -225,7 +243,7 @@ class ParameterClient {
 
   const Options& options() const { return options_; }
   const ReplicaRouting& routing() const { return routing_; }
-  int num_shards() const { return static_cast<int>(shards_.size()); }
+  int num_shards() const { return num_shards_; }
 
  private:
   struct Op;
@@ -264,8 +282,18 @@ class ParameterClient {
   void OpStarted();
   void OpFinished();
 
+  // The transport of shard `index` now (SetFill may replace it).
+  std::shared_ptr<ShardClient> Shard(int index) const;
+  // A write to the shard being filled failed for good: the fill is missed (the coordinator gives
+  // it up and tries again), and the push stands on its other copies.
+  void BreakFill(int shard, const absl::Status& error);
+
   const Options options_;
-  const std::vector<std::unique_ptr<ShardClient>> shards_;
+  const int num_shards_;
+  mutable absl::Mutex shards_mu_;
+  std::vector<std::shared_ptr<ShardClient>> shards_ ABSL_GUARDED_BY(shards_mu_);
+  // Replaced transports, kept until the client goes: a call may still hold one.
+  std::vector<std::shared_ptr<ShardClient>> retired_ ABSL_GUARDED_BY(shards_mu_);
   ReplicaRouting routing_;
   std::atomic<uint64_t> next_seq_{1};
   std::unique_ptr<RetryTimer> retry_timer_;
@@ -275,6 +303,7 @@ class ParameterClient {
   std::map<std::string, SparseTable, std::less<>> tables_ ABSL_GUARDED_BY(mu_);
   int ops_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   std::set<int> unreachable_ ABSL_GUARDED_BY(mu_);
+  FillReport fill_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
 };
 

@@ -51,16 +51,21 @@ void ParameterClient::PushPullSparseAsync(absl::string_view table, int64_t step,
   // to it, so under BSP and SSP a worker whose batch touches no row there still counts for the
   // step. Each row goes to every live copy of its home. The shard deduplicates per (worker,
   // table), so two requests for the same table on one shard must never be in flight at once.
-  std::vector<std::vector<size_t>> positions(shards_.size());
-  std::vector<std::set<int>> homes(shards_.size());
+  // The shards first: a fill that starts after this is missed by this push (SetFill says so).
+  const std::vector<int> live = routing_.WriteShards(step);
+  std::vector<bool> written(static_cast<size_t>(num_shards()), false);
+  for (int s : live) written[static_cast<size_t>(s)] = true;
+  std::vector<std::vector<size_t>> positions(num_shards());
+  std::vector<std::set<int>> homes(num_shards());
   for (size_t i = 0; i < rows.size(); ++i) {
     const int home = ShardOfSparseRow(options_.job_id, t.name, rows[i], num_shards());
-    const std::vector<int> copies = routing_.LiveCopies(home);
-    if (copies.empty()) {
+    const std::vector<int> copies = routing_.WriteCopies(home, step);
+    if (copies.empty() || routing_.IsDown(copies.front())) {
       return done(absl::UnavailableError(absl::StrCat("PushPullSparse table '", table, "' row ",
                                                       rows[i], ": every copy is down")));
     }
     for (int s : copies) {
+      if (!written[static_cast<size_t>(s)]) continue;
       positions[s].push_back(i);
       homes[s].insert(home);
     }
@@ -73,7 +78,6 @@ void ParameterClient::PushPullSparseAsync(absl::string_view table, int64_t step,
           "max_request_bytes ", options_.max_request_bytes, "; push fewer rows at once")));
     }
   }
-  const std::vector<int> live = routing_.Live();
   auto op = std::make_shared<Op>();
   op->done = std::move(done);
   const int used = static_cast<int>(live.size());
@@ -101,6 +105,7 @@ void ParameterClient::PushPullSparseAsync(absl::string_view table, int64_t step,
     auto attempt = std::make_shared<Attempt>();
     attempt->op = op;
     attempt->shard = s;
+    attempt->fill_write = routing_.IsDown(s);
     attempt->homes.assign(homes[s].begin(), homes[s].end());
     if (want) attempt->want_homes = attempt->homes;
     attempt->call.request = std::move(request);
@@ -132,8 +137,8 @@ absl::Status ParameterClient::PullAllRows(absl::string_view table, std::vector<i
                                           std::vector<float>* values) {
   TESSERA_ASSIGN_OR_RETURN(SparseTable t, FindTable(table));
   const size_t dim = t.dim;
-  std::vector<std::vector<int64_t>> shard_ids(shards_.size());
-  std::vector<std::vector<float>> shard_values(shards_.size());
+  std::vector<std::vector<int64_t>> shard_ids(num_shards());
+  std::vector<std::vector<float>> shard_values(num_shards());
   // Every live shard; with copies, a row counts from its acting copy alone.
   TESSERA_RETURN_IF_ERROR(ForEachConcurrently(routing_.Live(), [&](int s) -> absl::Status {
     v1::PullRequest r;
@@ -147,7 +152,7 @@ absl::Status ParameterClient::PullAllRows(absl::string_view table, std::vector<i
     key->set_all_rows(true);
     std::vector<v1::Slice> slices;
     TESSERA_RETURN_IF_ERROR(CallWithRetries(s, [&](absl::Time deadline) -> absl::Status {
-      TESSERA_ASSIGN_OR_RETURN(slices, shards_[s]->Pull(r, deadline));
+      TESSERA_ASSIGN_OR_RETURN(slices, Shard(s)->Pull(r, deadline));
       return absl::OkStatus();
     }));
     std::vector<float> decoded;
@@ -171,7 +176,7 @@ absl::Status ParameterClient::PullAllRows(absl::string_view table, std::vector<i
   }));
   ids->clear();
   values->clear();
-  for (size_t s = 0; s < shards_.size(); ++s) {
+  for (size_t s = 0; s < static_cast<size_t>(num_shards()); ++s) {
     ids->insert(ids->end(), shard_ids[s].begin(), shard_ids[s].end());
     values->insert(values->end(), shard_values[s].begin(), shard_values[s].end());
   }
@@ -195,8 +200,8 @@ void ParameterClient::PullSparseAsync(absl::string_view table, int64_t step,
         absl::StrCat("PullSparseAsync table '", table, "': step must be >= 0, got ", step)));
   }
   // Each row from its acting copy.
-  std::vector<std::vector<size_t>> positions(shards_.size());
-  std::vector<std::set<int>> homes(shards_.size());
+  std::vector<std::vector<size_t>> positions(num_shards());
+  std::vector<std::set<int>> homes(num_shards());
   for (size_t i = 0; i < rows.size(); ++i) {
     const int home = ShardOfSparseRow(options_.job_id, t.name, rows[i], num_shards());
     const int s = routing_.Acting(home);
@@ -284,7 +289,7 @@ absl::Status ParameterClient::PullSparseOnce(absl::string_view table, int64_t st
         absl::StrCat("PullSparse table '", table, "': out has ", out.size(), " values, ",
                      rows.size(), " rows of dim ", dim, " need ", rows.size() * dim));
   }
-  std::vector<std::vector<size_t>> positions(shards_.size());
+  std::vector<std::vector<size_t>> positions(num_shards());
   std::vector<int> used;
   for (size_t i = 0; i < rows.size(); ++i) {
     const int s = routing_.Acting(ShardOfSparseRow(options_.job_id, t.name, rows[i], num_shards()));
@@ -307,7 +312,7 @@ absl::Status ParameterClient::PullSparseOnce(absl::string_view table, int64_t st
     for (size_t i : positions[s]) key->add_row_ids(rows[i]);
     std::vector<v1::Slice> slices;
     TESSERA_RETURN_IF_ERROR(CallWithRetries(s, [&](absl::Time deadline) -> absl::Status {
-      TESSERA_ASSIGN_OR_RETURN(slices, shards_[s]->Pull(r, deadline));
+      TESSERA_ASSIGN_OR_RETURN(slices, Shard(s)->Pull(r, deadline));
       return absl::OkStatus();
     }));
     // The rows may come back in several slices, in request order.
@@ -318,7 +323,7 @@ absl::Status ParameterClient::PullSparseOnce(absl::string_view table, int64_t st
       const size_t n = static_cast<size_t>(w.row_ids_size()) * dim;
       const size_t count = w.row_ids_size() > 0 ? n : values.size() - filled;
       if (filled + count > values.size()) {
-        return absl::InternalError(absl::StrCat(shards_[s]->address(), ": PullSparse table '",
+        return absl::InternalError(absl::StrCat(Shard(s)->address(), ": PullSparse table '",
                                                 table, "' returned too many rows"));
       }
       TESSERA_RETURN_IF_ERROR(
@@ -326,7 +331,7 @@ absl::Status ParameterClient::PullSparseOnce(absl::string_view table, int64_t st
       filled += count;
     }
     if (filled != values.size()) {
-      return absl::InternalError(absl::StrCat(shards_[s]->address(), ": PullSparse table '", table,
+      return absl::InternalError(absl::StrCat(Shard(s)->address(), ": PullSparse table '", table,
                                               "' returned ", filled / dim, " of ",
                                               positions[s].size(), " rows"));
     }

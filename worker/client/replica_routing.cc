@@ -1,5 +1,6 @@
 #include "worker/client/replica_routing.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -35,6 +36,69 @@ std::vector<int> ReplicaRouting::LiveCopies(int home) const {
   return live;
 }
 
+std::vector<int> ReplicaRouting::WriteCopies(int home, int64_t step) {
+  std::vector<int> copies;
+  absl::MutexLock lock(&mu_);
+  max_write_step_ = std::max(max_write_step_, step);
+  for (int c = 0; c < replicas_; ++c) {
+    const int shard = (home + c) % num_shards_;
+    if (!down_[static_cast<size_t>(shard)]) copies.push_back(shard);
+  }
+  if (filling_ >= 0 && step >= fill_from_step_ && IsCopy(home, filling_)) {
+    copies.push_back(filling_);
+  }
+  return copies;
+}
+
+std::vector<int> ReplicaRouting::WriteShards(int64_t step) {
+  std::vector<int> shards;
+  absl::MutexLock lock(&mu_);
+  max_write_step_ = std::max(max_write_step_, step);
+  for (int s = 0; s < num_shards_; ++s) {
+    if (!down_[static_cast<size_t>(s)] || (s == filling_ && step >= fill_from_step_)) {
+      shards.push_back(s);
+    }
+  }
+  return shards;
+}
+
+absl::StatusOr<bool> ReplicaRouting::SetFill(int shard, int64_t from_step) {
+  if (shard < 0 || shard >= num_shards_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("fill shard ", shard, ": must be in [0, ", num_shards_, ")"));
+  }
+  absl::MutexLock lock(&mu_);
+  if (!down_[static_cast<size_t>(shard)]) {
+    return absl::InvalidArgumentError(absl::StrCat("fill shard ", shard, ": it is not down"));
+  }
+  filling_ = shard;
+  fill_from_step_ = from_step;
+  return max_write_step_ < from_step;
+}
+
+int ReplicaRouting::ClearFill() {
+  absl::MutexLock lock(&mu_);
+  const int was = filling_;
+  filling_ = -1;
+  fill_from_step_ = 0;
+  return was;
+}
+
+int ReplicaRouting::filling() const {
+  absl::MutexLock lock(&mu_);
+  return filling_;
+}
+
+int64_t ReplicaRouting::fill_from_step() const {
+  absl::MutexLock lock(&mu_);
+  return fill_from_step_;
+}
+
+bool ReplicaRouting::IsWritable(int shard, bool fill_write) const {
+  absl::MutexLock lock(&mu_);
+  return !down_[static_cast<size_t>(shard)] || (fill_write && shard == filling_);
+}
+
 int ReplicaRouting::Acting(int home) const {
   absl::MutexLock lock(&mu_);
   for (int c = 0; c < replicas_; ++c) {
@@ -66,6 +130,11 @@ absl::Status ReplicaRouting::SetDown(const std::vector<int>& down, std::vector<i
     }
   }
   down_ = std::move(next);
+  // A fill ends with its shard up again.
+  if (filling_ >= 0 && !down_[static_cast<size_t>(filling_)]) {
+    filling_ = -1;
+    fill_from_step_ = 0;
+  }
   return absl::OkStatus();
 }
 

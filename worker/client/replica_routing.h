@@ -17,6 +17,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 
 namespace tessera {
@@ -37,6 +38,12 @@ class ReplicaRouting {
   std::vector<int> Copies(int home) const;
   // The live copies (not down), in the same order; the first one is the acting primary.
   std::vector<int> LiveCopies(int home) const;
+  // Where a write (a push) of `step` goes: LiveCopies(home), then the shard being filled when it
+  // is a copy of home and step >= its fill's from_step. Records `step` as routed (see SetFill).
+  std::vector<int> WriteCopies(int home, int64_t step);
+  // Every shard a write of `step` reaches: Live(), and the shard being filled when step >= its
+  // from_step; ascending. Records `step` as routed.
+  std::vector<int> WriteShards(int64_t step);
   // The acting primary of `home`'s partitions: its first live copy; -1 when every copy is down.
   int Acting(int home) const;
   // True when `shard` is a copy of `home` (its own index included).
@@ -46,6 +53,21 @@ class ReplicaRouting {
   // Returns the shards that are down now and were not before.
   absl::Status SetDown(const std::vector<int>& down, std::vector<int>* newly_down = nullptr);
   bool IsDown(int shard) const;
+  // Not down, or (for a write routed to the fill, `fill_write`) down and being filled: requests
+  // to it are not rerouted.
+  bool IsWritable(int shard, bool fill_write) const;
+
+  // A down shard being filled from `from_step` on (docs/reliability.md "Filling a new copy"):
+  // every write of that step or later goes to it too (WriteCopies, WriteShards); reads do not
+  // until it is no longer down. False when a write of from_step or later was routed already
+  // (without it: the fill missed this client); the fill is set either way. INVALID_ARGUMENT for
+  // a shard that is not down.
+  absl::StatusOr<bool> SetFill(int shard, int64_t from_step);
+  // No fill any more; the shard that was being filled, or -1.
+  int ClearFill();
+  // The shard being filled (-1: none) and its from_step.
+  int filling() const;
+  int64_t fill_from_step() const;
   std::vector<int> Down() const;
   // The shards that are not down, ascending.
   std::vector<int> Live() const;
@@ -57,6 +79,9 @@ class ReplicaRouting {
   const int replicas_;
   mutable absl::Mutex mu_;
   std::vector<bool> down_ ABSL_GUARDED_BY(mu_);
+  int filling_ ABSL_GUARDED_BY(mu_) = -1;
+  int64_t fill_from_step_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t max_write_step_ ABSL_GUARDED_BY(mu_) = -1;  // the largest step routed for a write
 };
 
 }  // namespace client

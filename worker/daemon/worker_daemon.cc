@@ -486,6 +486,9 @@ absl::StatusOr<v1::ProgressAck> WorkerDaemon::Report(const v1::Task& task,
   const bool replicated = spec::Replicas(task.spec()) > 1;
   if (replicated) {
     for (int shard : TakeUnreachableShards(task)) report.add_unreachable_shards(shard);
+    const client::ParameterClient::FillReport fill = FillReportFor(task);
+    report.set_fill_from_step(fill.from_step);
+    report.set_fill_missed(fill.missed);
   }
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
@@ -506,10 +509,18 @@ std::vector<int> WorkerDaemon::TakeUnreachableShards(const v1::Task& task) {
   return trainer_->TakeUnreachableShards();
 }
 
+client::ParameterClient::FillReport WorkerDaemon::FillReportFor(const v1::Task& task) {
+  absl::MutexLock lock(&mu_);
+  if (trainer_ == nullptr || !task_running_ || task_.incarnation() != task.incarnation()) return {};
+  return trainer_->FillReport();
+}
+
 void WorkerDaemon::ApplyDownShards(const v1::Task& task, const v1::ProgressAck& ack) {
   absl::MutexLock lock(&mu_);
   if (trainer_ == nullptr || !task_running_ || task_.incarnation() != task.incarnation()) return;
   trainer_->SetDownShards(std::vector<int>(ack.down_shards().begin(), ack.down_shards().end()));
+  // After the down shards: a fill's shard is one of them.
+  trainer_->SetFill(ack.has_fill() ? &ack.fill() : nullptr);
 }
 
 void WorkerDaemon::RunTask(v1::Task task) {

@@ -137,6 +137,8 @@ class WorkerDaemon {
   // The task's trainer, when it is the one running: its unreachable shards; SetDownShards.
   std::vector<int> TakeUnreachableShards(const v1::Task& task) ABSL_LOCKS_EXCLUDED(mu_);
   void ApplyDownShards(const v1::Task& task, const v1::ProgressAck& ack) ABSL_LOCKS_EXCLUDED(mu_);
+  // What the running task's data plane says of the coordinator's fill, for the next report.
+  client::ParameterClient::FillReport FillReportFor(const v1::Task& task) ABSL_LOCKS_EXCLUDED(mu_);
   // Cancels the task in hand when it belongs to `job_id` (any job when empty) and, when given,
   // is of `incarnation`.
   void CancelTask(const std::string& job_id, const std::string& why,

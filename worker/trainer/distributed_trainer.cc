@@ -379,6 +379,23 @@ void DistributedTrainer::SetDownShards(const std::vector<int>& down) {
   }
 }
 
+void DistributedTrainer::SetFill(const v1::ShardFill* fill) {
+  absl::MutexLock lock(&replica_mu_);
+  if (connected_ == nullptr) return;
+  const absl::StatusOr<client::ParameterClient::FillReport> s =
+      fill == nullptr ? connected_->SetFill(-1, "", 0)
+                      : connected_->SetFill(fill->shard(), fill->address(), fill->from_step());
+  if (!s.ok() && options_.on_note) {
+    options_.on_note(absl::StrCat("ignores the coordinator's fill: ", s.status().message()));
+  }
+}
+
+client::ParameterClient::FillReport DistributedTrainer::FillReport() {
+  absl::MutexLock lock(&replica_mu_);
+  if (connected_ == nullptr) return {};
+  return connected_->fill_report();
+}
+
 std::vector<int> DistributedTrainer::TakeUnreachableShards() {
   absl::MutexLock lock(&replica_mu_);
   if (connected_ == nullptr) return {};

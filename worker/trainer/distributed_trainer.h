@@ -180,6 +180,11 @@ class DistributedTrainer {
   // shards it found unreachable since the last call, for the next progress report. Thread-safe.
   void SetDownShards(const std::vector<int>& down);
   std::vector<int> TakeUnreachableShards();
+  // Replicated jobs: the coordinator's fill of a down shard (ProgressAck.fill; null: none), applied
+  // to the data plane once Run() has connected (the next ack brings it again before then); and
+  // what the next progress report says of it (fill_from_step, fill_missed). Thread-safe.
+  void SetFill(const v1::ShardFill* fill);
+  client::ParameterClient::FillReport FillReport();
 
   int rank() const { return rank_; }
   int world_size() const { return world_; }

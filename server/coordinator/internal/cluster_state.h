@@ -100,6 +100,26 @@ struct JobEntry {
   int64_t progress_lease_floor_ms = 0;
   // Ranks the progress lease warned about, until their step moves.
   std::set<int> stall_warned;
+  // Replicated jobs: the fill of a down shard in flight (shard_refill.h); shard < 0: none. Not
+  // stored: after a coordinator restart the ranks hear no fill and a later tick starts again.
+  struct Fill {
+    int shard = -1;
+    std::string address;  // where the shard serves now
+    int64_t step = 0;     // the ranks write it every push of this step and later
+    uint64_t generation = 0;
+    int64_t started_ms = 0;
+    bool action_done = false;  // the Checkpoint and CopyFill calls are over
+    bool installed = false;    // the shard holds the job at `step`
+    bool given_up = false;     // what it installed is to be dropped; tried again later
+    std::set<int> adopted;     // ranks that write it from `step` on
+    v1::FillResponse copied;
+    int64_t copy_ms = 0;  // from the plan to the install
+  };
+  Fill fill;
+  uint64_t fill_generation = 0;
+  int fill_attempts = 0;       // fills given up since the last one that finished
+  int64_t fill_retry_ms = 0;   // no new fill before this
+  std::string fill_refused;    // why the job cannot be filled, as last logged
 };
 
 // When an owed DropJob (ShardDrop is the store's) is tried next, and how often it was queued: a

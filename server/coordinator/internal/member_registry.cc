@@ -8,6 +8,7 @@
 #include "server/coordinator/internal/recovery.h"
 #include "server/coordinator/internal/shard_drops.h"
 #include "server/coordinator/internal/shard_failover.h"
+#include "server/coordinator/internal/shard_refill.h"
 #include "server/coordinator/internal/stall_inspector.h"
 #include "server/coordinator/internal/task_assignments.h"
 #include "spdlog/spdlog.h"
@@ -87,6 +88,9 @@ void MemberGone(ClusterState& state, MemberEntry& member, v1::MemberState member
   if (member.member.role() == v1::MEMBER_ROLE_SERVER) {
     const int index = member.member.shard_index();
     for (auto& [n, entry] : state.jobs) {
+      if (entry.fill.shard == index && entry.fill.address == member.member.address()) {
+        GiveUpFill(state, entry, absl::StrCat("the shard being filled ", why));
+      }
       if (entry.job.state() != v1::JOB_STATE_RUNNING || index >= entry.job.shard_addresses_size() ||
           entry.job.shard_addresses(index) != member.member.address()) {
         continue;

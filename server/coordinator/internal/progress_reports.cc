@@ -11,8 +11,10 @@
 #include "server/coordinator/internal/job_lifecycle.h"
 #include "server/coordinator/internal/recovery.h"
 #include "server/coordinator/internal/shard_failover.h"
+#include "server/coordinator/internal/shard_refill.h"
 #include "server/coordinator/internal/task_assignments.h"
 #include "spdlog/spdlog.h"
+#include "spec/job_spec.h"
 
 namespace tessera::coordinator::internal {
 namespace {
@@ -272,6 +274,7 @@ absl::Status ApplyReport(ClusterState& state, JobEntry& entry, const v1::Progres
   if (job.state() == v1::JOB_STATE_RUNNING || job.state() == v1::JOB_STATE_SUCCEEDED) {
     ack->set_all_workers_done(AllWorkersDone(job));
   }
+  NoteFillReport(state, entry, report, ack);
   *ack->mutable_down_shards() = job.down_shards();
   return absl::OkStatus();
 }

@@ -13,6 +13,7 @@
 #include "server/coordinator/internal/job_steps.h"
 #include "server/coordinator/internal/shard_drops.h"
 #include "server/coordinator/internal/shard_failover.h"
+#include "server/coordinator/internal/shard_refill.h"
 #include "server/coordinator/internal/stall_inspector.h"
 #include "server/coordinator/internal/task_assignments.h"
 #include "spdlog/spdlog.h"
@@ -472,6 +473,7 @@ void StartRecovery(ClusterState& state, JobEntry& entry, const std::string& caus
            absl::StrCat(cause, " (recovered ", job.recoveries(), " times already; giving up)"), "");
     return;
   }
+  GiveUpFill(state, entry, "the job recovers from a checkpoint");
   job.set_recovery(
       absl::StrCat(cause, ": recovering from checkpoint ", entry.checkpoints.front().step()));
   entry.recovery_since_ms = state.NowMs();
@@ -494,6 +496,7 @@ void LoseRank(ClusterState& state, JobEntry& entry, int rank, const std::string&
     return;
   }
   entry.membership_dirty = true;
+  GiveUpFill(state, entry, absl::StrCat("rank ", rank, " left the job"));
   // The live ranks may have waited for this one: their progress leases start again.
   entry.progress_lease_floor_ms = state.NowMs();
   spdlog::info("coordinator: job {}: {}; continuing with {} workers", job.id(), what, live);

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "server/coordinator/internal/job_events.h"
+#include "server/coordinator/internal/shard_refill.h"
 #include "spdlog/spdlog.h"
 #include "spec/job_spec.h"
 
@@ -39,6 +40,7 @@ bool FailOverShard(ClusterState& state, JobEntry& entry, int index, const std::s
   v1::Job& job = entry.job;
   if (IsDown(job, index)) return true;
   if (!job.recovery().empty() || !CanFailOver(job, index)) return false;
+  GiveUpFill(state, entry, absl::StrCat("shard ", index, " is down too"));
   std::vector<int> down(job.down_shards().begin(), job.down_shards().end());
   down.push_back(index);
   std::sort(down.begin(), down.end());

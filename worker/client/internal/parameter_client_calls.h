@@ -55,6 +55,9 @@ struct ParameterClient::Attempt {
   std::vector<int> want_homes;
   absl::Time first_failure = absl::InfiniteFuture();
   bool rerouted = false;
+  // A write to the shard being filled (ReplicaRouting::WriteCopies): only such attempts go to a
+  // down shard, and only while its fill lasts; one made before the shard went down never does.
+  bool fill_write = false;
 };
 
 // Runs retries after their backoff on one thread.
