@@ -21,10 +21,10 @@
 // and when it is from the future: BSP s > version, SSP s > slowest clock + k + 1
 // (INVALID_ARGUMENT), except that exactly one step past that is UNAVAILABLE (try again): a copy of
 // a replicated job may lag the shard the worker read its weights from by a step (the pull limit
-// below has the same step of slack). Under BSP a push for a step already applied without the worker is
-// FAILED_PRECONDITION, and a second incarnation's push of a step the worker already staged counts
-// as applied. BSP completion sums the staged gradients in ascending worker order (so the result
-// does not depend on arrival order) and applies sum / contributors once; a push skipped for
+// below has the same step of slack). Under BSP a push for a step already applied without the worker
+// is FAILED_PRECONDITION, and a second incarnation's push of a step the worker already staged
+// counts as applied. BSP completion sums the staged gradients in ascending worker order (so the
+// result does not depend on arrival order) and applies sum / contributors once; a push skipped for
 // NaN/Inf contributes a zero gradient.
 //
 // Membership: the set of live workers is a history of (effective_step, workers). The set that

@@ -438,10 +438,9 @@ absl::StatusOr<v1::ReadCheckpointResponse> ParameterStore::ReadCheckpoint(
   if (request.step() < 0) {
     return absl::InvalidArgumentError(absl::StrCat("step: must be >= 0, got ", request.step()));
   }
-  return ReadFilePage(
-      CheckpointPath(options_.checkpoint_dir, request.job_id(), request.step(),
-                     options_.shard_index),
-      request.offset(), request.max_bytes());
+  return ReadFilePage(CheckpointPath(options_.checkpoint_dir, request.job_id(), request.step(),
+                                     options_.shard_index),
+                      request.offset(), request.max_bytes());
 }
 
 absl::StatusOr<v1::FillResponse> ParameterStore::Fill(const v1::FillRequest& page) {
@@ -461,10 +460,9 @@ absl::StatusOr<v1::FillResponse> ParameterStore::Fill(const v1::FillRequest& pag
     sources.push_back(*std::move(parsed));
   }
   files.clear();
-  TESSERA_ASSIGN_OR_RETURN(
-      CheckpointContents cut,
-      CutFill(sources, options_.shard_index, static_cast<int>(page.num_shards()),
-              static_cast<int>(page.replicas())));
+  TESSERA_ASSIGN_OR_RETURN(CheckpointContents cut, CutFill(sources, options_.shard_index,
+                                                           static_cast<int>(page.num_shards()),
+                                                           static_cast<int>(page.replicas())));
   sources.clear();
   TESSERA_ASSIGN_OR_RETURN(v1::RestoreResponse restored,
                            RestoreJobFromCheckpoint(cut, cut.header.min_incarnation()));

@@ -4,8 +4,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <cerrno>
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <set>
 #include <utility>
@@ -234,7 +234,7 @@ void FillAssembler::DropLocked(std::map<std::string, Pending>::iterator it) {
 }
 
 absl::StatusOr<bool> FillAssembler::Add(const v1::FillRequest& page,
-                                         std::vector<std::string>* files) {
+                                        std::vector<std::string>* files) {
   TESSERA_RETURN_IF_ERROR(ValidateJobId(page.job_id()));
   if (page.step() < 0) {
     return absl::InvalidArgumentError(absl::StrCat("step: must be >= 0, got ", page.step()));
@@ -248,9 +248,9 @@ absl::StatusOr<bool> FillAssembler::Add(const v1::FillRequest& page,
                                                    page.num_sources(), ", got ", page.source()));
   }
   if (page.num_shards() < 1 || page.replicas() < 1 || page.replicas() > page.num_shards()) {
-    return absl::InvalidArgumentError(absl::StrCat("num_shards, replicas: need 1 <= replicas <= ",
-                                                   "num_shards, got ", page.replicas(), " and ",
-                                                   page.num_shards()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("num_shards, replicas: need 1 <= replicas <= ", "num_shards, got ",
+                     page.replicas(), " and ", page.num_shards()));
   }
   if (page.file_bytes() == 0 || page.data().size() > kMaxFillPageBytes) {
     return absl::InvalidArgumentError(absl::StrCat("file_bytes, data: a page of ",
@@ -266,9 +266,9 @@ absl::StatusOr<bool> FillAssembler::Add(const v1::FillRequest& page,
   }
   if (it == pending_.end()) {
     if (!first_page) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "offset: no fill of job '", page.job_id(), "' step ", page.step(),
-          " is being received; its first page (source 0, offset 0) starts one"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("offset: no fill of job '", page.job_id(), "' step ", page.step(),
+                       " is being received; its first page (source 0, offset 0) starts one"));
     }
     Pending fresh;
     fresh.shape = page;
@@ -289,10 +289,9 @@ absl::StatusOr<bool> FillAssembler::Add(const v1::FillRequest& page,
   if (size == 0) size = page.file_bytes();
   if (size != page.file_bytes() || page.offset() != file.size() ||
       page.data().size() > size - file.size()) {
-    const std::string why =
-        absl::StrCat("offset: page [", page.offset(), ", +", page.data().size(), ") of source ",
-                     page.source(), " (", page.file_bytes(), " bytes), expected offset ",
-                     file.size(), " of ", size, " bytes");
+    const std::string why = absl::StrCat(
+        "offset: page [", page.offset(), ", +", page.data().size(), ") of source ", page.source(),
+        " (", page.file_bytes(), " bytes), expected offset ", file.size(), " of ", size, " bytes");
     DropLocked(it);
     return absl::InvalidArgumentError(why);
   }
@@ -359,8 +358,8 @@ absl::StatusOr<v1::ReadCheckpointResponse> ReadFilePage(const std::string& path,
   data->resize(std::min<uint64_t>(max_bytes, size - offset));
   size_t done = 0;
   while (done < data->size()) {
-    const ssize_t n = ::pread(fd, data->data() + done, data->size() - done,
-                              static_cast<off_t>(offset + done));
+    const ssize_t n =
+        ::pread(fd, data->data() + done, data->size() - done, static_cast<off_t>(offset + done));
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
       const int err = n < 0 ? errno : EIO;

@@ -21,8 +21,8 @@
 #include "server/coordinator/internal/member_registry.h"
 #include "server/coordinator/internal/progress_reports.h"
 #include "server/coordinator/internal/recovery.h"
-#include "server/coordinator/internal/shard_refill.h"
 #include "server/coordinator/internal/shard_drops.h"
+#include "server/coordinator/internal/shard_refill.h"
 #include "server/coordinator/internal/stall_inspector.h"
 #include "spdlog/spdlog.h"
 

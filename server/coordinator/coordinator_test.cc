@@ -23,6 +23,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "common/testing/prometheus_text.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/coordinator/coordinator_metrics.h"
 #include "server/coordinator/job_store.h"
@@ -33,6 +34,7 @@ namespace tessera::coordinator {
 namespace {
 
 using ::tessera::spec::examples::FashionMlpJob;
+using ::testing::ElementsAre;
 
 using ::tessera::coordinator::testing::CoordinatorTest;
 using ::tessera::coordinator::testing::FakeShards;
@@ -1511,6 +1513,98 @@ TEST_F(CoordinatorTest, AReplicatedJobRunsOnWithoutALostShard) {
   EXPECT_EQ(job.recoveries(), 1);
   EXPECT_EQ(job.step(), committed);
   EXPECT_EQ(job.down_shards_size(), 0);
+}
+
+// A down shard of a replicated job that serves again is filled (internal/shard_refill.h): its
+// neighbours snapshot a step ahead, their files are copied to it, every rank writes it from that
+// step, and then it is up again. A rank that missed the step gives the fill up: what was
+// installed is dropped, and the next attempt is further ahead.
+TEST_F(CoordinatorTest, AReplicatedJobFillsAShardThatServesAgain) {
+  for (int i = 0; i < 3; ++i) RegisterShard(i);
+  for (int i = 0; i < 2; ++i) RegisterWorker(absl::StrCat("host-", i));
+  v1::JobSpec spec = FashionMlpJob("fill", 2, "/data");
+  spec.set_replication(2);
+  auto created = coordinator_->CreateJob(spec);
+  ASSERT_TRUE(created.ok()) << created.status();
+  const std::string id = created->id();
+  coordinator_->Tick();
+  ASSERT_EQ(Job(id).state(), v1::JOB_STATE_RUNNING) << Job(id).reason();
+  ReportAll(id, 20);
+  v1::DeregisterRequest leave;
+  leave.set_member_id("s-2");  // shard 1
+  ASSERT_TRUE(coordinator_->Deregister(leave).ok());
+  ASSERT_EQ(Job(id).down_shards_size(), 1);
+  coordinator_->Tick();
+  EXPECT_TRUE(shards_.fills.empty());  // nothing serves index 1
+
+  RegisterShard(1);
+  coordinator_->Tick();
+  ASSERT_EQ(shards_.fills.size(), 1u);
+  const FakeShards::Fill fill = shards_.fills[0];
+  EXPECT_EQ(fill.target, "127.0.0.1:4001");
+  EXPECT_THAT(fill.sources, ElementsAre("127.0.0.1:4002", "127.0.0.1:4000"));
+  EXPECT_EQ(fill.shape.num_shards(), 3u);
+  EXPECT_EQ(fill.shape.replicas(), 2u);
+  const int64_t step = fill.shape.step();
+  EXPECT_GT(step, 20);
+  // The neighbours were asked to snapshot that step.
+  int snapshots = 0;
+  for (const v1::CheckpointRequest& c : shards_.checkpoints) snapshots += c.step() == step;
+  EXPECT_EQ(snapshots, 2);
+  EXPECT_TRUE(absl::StrContains(Events(id).back(), "filling its copies from shard 2 and 0"))
+      << Events(id).back();
+  // Still down until every rank writes it; the acks say so.
+  auto writes = [step](v1::ProgressReport* r) { r->set_fill_from_step(step); };
+  v1::ProgressAck ack = ReportRank(id, 0, 21, v1::TASK_PHASE_TRAINING, false, writes);
+  ASSERT_TRUE(ack.has_fill());
+  EXPECT_EQ(ack.fill().shard(), 1);
+  EXPECT_EQ(ack.fill().address(), "127.0.0.1:4001");
+  EXPECT_EQ(ack.fill().from_step(), step);
+  EXPECT_THAT(ack.down_shards(), ElementsAre(1));
+  ack = ReportRank(id, 1, 21);  // not yet
+  EXPECT_TRUE(ack.has_fill());
+  EXPECT_EQ(Job(id).down_shards_size(), 1);
+  ack = ReportRank(id, 1, 22, v1::TASK_PHASE_TRAINING, false, writes);
+  EXPECT_FALSE(ack.has_fill());
+  EXPECT_EQ(ack.down_shards_size(), 0);
+  EXPECT_EQ(Job(id).down_shards_size(), 0);
+  EXPECT_EQ(Job(id).recoveries(), 0);
+  EXPECT_TRUE(absl::StrContains(Events(id).back(), "shard 1 (127.0.0.1:4001) holds its copies"))
+      << Events(id).back();
+
+  // Lost again; this time rank 1 had pushed the step before it heard of the fill.
+  for (const v1::Member& m : coordinator_->ListMembers()) {
+    if (m.role() == v1::MEMBER_ROLE_SERVER && m.shard_index() == 1 &&
+        m.state() == v1::MEMBER_STATE_READY) {
+      leave.set_member_id(m.id());
+    }
+  }
+  ASSERT_TRUE(coordinator_->Deregister(leave).ok());
+  ASSERT_EQ(Job(id).down_shards_size(), 1);
+  RegisterShard(1);
+  coordinator_->Tick();
+  ASSERT_EQ(shards_.fills.size(), 2u);
+  const int64_t second = shards_.fills[1].shape.step();
+  ReportRank(id, 0, 30, v1::TASK_PHASE_TRAINING, false,
+             [second](v1::ProgressReport* r) { r->set_fill_from_step(second); });
+  ack = ReportRank(id, 1, 30, v1::TASK_PHASE_TRAINING, false, [second](v1::ProgressReport* r) {
+    r->set_fill_from_step(second);
+    r->set_fill_missed(true);
+  });
+  EXPECT_FALSE(ack.has_fill());
+  EXPECT_THAT(ack.down_shards(), ElementsAre(1));
+  const size_t drops = shards_.dropped.size();
+  coordinator_->Tick();  // drops what it installed
+  ASSERT_EQ(shards_.dropped.size(), drops + 1);
+  EXPECT_EQ(shards_.dropped.back(), "127.0.0.1:4001 " + id);
+  coordinator_->Tick();
+  EXPECT_EQ(shards_.fills.size(), 2u);  // not before a second has passed
+  now_ms_ += 1500;
+  ReportAll(id, 30);
+  coordinator_->Tick();
+  ASSERT_EQ(shards_.fills.size(), 3u);
+  EXPECT_GT(shards_.fills[2].shape.step() - 30, second - 20);  // a wider margin
+  EXPECT_TRUE(absl::StrContains(Events(id).back(), "(attempt 2)")) << Events(id).back();
 }
 
 TEST_F(CoordinatorTest, WithoutACheckpointAShardLossOrShardErrorFailsTheJob) {

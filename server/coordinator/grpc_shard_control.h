@@ -40,8 +40,7 @@ class GrpcShardControl : public ShardControl {
 
   // Pages of kFillPageBytes; every call's deadline is the whole copy's.
   absl::StatusOr<v1::FillResponse> CopyFill(const std::vector<std::string>& sources,
-                                            const std::string& target,
-                                            const v1::FillRequest& shape,
+                                            const std::string& target, const v1::FillRequest& shape,
                                             absl::Duration timeout) override;
   // Under gRPC's default 4 MiB receive limit with room for the message around it.
   static constexpr uint32_t kFillPageBytes = 1u << 20;

@@ -268,10 +268,10 @@ TEST_F(ReplicationE2eTest, ARestartedShardIsFilledWhileTheJobTrainsAndThenCarrie
       "\"%s\" %.2f s after it (seen in the records %.2f s after it, at step %lld); shard 0 then "
       "killed: 0 recoveries, weights bit-identical to the unreplicated run, test accuracy %.4f; "
       "%.0f vs %.0f samples/s unreplicated\n",
-      began->message().c_str(), (began->time_ms() - restart_ms) / 1000.0,
-      filled->message().c_str(), (filled->time_ms() - restart_ms) / 1000.0,
-      (filled_ms - restart_ms) / 1000.0, static_cast<long long>(filled_at_step),
-      done.test_accuracy(), done.samples_per_second(), baseline.samples_per_second());
+      began->message().c_str(), (began->time_ms() - restart_ms) / 1000.0, filled->message().c_str(),
+      (filled->time_ms() - restart_ms) / 1000.0, (filled_ms - restart_ms) / 1000.0,
+      static_cast<long long>(filled_at_step), done.test_accuracy(), done.samples_per_second(),
+      baseline.samples_per_second());
 }
 
 TEST_F(ReplicationE2eTest, AReplicatedJobNeedsTwoShards) {

@@ -296,9 +296,8 @@ absl::Status ParameterClient::DeclareJob(const v1::JobConfig& config,
   }
   return ForEachConcurrently(routing_.Live(), [&](int s) -> absl::Status {
     for (const v1::CreateJobStateRequest& r : batches[s]) {
-      TESSERA_RETURN_IF_ERROR(CallWithRetries(s, [&](absl::Time deadline) {
-        return Shard(s)->CreateJobState(r, deadline).status();
-      }));
+      TESSERA_RETURN_IF_ERROR(CallWithRetries(
+          s, [&](absl::Time deadline) { return Shard(s)->CreateJobState(r, deadline).status(); }));
     }
     return absl::OkStatus();
   });
@@ -368,8 +367,8 @@ void ParameterClient::OnResponse(std::shared_ptr<Attempt> attempt,
   // A shard being filled knows the job only once its fill is installed: until then its answer
   // is NOT_FOUND, and the push is sent again.
   const bool filling = attempt->fill_write && routing_.IsDown(attempt->shard);
-  const bool retryable = IsRetryable(error.code()) ||
-                         (filling && error.code() == absl::StatusCode::kNotFound);
+  const bool retryable =
+      IsRetryable(error.code()) || (filling && error.code() == absl::StatusCode::kNotFound);
   if (!error.ok() && retryable && !Stopping()) {
     bool again = attempt->attempts < options_.retry.max_attempts;
     if (routing_.replicas() > 1) {
@@ -527,8 +526,8 @@ absl::Status ParameterClient::SetDownShards(const std::vector<int>& down) {
 }
 
 absl::StatusOr<ParameterClient::FillReport> ParameterClient::SetFill(int shard,
-                                                                    const std::string& address,
-                                                                    int64_t from_step) {
+                                                                     const std::string& address,
+                                                                     int64_t from_step) {
   if (shard < 0) {
     const int was = routing_.ClearFill();
     {
@@ -557,8 +556,9 @@ absl::StatusOr<ParameterClient::FillReport> ParameterClient::SetFill(int shard,
   }
   if (Shard(shard)->address() != address) {
     if (!options_.connect) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "fill shard ", shard, ": it serves at ", address, " now, and this client cannot connect"));
+      return absl::InvalidArgumentError(absl::StrCat("fill shard ", shard, ": it serves at ",
+                                                     address,
+                                                     " now, and this client cannot connect"));
     }
     TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<ShardClient> fresh, options_.connect(address));
     spdlog::info("client: job {}: shard {} serves at {} now", options_.job_id, shard, address);
@@ -957,8 +957,7 @@ absl::Status ParameterClient::DropJob() {
   v1::DropJobRequest r;
   r.set_job_id(options_.job_id);
   return ForEachConcurrently(routing_.Live(), [&](int s) {
-    return CallWithRetries(s,
-                           [&](absl::Time deadline) { return Shard(s)->DropJob(r, deadline); });
+    return CallWithRetries(s, [&](absl::Time deadline) { return Shard(s)->DropJob(r, deadline); });
   });
 }
 

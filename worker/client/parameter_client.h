@@ -127,8 +127,7 @@ class ParameterClient {
     absl::Duration replica_failover_timeout = absl::Seconds(120);
     // Makes the transport to a shard that serves at a new address (SetFill). Create sets it to
     // a GrpcShardClient with these options; empty: a fill at another address is refused.
-    std::function<absl::StatusOr<std::unique_ptr<ShardClient>>(const std::string& address)>
-        connect;
+    std::function<absl::StatusOr<std::unique_ptr<ShardClient>>(const std::string& address)> connect;
   };
 
   using PushPullCallback = std::function<void(absl::StatusOr<PushPullResult>)>;

@@ -323,8 +323,8 @@ absl::Status ParameterClient::PullSparseOnce(absl::string_view table, int64_t st
       const size_t n = static_cast<size_t>(w.row_ids_size()) * dim;
       const size_t count = w.row_ids_size() > 0 ? n : values.size() - filled;
       if (filled + count > values.size()) {
-        return absl::InternalError(absl::StrCat(Shard(s)->address(), ": PullSparse table '",
-                                                table, "' returned too many rows"));
+        return absl::InternalError(absl::StrCat(Shard(s)->address(), ": PullSparse table '", table,
+                                                "' returned too many rows"));
       }
       TESSERA_RETURN_IF_ERROR(
           WithAddress(s, DecodeValues(w.encoding(), w.data(), values.data() + filled, count)));

@@ -58,7 +58,8 @@ TEST(ReplicaRoutingTest, ValidateNamesReplicas) {
 
 class ReplicatedClientTest : public ::testing::Test {
  protected:
-  // A client over `num_shards` fake shards (SGD lr 1) keeping two copies of everything.
+  // A client over `num_shards` fake shards (SGD lr 1) keeping two copies of everything; a shard
+  // at a new address (SetFill) is a fresh fake, kept in connected_.
   void MakeClient(int num_shards, std::vector<int> down = {}) {
     ParameterClient::Options o;
     o.job_id = "job";
@@ -70,6 +71,11 @@ class ReplicatedClientTest : public ::testing::Test {
     o.retry.initial_backoff = absl::Milliseconds(1);
     o.retry.max_backoff = absl::Milliseconds(4);
     o.replica_failover_timeout = absl::Seconds(30);
+    o.connect = [this](const std::string& address) -> absl::StatusOr<std::unique_ptr<ShardClient>> {
+      auto f = std::make_unique<FakeShard>(address, 1.0f);
+      connected_.push_back(f.get());
+      return std::unique_ptr<ShardClient>(std::move(f));
+    };
     std::vector<std::unique_ptr<ShardClient>> shards;
     fakes_.clear();
     for (int i = 0; i < num_shards; ++i) {
@@ -109,6 +115,7 @@ class ReplicatedClientTest : public ::testing::Test {
   }
 
   std::vector<FakeShard*> fakes_;
+  std::vector<FakeShard*> connected_;
   std::unique_ptr<ParameterClient> client_;
   std::vector<float> initial_;
 };
@@ -294,6 +301,115 @@ TEST_F(ReplicatedClientTest, SparseRowsLiveOnBothCopiesAndExportOnce) {
   for (size_t i = 0; i < grad.size(); ++i) ASSERT_EQ(out[i], -grad[i]) << i;
   ASSERT_TRUE(client_->PullAllRows("emb", &ids, &values).ok());
   EXPECT_EQ(ids.size(), rows.size());
+}
+
+// Filling a down shard (docs/reliability.md "Filling a new copy"): it gets every push of the
+// fill's step and later, none before, is not read until it is up, and a NOT_FOUND from it (the
+// job not installed yet) is sent again.
+TEST_F(ReplicatedClientTest, AFilledShardGetsEveryPushFromItsStepAndIsReadOnceUp) {
+  MakeClient(2);
+  Declare(100);  // 7 partitions, each on both shards
+  ASSERT_TRUE(client_->SetDownShards({1}).ok());
+  std::vector<float> grad(100, 1.0f), out(100);
+  for (int64_t step = 0; step < 2; ++step) {
+    ASSERT_TRUE(client_->PushPull("w", step, grad, absl::MakeSpan(out)).get().ok());
+  }
+  const size_t before = fakes_[1]->seqs().size();
+  absl::StatusOr<ParameterClient::FillReport> report = client_->SetFill(1, fakes_[1]->address(), 3);
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_EQ(report->from_step, 3);
+  EXPECT_FALSE(report->missed);
+  ASSERT_TRUE(client_->PushPull("w", 2, grad, absl::MakeSpan(out)).get().ok());
+  EXPECT_EQ(fakes_[1]->seqs().size(), before);  // step 2 is in the fill's snapshot
+  fakes_[1]->FailNext(3, absl::StatusCode::kNotFound, /*in_response=*/true);
+  auto r = client_->PushPull("w", 3, grad, absl::MakeSpan(out)).get();
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_GE(r->retries, 3u);
+  // Shard 1 applied step 3 once (it missed 0..2); the weights read are shard 0's.
+  for (int i = 0; i < 100; ++i) {
+    ASSERT_EQ(out[i], initial_[i] - 4.0f) << i;
+    ASSERT_EQ(HeldBy(1)[i], initial_[i] - 1.0f) << i;
+  }
+  EXPECT_EQ(fakes_[1]->pulls(), 0);
+  EXPECT_EQ(client_->fill_report().from_step, 3);
+  // The fill is over: shard 1 is up, and acts for its own partitions again.
+  ASSERT_TRUE(client_->SetDownShards({}).ok());
+  EXPECT_EQ(client_->routing().filling(), -1);
+  ASSERT_TRUE(client_->Pull("w", -1, absl::MakeSpan(out)).ok());
+  EXPECT_EQ(fakes_[1]->pulls(), 1);
+  const DenseLayout* layout = *client_->Layout("w");
+  for (const PartitionSpan& p : layout->partitions) {
+    const float want = initial_[p.offset] - (p.shard == 1 ? 1.0f : 4.0f);
+    EXPECT_EQ(out[p.offset], want) << "partition " << p.index;
+  }
+}
+
+TEST_F(ReplicatedClientTest, AFillAfterAPushOfItsStepIsMissed) {
+  MakeClient(2);
+  Declare(16);
+  ASSERT_TRUE(client_->SetDownShards({1}).ok());
+  std::vector<float> grad(16, 1.0f), out(16);
+  ASSERT_TRUE(client_->PushPull("w", 5, grad, absl::MakeSpan(out)).get().ok());
+  absl::StatusOr<ParameterClient::FillReport> late = client_->SetFill(1, fakes_[1]->address(), 5);
+  ASSERT_TRUE(late.ok()) << late.status();
+  EXPECT_TRUE(late->missed);
+  absl::StatusOr<ParameterClient::FillReport> ahead = client_->SetFill(1, fakes_[1]->address(), 6);
+  ASSERT_TRUE(ahead.ok());
+  EXPECT_FALSE(ahead->missed);
+  EXPECT_EQ(client_->SetFill(0, fakes_[0]->address(), 9).status().code(),
+            absl::StatusCode::kInvalidArgument);  // shard 0 is not down
+  EXPECT_EQ(client_->SetFill(2, "x:1", 9).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(ReplicatedClientTest, AFillGivenUpEndsItsWritesAndTheirPushesStand) {
+  MakeClient(2);
+  Declare(100);
+  ASSERT_TRUE(client_->SetDownShards({1}).ok());
+  ASSERT_TRUE(client_->SetFill(1, fakes_[1]->address(), 0).ok());
+  fakes_[1]->HoldPushPulls();
+  std::vector<float> grad(100, 1.0f), out(100);
+  auto f = client_->PushPull("w", 0, grad, absl::MakeSpan(out));
+  ASSERT_EQ(f.wait_for(std::chrono::milliseconds(100)), std::future_status::timeout);
+  ASSERT_TRUE(client_->SetFill(-1, "", 0).ok());
+  ASSERT_EQ(f.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  auto r = f.get();
+  ASSERT_TRUE(r.ok()) << r.status();
+  for (int i = 0; i < 100; ++i) ASSERT_EQ(out[i], initial_[i] - 1.0f) << i;
+  EXPECT_EQ(client_->routing().filling(), -1);
+  EXPECT_EQ(client_->fill_report().from_step, 0);
+}
+
+TEST_F(ReplicatedClientTest, AShardFilledAtANewAddressGetsANewTransport) {
+  MakeClient(2);
+  Declare(16);
+  ASSERT_TRUE(client_->SetDownShards({1}).ok());
+  ASSERT_TRUE(client_->SetFill(1, "fake-shard-1:9999", 1).ok());
+  ASSERT_EQ(connected_.size(), 1u);
+  FakeShard* fresh = connected_[0];
+  EXPECT_EQ(fresh->address(), "fake-shard-1:9999");
+  fresh->FailNext(1, absl::StatusCode::kNotFound, /*in_response=*/true);  // not installed yet
+  v1::CreateJobStateRequest installed;  // what the fill installs there
+  installed.set_job_id("job");
+  installed.add_partitions()->mutable_key()->set_tensor("w");
+  installed.mutable_partitions(0)->set_num_elements(16);
+  ASSERT_TRUE(fresh->CreateJobState(installed, absl::InfiniteFuture()).ok());
+  std::vector<float> grad(16, 1.0f), out(16);
+  ASSERT_TRUE(client_->PushPull("w", 1, grad, absl::MakeSpan(out)).get().ok());
+  EXPECT_EQ(fresh->seqs().size(), 2u);  // refused once, then taken
+  EXPECT_EQ(fresh->dense().at({"w", 0}), std::vector<float>(16, -1.0f));
+  EXPECT_EQ(fakes_[1]->seqs().size(), 0u);  // the old address got nothing
+  // Without a way to connect, a new address is refused.
+  ParameterClient::Options o = client_->options();
+  o.connect = nullptr;
+  o.down_shards = {1};
+  std::vector<std::unique_ptr<ShardClient>> shards;
+  shards.push_back(std::make_unique<FakeShard>(o.shard_addresses[0], 1.0f));
+  shards.push_back(std::make_unique<FakeShard>(o.shard_addresses[1], 1.0f));
+  auto bare = ParameterClient::CreateWithShards(o, std::move(shards));
+  ASSERT_TRUE(bare.ok()) << bare.status();
+  absl::StatusOr<ParameterClient::FillReport> refused = (*bare)->SetFill(1, "elsewhere:1", 1);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(refused.status().message(), HasSubstr("elsewhere:1"));
 }
 
 TEST_F(ReplicatedClientTest, SparseWeightsOutNeedsOneCopy) {

@@ -117,9 +117,9 @@ struct JobEntry {
   };
   Fill fill;
   uint64_t fill_generation = 0;
-  int fill_attempts = 0;       // fills given up since the last one that finished
-  int64_t fill_retry_ms = 0;   // no new fill before this
-  std::string fill_refused;    // why the job cannot be filled, as last logged
+  int fill_attempts = 0;      // fills given up since the last one that finished
+  int64_t fill_retry_ms = 0;  // no new fill before this
+  std::string fill_refused;   // why the job cannot be filled, as last logged
 };
 
 // When an owed DropJob (ShardDrop is the store's) is tried next, and how often it was queued: a

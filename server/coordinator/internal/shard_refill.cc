@@ -97,17 +97,17 @@ absl::Status SnapshotSources(ClusterState& state, const FillPlan& plan)
       v1::CheckpointRequest request;
       request.set_job_id(plan.job_id);
       request.set_step(plan.step);
-      results[i] = state.shards->Checkpoint(plan.sources[i], request,
-                                            state.options.checkpoint_timeout)
-                       .status();
+      results[i] =
+          state.shards->Checkpoint(plan.sources[i], request, state.options.checkpoint_timeout)
+              .status();
     });
   }
   for (std::thread& t : threads) t.join();
   for (size_t i = 0; i < results.size(); ++i) {
     if (!results[i].ok()) {
-      return absl::Status(results[i].code(),
-                          absl::StrCat("snapshot of shard ", plan.source_indices[i], ": ",
-                                       results[i].message()));
+      return absl::Status(
+          results[i].code(),
+          absl::StrCat("snapshot of shard ", plan.source_indices[i], ": ", results[i].message()));
     }
   }
   return absl::OkStatus();
@@ -125,8 +125,8 @@ void RunFill(ClusterState& state, const FillPlan& plan) ABSL_LOCKS_EXCLUDED(stat
     shape.set_step(plan.step);
     shape.set_num_shards(static_cast<uint32_t>(plan.num_shards));
     shape.set_replicas(static_cast<uint32_t>(plan.replicas));
-    copied = state.shards->CopyFill(plan.sources, plan.address, shape,
-                                    state.options.checkpoint_timeout);
+    copied =
+        state.shards->CopyFill(plan.sources, plan.address, shape, state.options.checkpoint_timeout);
   }
   bool drop = false;
   {
@@ -293,8 +293,8 @@ void NoteFillReport(ClusterState& state, JobEntry& entry, const v1::ProgressRepo
 void GiveUpFill(ClusterState& state, JobEntry& entry, const std::string& why) {
   JobEntry::Fill& fill = entry.fill;
   if (fill.shard < 0 || fill.given_up) return;
-  spdlog::info("coordinator: job {}: filling shard {} is given up: {}", entry.job.id(),
-               fill.shard, why);
+  spdlog::info("coordinator: job {}: filling shard {} is given up: {}", entry.job.id(), fill.shard,
+               why);
   fill.given_up = true;
   state.Wake();
 }

@@ -127,6 +127,18 @@ class FakeShards : public ShardControl {
     response.set_completed_steps(completed_steps);
     return response;
   }
+  absl::StatusOr<v1::FillResponse> CopyFill(const std::vector<std::string>& sources,
+                                            const std::string& target, const v1::FillRequest& shape,
+                                            absl::Duration timeout) override {
+    absl::MutexLock lock(&mu);
+    fills.push_back({sources, target, shape});
+    if (!fill_error.ok()) return fill_error;
+    v1::FillResponse response;
+    response.set_installed(true);
+    response.set_partitions(8);
+    response.set_bytes(3000000);
+    return response;
+  }
   void CancelAll() override {
     std::shared_ptr<absl::Notification> n;
     {
@@ -172,6 +184,14 @@ class FakeShards : public ShardControl {
   std::vector<v1::UpdateMembershipRequest> memberships;
   std::vector<std::string> membership_addresses;
   int64_t completed_steps = 0;
+  // CopyFill calls, and what they answer when not OK.
+  struct Fill {
+    std::vector<std::string> sources;
+    std::string target;
+    v1::FillRequest shape;
+  };
+  std::vector<Fill> fills;
+  absl::Status fill_error;
 };
 
 class FakeStream : public TaskStream {
@@ -316,9 +336,11 @@ class CoordinatorTest : public ::testing::Test {
   }
 
   // A TRAINING report of `rank` of `job_id` from its current worker with its incarnation.
+  // `edit` (optional) changes the report before it is sent.
   v1::ProgressAck ReportRank(const std::string& job_id, int rank, int64_t step,
                              v1::TaskPhase phase = v1::TASK_PHASE_TRAINING,
-                             bool shard_error = false) {
+                             bool shard_error = false,
+                             const std::function<void(v1::ProgressReport*)>& edit = nullptr) {
     const v1::JobWorker worker = Job(job_id).workers(rank);
     v1::ProgressReport report;
     report.set_member_id(worker.member_id());
@@ -331,6 +353,7 @@ class CoordinatorTest : public ::testing::Test {
     report.set_incarnation(worker.incarnation());
     report.set_shard_error(shard_error);
     if (phase == v1::TASK_PHASE_FAILED) report.set_error("shard 1 (127.0.0.1:4001): unavailable");
+    if (edit) edit(&report);
     auto ack = coordinator_->ReportProgress(report);
     EXPECT_TRUE(ack.ok()) << ack.status();
     return ack.ok() ? *ack : v1::ProgressAck();
