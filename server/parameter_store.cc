@@ -435,8 +435,8 @@ absl::StatusOr<v1::ReadCheckpointResponse> ParameterStore::ReadCheckpoint(
     return absl::FailedPreconditionError("this shard keeps no checkpoints (no --data_dir)");
   }
   TESSERA_RETURN_IF_ERROR(ValidateJobId(request.job_id()));
-  if (request.step() < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("step: must be >= 0, got ", request.step()));
+  if (request.step() < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("step: must be >= 1, got ", request.step()));
   }
   return ReadFilePage(CheckpointPath(options_.checkpoint_dir, request.job_id(), request.step(),
                                      options_.shard_index),

@@ -236,8 +236,8 @@ void FillAssembler::DropLocked(std::map<std::string, Pending>::iterator it) {
 absl::StatusOr<bool> FillAssembler::Add(const v1::FillRequest& page,
                                         std::vector<std::string>* files) {
   TESSERA_RETURN_IF_ERROR(ValidateJobId(page.job_id()));
-  if (page.step() < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("step: must be >= 0, got ", page.step()));
+  if (page.step() < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("step: must be >= 1, got ", page.step()));
   }
   if (page.num_sources() < 1 || page.num_sources() > 16) {
     return absl::InvalidArgumentError(
@@ -270,7 +270,15 @@ absl::StatusOr<bool> FillAssembler::Add(const v1::FillRequest& page,
           absl::StrCat("offset: no fill of job '", page.job_id(), "' step ", page.step(),
                        " is being received; its first page (source 0, offset 0) starts one"));
     }
+    if (pending_.size() >= kMaxPending) {
+      auto oldest = pending_.begin();
+      for (auto p = pending_.begin(); p != pending_.end(); ++p) {
+        if (p->second.order < oldest->second.order) oldest = p;
+      }
+      DropLocked(oldest);
+    }
     Pending fresh;
+    fresh.order = next_order_++;
     fresh.shape = page;
     fresh.shape.clear_data();
     fresh.files.resize(page.num_sources());

@@ -57,6 +57,10 @@ class FillAssembler {
   // job's buffers are dropped).
   absl::StatusOr<bool> Add(const v1::FillRequest& page, std::vector<std::string>* files);
 
+  // Fills being received at once (one per job; the coordinator runs one per job at a time): a new
+  // one beyond this drops the oldest.
+  static constexpr size_t kMaxPending = 4;
+
   // Drops the job's buffers (a dropped job, a fill given up).
   void Forget(const std::string& job_id);
 
@@ -68,6 +72,7 @@ class FillAssembler {
     v1::FillRequest shape;  // job_id, step, num_sources, num_shards, replicas (no data)
     std::vector<std::string> files;
     std::vector<uint64_t> file_bytes;
+    uint64_t order = 0;  // when it began, for kMaxPending
   };
 
   void DropLocked(std::map<std::string, Pending>::iterator it) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -76,6 +81,7 @@ class FillAssembler {
   mutable absl::Mutex mu_;
   std::map<std::string, Pending> pending_ ABSL_GUARDED_BY(mu_);
   uint64_t buffered_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t next_order_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 // The largest page of a ReadCheckpoint or FillRequest.

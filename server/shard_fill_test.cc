@@ -272,11 +272,11 @@ TEST(ShardFillTest, SourcesOfAnotherStepAreDataLoss) {
             absl::StatusCode::kInvalidArgument);
 }
 
-v1::FillRequest Page(uint32_t source, uint64_t offset, const std::string& data,
-                     uint64_t file_bytes) {
+v1::FillRequest Page(uint32_t source, uint64_t offset, const std::string& data, uint64_t file_bytes,
+                     int64_t step = 5) {
   v1::FillRequest p;
   p.set_job_id("j");
-  p.set_step(5);
+  p.set_step(step);
   p.set_source(source);
   p.set_num_sources(2);
   p.set_offset(offset);
@@ -325,6 +325,21 @@ TEST(FillAssemblerTest, CollectsPagesInOrderAndRefusesTheRest) {
   ASSERT_EQ(fills.Add(Page(0, 0, "ab", 6), &files).value_or(true), false);
   fills.Forget("j");
   EXPECT_EQ(fills.buffered_bytes(), 0u);
+  EXPECT_EQ(fills.Add(Page(0, 0, "ab", 6, /*step=*/0), &files).status().code(),
+            absl::StatusCode::kInvalidArgument);
+
+  // At most kMaxPending fills at once: one more drops the oldest.
+  for (size_t j = 0; j <= FillAssembler::kMaxPending; ++j) {
+    v1::FillRequest p = Page(0, 0, "ab", 6);
+    p.set_job_id(absl::StrCat("job-", j));
+    ASSERT_TRUE(fills.Add(p, &files).ok());
+  }
+  EXPECT_EQ(fills.buffered_bytes(), 2 * FillAssembler::kMaxPending);
+  v1::FillRequest next = Page(0, 2, "cd", 6);
+  next.set_job_id("job-0");
+  EXPECT_EQ(fills.Add(next, &files).status().code(), absl::StatusCode::kInvalidArgument);
+  next.set_job_id("job-1");
+  EXPECT_TRUE(fills.Add(next, &files).ok());
 }
 
 TEST(ShardFillTest, ReadCheckpointNamesWhatIsWrong) {

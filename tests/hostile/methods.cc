@@ -101,6 +101,8 @@ bool Prototypes::Init() {
     if (m == "DropJob") p = generated(v1::DropJobRequest::default_instance());
     if (m == "Checkpoint") p = generated(v1::CheckpointRequest::default_instance());
     if (m == "Restore") p = generated(v1::RestoreRequest::default_instance());
+    if (m == "ReadCheckpoint") p = generated(v1::ReadCheckpointRequest::default_instance());
+    if (m == "Fill") p = generated(v1::FillRequest::default_instance());
     if (m == "CreateJob") p = generated(v1::CreateJobRequest::default_instance());
     if (m == "GetJob") p = generated(v1::GetJobRequest::default_instance());
     if (m == "ListJobs") p = generated(v1::ListJobsRequest::default_instance());

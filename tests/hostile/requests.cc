@@ -162,6 +162,25 @@ std::unique_ptr<pb::Message> Template(int m, Rng& rng, const Targets& t,
     r->set_job_id(HostileId(rng, "hx-restore"));
     r->set_step(1 + static_cast<int64_t>(rng.Uniform(100)));
     r->set_min_incarnation(rng.Next());
+  } else if (name == "ReadCheckpoint") {
+    auto* r = static_cast<v1::ReadCheckpointRequest*>(msg.get());
+    r->set_job_id(rng.OneIn(2) ? target : HostileId(rng, "hx-read"));
+    r->set_step(1 + static_cast<int64_t>(rng.Uniform(100)));
+    r->set_offset(rng.Uniform(4096));
+    r->set_max_bytes(1 + static_cast<uint32_t>(rng.Uniform(1 << 20)));
+  } else if (name == "Fill") {
+    // A first page of a fill: random bytes, so a whole file never verifies.
+    auto* r = static_cast<v1::FillRequest*>(msg.get());
+    r->set_job_id(HostileId(rng, "hx-fill"));
+    r->set_step(1 + static_cast<int64_t>(rng.Uniform(100)));
+    r->set_num_sources(1 + static_cast<uint32_t>(rng.Uniform(2)));
+    const size_t bytes = 1 + rng.Uniform(2048);
+    std::string data(bytes, '\0');
+    for (char& c : data) c = static_cast<char>(rng.Next());
+    r->set_data(data);
+    r->set_file_bytes(bytes + (rng.OneIn(2) ? 0 : rng.Uniform(1 << 20)));
+    r->set_num_shards(3);
+    r->set_replicas(2);
   } else if (name == "CreateJob") {
     *static_cast<v1::CreateJobRequest*>(msg.get())->mutable_spec() =
         BaseSpec(t, "hx", 1 + static_cast<int>(rng.Uniform(2)));
@@ -379,8 +398,30 @@ std::string InvalidEdit(int m, Rng& rng, const Targets& t, pb::Message* msg) {
         return "empty job_id";
     }
   }
+  if (name == "Fill") {
+    // A fill may name any job (it creates it): each edit breaks the page itself.
+    auto* r = static_cast<v1::FillRequest*>(msg);
+    switch (rng.Uniform(5)) {
+      case 0:
+        r->set_step(-static_cast<int64_t>(rng.Uniform(1000)));
+        return "step < 1";
+      case 1:
+        r->set_job_id("");
+        return "empty job_id";
+      case 2:
+        r->set_offset(1 + rng.Uniform(1000));
+        return "a page of no fill in progress";
+      case 3:
+        r->set_source(r->num_sources() + static_cast<uint32_t>(rng.Uniform(5)));
+        return "source >= num_sources";
+      default:
+        r->set_replicas(r->num_shards() + 1 + static_cast<uint32_t>(rng.Uniform(5)));
+        return "replicas > num_shards";
+    }
+  }
   if (name == "DropJob" || name == "Checkpoint" || name == "Restore" || name == "GetJob" ||
-      name == "CancelJob" || name == "CheckpointJob" || name == "WatchJob") {
+      name == "CancelJob" || name == "CheckpointJob" || name == "WatchJob" ||
+      name == "ReadCheckpoint") {
     const pb::FieldDescriptor* f = msg->GetDescriptor()->FindFieldByName("job_id");
     const pb::FieldDescriptor* step = msg->GetDescriptor()->FindFieldByName("step");
     const pb::FieldDescriptor* after = msg->GetDescriptor()->FindFieldByName("after_seq");
@@ -765,8 +806,9 @@ namespace {
 
 bool IsControl(const std::string& name) {
   static const std::set<std::string> kControl = {
-      "CreateJobState", "UpdateMembership", "DropJob",   "Checkpoint", "Restore",       "CancelJob",
-      "CheckpointJob",  "Deregister",       "Heartbeat", "WatchTasks", "ReportProgress"};
+      "CreateJobState", "UpdateMembership", "DropJob",    "Checkpoint", "Restore",
+      "CancelJob",      "CheckpointJob",    "Deregister", "Heartbeat",  "WatchTasks",
+      "ReportProgress", "ReadCheckpoint",   "Fill"};
   return kControl.count(name) > 0;
 }
 

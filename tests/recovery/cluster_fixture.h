@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -17,6 +18,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "cli/coordinator_client.h"
+#include "cli/exporter.h"
 #include "cli/local_cluster.h"
 #include "gtest/gtest.h"
 #include "spec/job_spec_reader.h"
@@ -38,6 +40,47 @@ inline constexpr char kLeaseSeconds[] = "2";
 inline constexpr char kHeartbeatSeconds[] = "0.5";
 
 inline int64_t NowMs() { return absl::ToUnixMillis(absl::Now()); }
+
+// A job's weights as the exporter reads them: each dense tensor as row 0, each sparse table's
+// rows by id (two jobs' files hold the rows in different orders).
+using WeightsByRow = std::map<std::string, std::map<int64_t, std::vector<float>>>;
+inline WeightsByRow PullWeightsByRow(const v1::Job& job) {
+  absl::StatusOr<std::vector<cli::NamedTensor>> w = cli::PullJobWeights(job);
+  EXPECT_TRUE(w.ok()) << w.status();
+  WeightsByRow out;
+  if (!w.ok()) return out;
+  const std::vector<int64_t>* ids = nullptr;
+  for (const cli::NamedTensor& t : *w) {
+    if (t.int64) {
+      ids = &t.ids;
+      continue;
+    }
+    std::map<int64_t, std::vector<float>>& rows = out[t.name];
+    if (t.shape.size() == 2 && ids != nullptr && static_cast<int64_t>(ids->size()) == t.shape[0]) {
+      const size_t dim = static_cast<size_t>(t.shape[1]);
+      for (size_t i = 0; i < ids->size(); ++i) {
+        rows[(*ids)[i]].assign(t.values.begin() + i * dim, t.values.begin() + (i + 1) * dim);
+      }
+      ids = nullptr;
+    } else {
+      rows[0] = t.values;
+    }
+  }
+  return out;
+}
+
+// The names of the tensors of `got` that differ from `want` (a missing one counts).
+inline std::vector<std::string> Differing(const WeightsByRow& want, const WeightsByRow& got) {
+  std::vector<std::string> names;
+  for (const auto& [name, rows] : want) {
+    auto it = got.find(name);
+    if (it == got.end() || it->second != rows) names.push_back(name);
+  }
+  for (const auto& [name, rows] : got) {
+    if (want.count(name) == 0) names.push_back(name);
+  }
+  return names;
+}
 
 // The MLP of the demo, BSP, seed 1, 2 workers, `epochs` epochs (the cosine schedule spans them).
 inline v1::JobSpec Spec(const std::string& name, int64_t checkpoint_every, int epochs = 2) {

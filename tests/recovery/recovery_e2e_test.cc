@@ -190,33 +190,7 @@ TEST_F(RecoveryE2eTest, ShardKilledInASparseJobEndsWithTheFaultFreeWeights) {
         checkpoint_every_steps: 50
       )"),
       &spec));
-  const auto weights = [&](const v1::Job& job) {
-    absl::StatusOr<std::vector<cli::NamedTensor>> w = cli::PullJobWeights(job);
-    EXPECT_TRUE(w.ok()) << w.status();
-    // Rows by id: the two jobs' ids place rows on different shards, so the files' row order
-    // differs.
-    std::map<std::string, std::map<int64_t, std::vector<float>>> out;
-    if (!w.ok()) return out;
-    const std::vector<int64_t>* ids = nullptr;
-    for (const cli::NamedTensor& t : *w) {
-      if (t.int64) {
-        ids = &t.ids;
-        continue;
-      }
-      std::map<int64_t, std::vector<float>>& rows = out[t.name];
-      if (t.shape.size() == 2 && ids != nullptr &&
-          static_cast<int64_t>(ids->size()) == t.shape[0]) {
-        const size_t dim = static_cast<size_t>(t.shape[1]);
-        for (size_t i = 0; i < ids->size(); ++i) {
-          rows[(*ids)[i]].assign(t.values.begin() + i * dim, t.values.begin() + (i + 1) * dim);
-        }
-        ids = nullptr;
-      } else {
-        rows[0] = t.values;
-      }
-    }
-    return out;
-  };
+  const auto weights = [](const v1::Job& job) { return ::tessera::testing::PullWeightsByRow(job); };
   spec.set_name("sparse-baseline");
   const v1::Job baseline = RunToEnd(spec);
   ASSERT_EQ(baseline.state(), v1::JOB_STATE_SUCCEEDED) << baseline.reason();

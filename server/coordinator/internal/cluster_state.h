@@ -113,7 +113,7 @@ struct JobEntry {
     bool given_up = false;     // what it installed is to be dropped; tried again later
     std::set<int> adopted;     // ranks that write it from `step` on
     v1::FillResponse copied;
-    int64_t copy_ms = 0;  // from the plan to the install
+    int64_t copy_ms = 0;  // CopyFill: the files copied to the shard and installed there
   };
   Fill fill;
   uint64_t fill_generation = 0;

@@ -1,7 +1,8 @@
 // Replicated jobs (spec.replication 2, docs/reliability.md "Replicated shards"): a lost shard's
 // partitions are served by their copies on the next shard index, so the job goes on without a
 // rewind. The index is recorded in Job.down_shards, which the ranks learn from their progress
-// acks (and new tasks from Task.down_shards); the shard stays down for the rest of the job.
+// acks (and new tasks from Task.down_shards); the shard stays down until a shard serving its
+// index again is filled (shard_refill.h).
 // Private to server/coordinator/.
 #ifndef TESSERA_SERVER_COORDINATOR_INTERNAL_SHARD_FAILOVER_H_
 #define TESSERA_SERVER_COORDINATOR_INTERNAL_SHARD_FAILOVER_H_

@@ -15,8 +15,10 @@
 namespace tessera::coordinator::internal {
 namespace {
 
-// Give-ups wait this long before the next fill is planned.
+// After a give-up the next fill waits 1 s, doubling per give-up in a row up to a minute (a fill
+// that cannot work, such as neighbours without a data directory, is tried about once a minute).
 constexpr int64_t kRetryAfterMs = 1000;
+constexpr int64_t kMaxRetryAfterMs = 60000;
 
 struct FillPlan {
   std::string job_id;
@@ -49,7 +51,9 @@ void ClearFill(ClusterState& state, JobEntry& entry, bool given_up)
   entry.fill = JobEntry::Fill{};
   if (given_up) {
     ++entry.fill_attempts;
-    entry.fill_retry_ms = state.NowMs() + kRetryAfterMs;
+    entry.fill_retry_ms =
+        state.NowMs() +
+        std::min(kMaxRetryAfterMs, kRetryAfterMs << std::min(entry.fill_attempts - 1, 6));
   } else {
     entry.fill_attempts = 0;
   }
@@ -76,9 +80,11 @@ void FinishIfReady(ClusterState& state, JobEntry& entry) ABSL_EXCLUSIVE_LOCKS_RE
   }
   const std::string what = absl::StrFormat(
       "shard %d (%s) holds its copies again: filled at step %d with %d partitions, %d tables "
-      "and %d rows from %.1f MB of its neighbours' snapshots, %.2f s after it came back",
+      "and %d rows (%.1f MB of its neighbours' snapshots copied and installed in %.2f s), "
+      "%.2f s after it came back",
       fill.shard, fill.address, fill.step, fill.copied.partitions(), fill.copied.tables(),
       fill.copied.rows(), static_cast<double>(fill.copied.bytes()) / 1e6,
+      static_cast<double>(fill.copy_ms) / 1000.0,
       static_cast<double>(state.NowMs() - fill.started_ms) / 1000.0);
   spdlog::info("coordinator: job {}: {}", job.id(), what);
   AddEvent(state, entry, v1::JOB_EVENT_KIND_RECOVERY, what);
@@ -114,8 +120,10 @@ absl::Status SnapshotSources(ClusterState& state, const FillPlan& plan)
 }
 
 void RunFill(ClusterState& state, const FillPlan& plan) ABSL_LOCKS_EXCLUDED(state.mu) {
-  const int64_t start_ms = state.NowMs();
   const absl::Status snapshots = SnapshotSources(state, plan);
+  // The ranks wait at the step from here: their pushes of it to the shard are answered once it
+  // holds the job.
+  const absl::Time copy_start = absl::Now();
   absl::StatusOr<v1::FillResponse> copied = absl::UnknownError("not copied");
   if (!snapshots.ok()) {
     copied = snapshots;
@@ -149,7 +157,7 @@ void RunFill(ClusterState& state, const FillPlan& plan) ABSL_LOCKS_EXCLUDED(stat
     } else {
       fill.installed = true;
       fill.copied = *copied;
-      fill.copy_ms = state.NowMs() - start_ms;
+      fill.copy_ms = absl::ToInt64Milliseconds(absl::Now() - copy_start);
       spdlog::info(
           "coordinator: job {}: shard {} installed step {} ({} bytes copied in {} ms); waiting "
           "for every rank to write it",
