@@ -21,6 +21,14 @@ tessera_shard_table_rows), and each shard's peak resident memory and bytes per r
   bench/distributed_ctr.py --job examples/criteo_hashed.textproto \
       --data /var/tmp/tessera-criteo-flat --no_export
 
+The fill of a replicated shard (issue #16, docs/reliability.md "Filling a new copy"): the job
+with `replication: 2`, shard 1 SIGKILLed at a step, restarted on a new port with its data
+directory, and filled from shard 0 while the job trains; adds what the coordinator and the
+filled shard logged of it (steps, bytes, seconds of each part):
+
+  bench/distributed_ctr.py --job examples/criteo_hashed.textproto \
+      --data /var/tmp/tessera-criteo-flat --no_export --fill_at_step 3000
+
 Needs the built binaries (build/bin) and the generated data the job names
 (`tessera datagen criteo --rows 1000000 --out /var/tmp/tessera-criteo`). Python 3 standard
 library only.
@@ -59,6 +67,54 @@ def metrics(port):
     return out
 
 
+def get_job(args, coordinator):
+    r = subprocess.run([f"{args.bin}/tessera", "list", "--coordinator", coordinator, "--output",
+                        "json"], capture_output=True, text=True, timeout=60)
+    listed = [json.loads(l) for l in r.stdout.splitlines() if l.startswith("{")]
+    jobs = listed[-1].get("jobs", []) if listed else []
+    return jobs[-1] if jobs else None
+
+
+def fill_shard(args, coordinator, tmp, shard_procs, procs, shard_argv, start, metric_ports):
+    """SIGKILLs shard 1 at --fill_at_step, restarts it and waits for its fill (bounded)."""
+    end = time.time() + 1800
+    job = None
+    while time.time() < end:
+        job = get_job(args, coordinator)
+        if job and int(job.get("step", 0)) >= args.fill_at_step:
+            break
+        time.sleep(0.2)
+    else:
+        raise SystemExit(f"the job did not reach step {args.fill_at_step}")
+    shard_procs[1].kill()
+    shard_procs[1].wait()
+    killed = time.time()
+    while time.time() < end and not (get_job(args, coordinator) or {}).get("down_shards"):
+        time.sleep(0.1)
+    os.remove(f"{tmp}/shard-1.port")
+    os.remove(f"{tmp}/shard-1.metrics")
+    start("shard-1-again", shard_argv(1))
+    shard_procs[1] = procs[-1]
+    metric_ports[1] = wait_file(f"{tmp}/shard-1.metrics")
+    restarted = time.time()
+    while time.time() < end:
+        job = get_job(args, coordinator)
+        if not job.get("down_shards") or job.get("state") != "JOB_STATE_RUNNING":
+            break
+        time.sleep(0.1)
+    filled = time.time()
+    # The coordinator's and the filled shard's words on it, from their logs.
+    said = []
+    for name in ("coordinator", "shard-1-again"):
+        with open(os.path.join(tmp, name + ".log")) as f:
+            said += re.findall(r"\] (?:coordinator: job [^:]+: )?((?:shard 1 \(|shard 1 serves|"
+                               r"shard 1 installed|shard 1: job|the snapshots)[^\n]*)", f.read())
+    return {"killed_at_step": args.fill_at_step,
+            "seconds_to_failover_seen": round(restarted - killed, 2),
+            "seconds_from_restart_to_filled_seen": round(filled - restarted, 2),
+            "logs": said}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--job", default="examples/criteo_dlrm.textproto")
@@ -71,6 +127,9 @@ def main():
     ap.add_argument("--no_export", action="store_true",
                     help="count the table rows from the shards' metrics, skip the export and the "
                          "dense-exchange comparison")
+    ap.add_argument("--fill_at_step", type=int, default=0,
+                    help="replication 2; SIGKILL shard 1 at this step, restart it and measure its fill")
+    ap.add_argument("--keep_logs", action="store_true", help="keep the daemons' logs (printed)")
     args = ap.parse_args()
 
     tmp = tempfile.mkdtemp(prefix="tessera-bench-ctr-")
@@ -82,6 +141,8 @@ def main():
             spec = re.sub(r'(?m)^consistency: "[a-z]+"', f'consistency: "{args.consistency}"', spec)
             if args.staleness:
                 spec += f"\nstaleness: {args.staleness}\n"
+        if args.fill_at_step:
+            spec += "\nreplication: 2\n"
         if args.data:
             spec = re.sub(r'train_path: "[^"]+"', f'train_path: "{args.data}/train.tsv"', spec)
             spec = re.sub(r'test_path: "[^"]+"', f'test_path: "{args.data}/test.tsv"', spec)
@@ -101,11 +162,18 @@ def main():
         coordinator = "127.0.0.1:" + wait_file(f"{tmp}/coordinator.port")
         metric_ports = []
         shard_procs = []
+
+        def shard_argv(i):
+            argv = [f"{args.bin}/tessera-server", "--listen", "127.0.0.1:0",
+                    "--port_file", f"{tmp}/shard-{i}.port", "--coordinator",
+                    coordinator, "--shard_index", str(i), "--metrics_listen",
+                    "127.0.0.1:0", "--metrics_port_file", f"{tmp}/shard-{i}.metrics"]
+            if args.fill_at_step:  # the snapshots a fill copies are files in the data directory
+                argv += ["--data_dir", f"{tmp}/shard-{i}-data"]
+            return argv
+
         for i in range(2):
-            start(f"shard-{i}", [f"{args.bin}/tessera-server", "--listen", "127.0.0.1:0",
-                                 "--port_file", f"{tmp}/shard-{i}.port", "--coordinator",
-                                 coordinator, "--shard_index", str(i), "--metrics_listen",
-                                 "127.0.0.1:0", "--metrics_port_file", f"{tmp}/shard-{i}.metrics"])
+            start(f"shard-{i}", shard_argv(i))
             shard_procs.append(procs[-1])
             metric_ports.append(wait_file(f"{tmp}/shard-{i}.metrics"))
         for i in range(2):
@@ -114,9 +182,13 @@ def main():
                                   *roots])
         time.sleep(2)  # registrations
         start_time = time.time()
-        watch = subprocess.run([f"{args.bin}/tessera", "submit", job_path, "--watch",
-                                "--coordinator", coordinator, "--output", "json"],
-                               capture_output=True, text=True, timeout=3600)
+        watcher = subprocess.Popen([f"{args.bin}/tessera", "submit", job_path, "--watch",
+                                    "--coordinator", coordinator, "--output", "json"],
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        fill = fill_shard(args, coordinator, tmp, shard_procs, procs, shard_argv, start,
+                          metric_ports) if args.fill_at_step else None
+        out, err = watcher.communicate(timeout=3600)
+        watch = subprocess.CompletedProcess(watcher.args, watcher.returncode, out, err)
         lines = [l for l in watch.stdout.splitlines() if l.startswith("{")]
         if watch.returncode != 0 or not lines:
             sys.stderr.write(watch.stdout + watch.stderr)
@@ -151,6 +223,8 @@ def main():
             with open(f"/proc/{p.pid}/status") as f:
                 peaks.append(int(re.search(r"VmHWM:\s+(\d+) kB", f.read()).group(1)) * 1024)
         result["shard_peak_rss_bytes"] = peaks
+        if fill:
+            result["fill"] = fill
         if result["table_rows_on_shards"]:
             result["peak_rss_bytes_per_row"] = round(sum(peaks) / result["table_rows_on_shards"], 1)
         if args.no_export:
@@ -182,7 +256,10 @@ def main():
                 p.wait(timeout=15)
             except subprocess.TimeoutExpired:
                 p.kill()
-        shutil.rmtree(tmp, ignore_errors=True)
+        if args.keep_logs:
+            sys.stderr.write(f"logs kept in {tmp}\n")
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":

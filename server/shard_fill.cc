@@ -10,6 +10,7 @@
 #include <set>
 #include <utility>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "common/placement.h"
 #include "common/status_macros.h"
@@ -63,7 +64,7 @@ void AppendValue(std::string* out, T value) {
 // One sparse table's rows and pending ids, as they are cut.
 struct TableCut {
   v1::PartitionCheckpoint partition;  // the first source's, without its rows
-  std::set<int64_t> ids;              // rows and pending ids taken
+  absl::flat_hash_set<int64_t> ids;   // rows and pending ids taken
   uint64_t stride = 0;                // bytes per row of row_values; 0 until a source had rows
   std::string row_ids, row_updates, row_values, row_last_clocks;
   std::string pending_ids, pending_sightings, pending_last_clocks;

@@ -377,8 +377,11 @@ void ParameterClient::OnResponse(std::shared_ptr<Attempt> attempt,
       const absl::Time now = absl::Now();
       if (attempt->first_failure == absl::InfiniteFuture()) attempt->first_failure = now;
       again = now - attempt->first_failure < options_.replica_failover_timeout;
-      absl::MutexLock lock(&mu_);
-      unreachable_.insert(attempt->shard);
+      // A shard being filled answers; it just does not hold the job yet.
+      if (!filling) {
+        absl::MutexLock lock(&mu_);
+        unreachable_.insert(attempt->shard);
+      }
     }
     if (again) {
       {

@@ -120,10 +120,17 @@ absl::Status SnapshotSources(ClusterState& state, const FillPlan& plan)
 }
 
 void RunFill(ClusterState& state, const FillPlan& plan) ABSL_LOCKS_EXCLUDED(state.mu) {
+  const absl::Time plan_time = absl::Now();
   const absl::Status snapshots = SnapshotSources(state, plan);
-  // The ranks wait at the step from here: their pushes of it to the shard are answered once it
-  // holds the job.
+  // The ranks wait at the step from when they reach it (a little before this: the snapshots'
+  // write) until the shard holds the job: their pushes of it to the shard are answered then.
   const absl::Time copy_start = absl::Now();
+  if (snapshots.ok()) {
+    spdlog::info(
+        "coordinator: job {}: the snapshots of step {} for shard {} are written, {} ms "
+        "after the plan; copying them",
+        plan.job_id, plan.step, plan.shard, absl::ToInt64Milliseconds(copy_start - plan_time));
+  }
   absl::StatusOr<v1::FillResponse> copied = absl::UnknownError("not copied");
   if (!snapshots.ok()) {
     copied = snapshots;
