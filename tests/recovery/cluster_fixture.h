@@ -4,8 +4,11 @@
 #ifndef TESSERA_TESTS_RECOVERY_CLUSTER_FIXTURE_H_
 #define TESSERA_TESTS_RECOVERY_CLUSTER_FIXTURE_H_
 
+#include <stdlib.h>
+
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <map>
 #include <memory>
@@ -20,8 +23,10 @@
 #include "cli/coordinator_client.h"
 #include "cli/exporter.h"
 #include "cli/local_cluster.h"
+#include "google/protobuf/text_format.h"
 #include "gtest/gtest.h"
 #include "spec/job_spec_reader.h"
+#include "spec/testing/example_jobs.h"
 
 #ifndef TESSERA_BIN_DIR
 #error "TESSERA_BIN_DIR must name the folder of the daemons"
@@ -112,6 +117,35 @@ class ClusterE2eTest : public ::testing::Test {
     return o;
   }
 
+  // A sparse BSP job (the hashed embedding model, Adagrad, batch 16, 2 workers, seed 3) on
+  // generated LIBSVM data written to a new folder under /tmp (40,000 training and 2,000 test
+  // examples), and a cluster whose coordinator and workers may read it. The folder goes in
+  // TearDown.
+  v1::JobSpec StartSparseCluster(int epochs, int64_t checkpoint_every) {
+    char tmpl[] = "/tmp/tessera_sparse_e2e.XXXXXX";
+    sparse_dir_ = mkdtemp(tmpl);
+    LocalCluster::Options o = ClusterOptions();
+    for (auto* args : {&o.coordinator_args, &o.worker_args}) {
+      args->insert(args->end(), {"--dataset_root", sparse_dir_});
+    }
+    StartCluster(o);
+    spec::examples::WriteHashedLibsvm(sparse_dir_ + "/train.svm", 40000, 5);
+    spec::examples::WriteHashedLibsvm(sparse_dir_ + "/test.svm", 2000, 6);
+    v1::JobSpec spec;
+    EXPECT_TRUE(google::protobuf::TextFormat::ParseFromString(
+        absl::StrCat(spec::examples::HashedJobText(sparse_dir_), R"(
+          optimizer { kind: OPTIMIZER_KIND_ADAGRAD learning_rate: 0.2 }
+          batch_size: 16
+          seed: 3
+          num_workers: 2
+          consistency: "bsp"
+        )"),
+        &spec));
+    spec.set_epochs(epochs);
+    spec.set_checkpoint_every_steps(checkpoint_every);
+    return spec;
+  }
+
   void StartCluster(const LocalCluster::Options& o = ClusterOptions()) {
     absl::StatusOr<std::unique_ptr<LocalCluster>> cluster = LocalCluster::Start(o);
     ASSERT_TRUE(cluster.ok()) << cluster.status();
@@ -133,6 +167,7 @@ class ClusterE2eTest : public ::testing::Test {
       }
     }
     cluster_->Stop(absl::Seconds(15)).IgnoreError();
+    if (!sparse_dir_.empty()) std::system(absl::StrCat("rm -rf '", sparse_dir_, "'").c_str());
   }
 
   // Polls GetJob every 50 ms until `done(job)` or the timeout; `each` sees every record.
@@ -207,6 +242,7 @@ class ClusterE2eTest : public ::testing::Test {
 
   std::unique_ptr<LocalCluster> cluster_;
   std::unique_ptr<CoordinatorClient> client_;
+  std::string sparse_dir_;  // StartSparseCluster's data, removed in TearDown
 };
 
 }  // namespace tessera::testing

@@ -169,27 +169,8 @@ TEST_F(RecoveryE2eTest, ShardKilledMidTrainingJobResumesFromTheLastCheckpoint) {
 // checkpoint as the dense tensors, and the job ends with exactly the weights of a fault-free run
 // (BSP, a fixed data order, one thread per worker: the replay is deterministic).
 TEST_F(RecoveryE2eTest, ShardKilledInASparseJobEndsWithTheFaultFreeWeights) {
-  char tmpl[] = "/tmp/tessera_sparse_recovery.XXXXXX";
-  const std::string dir = mkdtemp(tmpl);
-  cli::LocalCluster::Options o = ClusterOptions();
-  for (auto* args : {&o.coordinator_args, &o.worker_args}) {
-    args->insert(args->end(), {"--dataset_root", dir});
-  }
-  ASSERT_NO_FATAL_FAILURE(StartCluster(o));
-  spec::examples::WriteHashedLibsvm(dir + "/train.svm", 40000, 5);
-  spec::examples::WriteHashedLibsvm(dir + "/test.svm", 2000, 6);
   v1::JobSpec spec;
-  ASSERT_TRUE(google::protobuf::TextFormat::ParseFromString(
-      absl::StrCat(spec::examples::HashedJobText(dir), R"(
-        optimizer { kind: OPTIMIZER_KIND_ADAGRAD learning_rate: 0.2 }
-        batch_size: 16
-        epochs: 2
-        seed: 3
-        num_workers: 2
-        consistency: "bsp"
-        checkpoint_every_steps: 50
-      )"),
-      &spec));
+  ASSERT_NO_FATAL_FAILURE(spec = StartSparseCluster(/*epochs=*/2, /*checkpoint_every=*/50));
   const auto weights = [](const v1::Job& job) { return ::tessera::testing::PullWeightsByRow(job); };
   spec.set_name("sparse-baseline");
   const v1::Job baseline = RunToEnd(spec);
@@ -231,7 +212,6 @@ TEST_F(RecoveryE2eTest, ShardKilledInASparseJobEndsWithTheFaultFreeWeights) {
       "%.4f (fault-free %.4f)\n",
       static_cast<long long>(running.step()), done.recoveries(),
       want.at("embedding_bag_1/embeddings").size(), done.test_auc(), baseline.test_auc());
-  std::system(absl::StrCat("rm -rf '", dir, "'").c_str());
 }
 
 // Test 5: the coordinator SIGKILLed while a job runs, back 3 s later.

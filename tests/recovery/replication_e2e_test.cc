@@ -82,22 +82,13 @@ class ReplicationE2eTest : public ::tessera::testing::ClusterE2eTest {
   }
 };
 
-std::map<std::string, std::vector<float>> Weights(const v1::Job& job) {
-  std::map<std::string, std::vector<float>> out;
-  absl::StatusOr<std::vector<cli::NamedTensor>> w = cli::PullJobWeights(job);
-  EXPECT_TRUE(w.ok()) << w.status();
-  if (!w.ok()) return out;
-  for (const cli::NamedTensor& t : *w) out[t.name] = t.values;
-  return out;
-}
-
 TEST_F(ReplicationE2eTest, ShardKilledForGoodJobSucceedsWithoutRewindAndTheFaultFreeWeights) {
   TESSERA_SKIP_WITHOUT_FASHION_MNIST();
   ASSERT_NO_FATAL_FAILURE(StartCluster());
   // No checkpoints: with a copy of every partition, nothing is restored from disk.
   const v1::Job baseline = RunToEnd(Spec("unreplicated", 0));
   ASSERT_EQ(baseline.state(), v1::JOB_STATE_SUCCEEDED) << baseline.reason();
-  const std::map<std::string, std::vector<float>> want = Weights(baseline);
+  const WeightsByRow want = PullWeightsByRow(baseline);
   ASSERT_FALSE(want.empty());
 
   const v1::Job running = StartReplicatedAtStep300("replicated");
@@ -121,16 +112,8 @@ TEST_F(ReplicationE2eTest, ShardKilledForGoodJobSucceedsWithoutRewindAndTheFault
   EXPECT_FALSE(FindEvent(events, "restored checkpoint").has_value());
 
   // Shard 0 alone serves every partition now; the weights are those of the fault-free run.
-  const std::map<std::string, std::vector<float>> got = Weights(done);
-  ASSERT_EQ(got.size(), want.size());
-  int differing = 0;
-  for (const auto& [name, values] : want) {
-    if (got.at(name) != values) {
-      ++differing;
-      ADD_FAILURE() << name << " differs from the fault-free run";
-    }
-  }
-  EXPECT_EQ(differing, 0);
+  EXPECT_THAT(Differing(want, PullWeightsByRow(done)), ::testing::IsEmpty())
+      << "these differ from the fault-free run";
   EXPECT_EQ(done.test_accuracy(), baseline.test_accuracy());
   const double to_failover_s = (failover->time_ms() - kill_ms) / 1000.0;
   const double to_step_s = f.past_ms > 0 ? (f.past_ms - kill_ms) / 1000.0 : -1;
@@ -211,7 +194,7 @@ TEST_F(ReplicationE2eTest, ARestartedShardIsFilledWhileTheJobTrainsAndThenCarrie
   ASSERT_NO_FATAL_FAILURE(StartCluster());
   const v1::Job baseline = RunToEnd(Spec("unreplicated", 0, 8));
   ASSERT_EQ(baseline.state(), v1::JOB_STATE_SUCCEEDED) << baseline.reason();
-  const std::map<std::string, std::vector<float>> want = Weights(baseline);
+  const WeightsByRow want = PullWeightsByRow(baseline);
   ASSERT_FALSE(want.empty());
 
   v1::JobSpec spec = Spec("refilled", 0, 8);
@@ -259,16 +242,8 @@ TEST_F(ReplicationE2eTest, ARestartedShardIsFilledWhileTheJobTrainsAndThenCarrie
   EXPECT_FALSE(FindEvent(events, "restored checkpoint").has_value());
 
   // Shard 1 alone, filled mid-job, ends with the weights of the fault-free run.
-  const std::map<std::string, std::vector<float>> got = Weights(done);
-  ASSERT_EQ(got.size(), want.size());
-  int differing = 0;
-  for (const auto& [name, values] : want) {
-    if (got.at(name) != values) {
-      ++differing;
-      ADD_FAILURE() << name << " differs from the fault-free run";
-    }
-  }
-  EXPECT_EQ(differing, 0);
+  EXPECT_THAT(Differing(want, PullWeightsByRow(done)), ::testing::IsEmpty())
+      << "these differ from the fault-free run";
   EXPECT_EQ(done.test_accuracy(), baseline.test_accuracy());
   std::printf(
       "replication fill: shard 1 restarted on a new port; \"%s\" %.2f s after the restart; "
@@ -285,26 +260,8 @@ TEST_F(ReplicationE2eTest, ARestartedShardIsFilledWhileTheJobTrainsAndThenCarrie
 // (and their slots and update counts) that shard 1 holds out of shard 0's snapshot, and after
 // shard 0 is killed too, every row and tensor is the fault-free run's.
 TEST_F(ReplicationE2eTest, ASparseJobsRestartedShardIsFilledAndThenCarriesItAlone) {
-  char tmpl[] = "/tmp/tessera_sparse_fill.XXXXXX";
-  const std::string dir = mkdtemp(tmpl);
-  cli::LocalCluster::Options o = ClusterOptions();
-  for (auto* args : {&o.coordinator_args, &o.worker_args}) {
-    args->insert(args->end(), {"--dataset_root", dir});
-  }
-  ASSERT_NO_FATAL_FAILURE(StartCluster(o));
-  spec::examples::WriteHashedLibsvm(dir + "/train.svm", 40000, 5);
-  spec::examples::WriteHashedLibsvm(dir + "/test.svm", 2000, 6);
   v1::JobSpec spec;
-  ASSERT_TRUE(google::protobuf::TextFormat::ParseFromString(
-      absl::StrCat(spec::examples::HashedJobText(dir), R"(
-        optimizer { kind: OPTIMIZER_KIND_ADAGRAD learning_rate: 0.2 }
-        batch_size: 16
-        epochs: 4
-        seed: 3
-        num_workers: 2
-        consistency: "bsp"
-      )"),
-      &spec));
+  ASSERT_NO_FATAL_FAILURE(spec = StartSparseCluster(/*epochs=*/4, /*checkpoint_every=*/0));
   spec.set_name("sparse-unreplicated");
   const v1::Job baseline = RunToEnd(spec);
   ASSERT_EQ(baseline.state(), v1::JOB_STATE_SUCCEEDED) << baseline.reason();
@@ -348,7 +305,6 @@ TEST_F(ReplicationE2eTest, ASparseJobsRestartedShardIsFilledAndThenCarriesItAlon
       "recoveries, %zu table rows bit-identical to the unreplicated run, test AUC %.4f\n",
       filled->message().c_str(), (filled->time_ms() - restart_ms) / 1000.0,
       want.at("embedding_bag_1/embeddings").size(), done.test_auc());
-  std::system(absl::StrCat("rm -rf '", dir, "'").c_str());
 }
 
 TEST_F(ReplicationE2eTest, AReplicatedJobNeedsTwoShards) {
