@@ -111,7 +111,8 @@ struct JobEntry {
     bool action_done = false;  // the Checkpoint and CopyFill calls are over
     bool installed = false;    // the shard holds the job at `step`
     bool given_up = false;     // what it installed is to be dropped; tried again later
-    std::set<int> adopted;     // ranks that write it from `step` on
+    std::set<int>
+        adopted;  // ranks that write it from `step` on (since the install, once installed)
     v1::FillResponse copied;
     int64_t copy_ms = 0;  // CopyFill: the files copied to the shard and installed there
   };

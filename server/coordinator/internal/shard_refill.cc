@@ -163,6 +163,9 @@ void RunFill(ClusterState& state, const FillPlan& plan) ABSL_LOCKS_EXCLUDED(stat
       drop = true;
     } else {
       fill.installed = true;
+      // Every rank says again, from a report after the install, that it writes the shard (and
+      // missed nothing meanwhile: a write that failed for good turns its report into a miss).
+      fill.adopted.clear();
       fill.copied = *copied;
       fill.copy_ms = absl::ToInt64Milliseconds(absl::Now() - copy_start);
       spdlog::info(

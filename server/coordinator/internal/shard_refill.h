@@ -12,7 +12,8 @@
 //    not committed as a job checkpoint), then CopyFill of those files to the shard, which cuts
 //    its own partitions and rows from them and installs the job at step S; the pushes of S it
 //    refused meanwhile (the job was unknown there) are retried by the ranks and applied now.
-// 4. Once the shard is installed and every live rank said it writes it from S, the index leaves
+// 4. Once the shard is installed and every live rank has said so again in a report after the
+//    install (it writes the shard from S and missed nothing), the index leaves
 //    Job.down_shards (an event says so, with the bytes and seconds), and the ranks read from it
 //    again. A rank that missed S, a membership change, a recovery or a failed call gives the fill
 //    up: the shard's state is dropped and a later tick tries again further ahead.
