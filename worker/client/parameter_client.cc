@@ -377,8 +377,9 @@ void ParameterClient::OnResponse(std::shared_ptr<Attempt> attempt,
       const absl::Time now = absl::Now();
       if (attempt->first_failure == absl::InfiniteFuture()) attempt->first_failure = now;
       again = now - attempt->first_failure < options_.replica_failover_timeout;
-      // A shard being filled answers; it just does not hold the job yet.
-      if (!filling) {
+      // A shard being filled answers; it just does not hold the job yet. DEADLINE_EXCEEDED is no
+      // sign either: a pull parked on a step that another rank holds up ends that way.
+      if (!filling && error.code() == absl::StatusCode::kUnavailable) {
         absl::MutexLock lock(&mu_);
         unreachable_.insert(attempt->shard);
       }
@@ -846,7 +847,7 @@ absl::Status ParameterClient::CallWithRetries(int shard,
       // As for PushPull: the shard may be lost; retried until the coordinator says so (then the
       // caller asks the copy that serves now) or the failover timeout passes. A client without
       // retries (max_attempts 1: a caller that retries itself) keeps that.
-      {
+      if (status.code() == absl::StatusCode::kUnavailable) {
         absl::MutexLock lock(&mu_);
         unreachable_.insert(shard);
       }

@@ -134,8 +134,10 @@ class WorkerDaemon::ProgressSender {
         }
       }
       if (probe) {
+        // Also while a shard is being filled: a loop that waits on it must hear at once when the
+        // fill is given up (its ack then stops the writes to that shard).
         const std::vector<int> unreachable = daemon_->TakeUnreachableShards(task_);
-        if (unreachable.empty()) continue;
+        if (unreachable.empty() && daemon_->FillReportFor(task_).from_step == 0) continue;
         for (int shard : unreachable) entry.report.add_unreachable_shards(shard);
         const absl::StatusOr<v1::ProgressAck> ack = daemon_->Report(task_, entry.report);
         if (!ack.ok()) {
