@@ -40,7 +40,8 @@ ParameterStore::ParameterStore(ParameterStoreOptions options)
       writer_(std::make_unique<CheckpointWriter>(options_.checkpoint_dir, options_.shard_index,
                                                  budget_)),
       pulls_(std::make_unique<PullAnswerer>(options_.executor, counters_)),
-      fills_(budget_) {}
+      fills_(budget_),
+      journal_(budget_) {}
 
 ParameterStore::~ParameterStore() {
   CloseAll(absl::CancelledError("the parameter store is shutting down"));
@@ -134,6 +135,8 @@ absl::StatusOr<v1::UpdateMembershipResponse> ParameterStore::UpdateMembership(
     completed = std::max(completed, job->gate.FurthestStepLocked(*p, &live_now));
   }
   if (applied) job->gate.Notify();
+  // A step that completed may admit what a fill's journal still keeps.
+  DrainJournalIfInstalled(request.job_id());
   v1::UpdateMembershipResponse response;
   response.set_completed_steps(completed);
   return response;
@@ -145,6 +148,7 @@ absl::Status ParameterStore::CheckLive() const {
 
 absl::Status ParameterStore::DropJob(absl::string_view job_id) {
   fills_.Forget(std::string(job_id));
+  journal_.Forget(job_id);
   std::shared_ptr<JobState> job;
   {
     absl::MutexLock lock(&mu_);
@@ -167,9 +171,65 @@ absl::Status ParameterStore::DropJob(absl::string_view job_id) {
   return absl::OkStatus();
 }
 
+namespace {
+
+absl::Status JournalFull(absl::string_view job_id) {
+  return absl::NotFoundError(absl::StrCat(
+      "job_id: job '", job_id,
+      "' is being filled on this shard and its journal of pushes is full; send again"));
+}
+
+}  // namespace
+
 absl::StatusOr<PushAck> ParameterStore::Push(const v1::PushPullRequest& request) {
+  const PushPullView view = ViewOf(request);
+  switch (journal_.Keep(view)) {
+    case FillJournal::Kept::kKept:
+      return PushAck{};
+    case FillJournal::Kept::kFull:
+      return JournalFull(request.job_id());
+    case FillJournal::Kept::kDraining:
+      if (std::shared_ptr<absl::Mutex> drain = journal_.DrainLock(request.job_id())) {
+        absl::MutexLock lock(drain.get());
+        (void)DrainJournal(request.job_id());
+        TESSERA_ASSIGN_OR_RETURN(std::shared_ptr<JobState> job, FindJob(request.job_id()));
+        absl::StatusOr<PushAck> ack = PushToJob(*job, view);
+        if (ack.ok()) (void)DrainJournal(request.job_id());
+        return ack;
+      }
+      break;  // drained meanwhile
+    case FillJournal::Kept::kNotOpen:
+      break;
+  }
   TESSERA_ASSIGN_OR_RETURN(std::shared_ptr<JobState> job, FindJob(request.job_id()));
-  return PushToJob(*job, ViewOf(request));
+  return PushToJob(*job, view);
+}
+
+absl::Status ParameterStore::DrainJournal(const std::string& job_id, int64_t* applied) {
+  absl::StatusOr<std::shared_ptr<JobState>> job = FindJob(job_id);
+  if (!job.ok()) {
+    journal_.Forget(job_id);
+    return job.status();
+  }
+  const absl::Status drained = journal_.Drain(
+      job_id,
+      [&](const v1::PushPullRequest& request) {
+        return PushToJob(**job, ViewOf(request)).status();
+      },
+      applied);
+  if (!drained.ok()) {
+    spdlog::error("shard {}: job {}: {}; dropping the job here (the fill has to start over)",
+                  options_.shard_index, job_id, drained.ToString());
+    (void)DropJob(job_id);
+  }
+  return drained;
+}
+
+void ParameterStore::DrainJournalIfInstalled(const std::string& job_id) {
+  if (std::shared_ptr<absl::Mutex> drain = journal_.DrainLock(job_id)) {
+    absl::MutexLock lock(drain.get());
+    (void)DrainJournal(job_id);
+  }
 }
 
 absl::StatusOr<PushAck> ParameterStore::PushToJob(JobState& job, const PushPullView& request) {
@@ -292,6 +352,36 @@ void ParameterStore::PushPull(const v1::PushPullRequest& request, PushPullDone d
 void ParameterStore::PushPull(const PushPullView& request, PushPullDone done,
                               std::shared_ptr<const std::atomic<bool>> cancelled,
                               std::shared_ptr<PushPullAnswerSink> sink) {
+  switch (journal_.Keep(request)) {
+    case FillJournal::Kept::kKept: {
+      v1::PushPullResponse response;
+      response.set_seq(request.seq);
+      done(std::move(response));
+      return;
+    }
+    case FillJournal::Kept::kFull:
+      done(JournalFull(request.job_id));
+      return;
+    case FillJournal::Kept::kDraining: {
+      const std::string job_id(request.job_id);
+      if (std::shared_ptr<absl::Mutex> drain = journal_.DrainLock(job_id)) {
+        absl::MutexLock lock(drain.get());
+        (void)DrainJournal(job_id);
+        PushPullToStore(request, std::move(done), std::move(cancelled), std::move(sink));
+        (void)DrainJournal(job_id);
+        return;
+      }
+      break;  // drained meanwhile
+    }
+    case FillJournal::Kept::kNotOpen:
+      break;
+  }
+  PushPullToStore(request, std::move(done), std::move(cancelled), std::move(sink));
+}
+
+void ParameterStore::PushPullToStore(const PushPullView& request, PushPullDone done,
+                                     std::shared_ptr<const std::atomic<bool>> cancelled,
+                                     std::shared_ptr<PushPullAnswerSink> sink) {
   absl::StatusOr<std::shared_ptr<JobState>> job =
       FindJobForCaller(request.job_id, request.worker_id, request.pull_encoding, "pull_encoding");
   if (!job.ok()) {
@@ -390,6 +480,8 @@ void ParameterStore::Checkpoint(const v1::CheckpointRequest& request, Checkpoint
 }
 
 absl::StatusOr<v1::RestoreResponse> ParameterStore::Restore(const v1::RestoreRequest& request) {
+  // A fill in progress belongs to the state being replaced.
+  journal_.Forget(request.job_id());
   TESSERA_ASSIGN_OR_RETURN(
       CheckpointToRestore file,
       ReadCheckpointToRestore(options_.checkpoint_dir, options_.shard_index, request));
@@ -446,6 +538,17 @@ absl::StatusOr<v1::ReadCheckpointResponse> ParameterStore::ReadCheckpoint(
 }
 
 absl::StatusOr<v1::FillResponse> ParameterStore::Fill(const v1::FillRequest& page) {
+  if (page.open()) {
+    TESSERA_RETURN_IF_ERROR(ValidateJobId(page.job_id()));
+    if (page.step() < 1) {
+      return absl::InvalidArgumentError(absl::StrCat("step: must be >= 1, got ", page.step()));
+    }
+    fills_.Forget(page.job_id());
+    TESSERA_RETURN_IF_ERROR(journal_.Open(page.job_id(), page.step()));
+    spdlog::info("shard {}: job {}: keeping its pushes of step {} on until its fill is installed",
+                 options_.shard_index, page.job_id(), page.step());
+    return v1::FillResponse{};
+  }
   std::vector<std::string> files;
   TESSERA_ASSIGN_OR_RETURN(const bool whole, fills_.Add(page, &files));
   v1::FillResponse response;
@@ -471,7 +574,22 @@ absl::StatusOr<v1::FillResponse> ParameterStore::Fill(const v1::FillRequest& pag
   const absl::Time cut_at = absl::Now();
   TESSERA_ASSIGN_OR_RETURN(v1::RestoreResponse restored,
                            RestoreJobFromCheckpoint(cut, cut.header.min_incarnation()));
+  // The pushes kept while the files were copied, in step order (what cannot apply yet waits for
+  // the pushes still to come).
+  int64_t journaled = 0;
+  absl::StatusOr<bool> opened = journal_.Install(page.job_id(), page.step());
+  if (!opened.ok()) {
+    (void)DropJob(page.job_id());
+    return opened.status();
+  }
+  if (*opened) {
+    if (std::shared_ptr<absl::Mutex> drain = journal_.DrainLock(page.job_id())) {
+      absl::MutexLock lock(drain.get());
+      TESSERA_RETURN_IF_ERROR(DrainJournal(page.job_id(), &journaled));
+    }
+  }
   response.set_installed(true);
+  response.set_journaled(static_cast<uint64_t>(journaled));
   response.set_partitions(restored.partitions());
   response.set_tables(restored.tables());
   uint64_t rows = 0;
@@ -480,10 +598,12 @@ absl::StatusOr<v1::FillResponse> ParameterStore::Fill(const v1::FillRequest& pag
   response.set_bytes(bytes);
   spdlog::info(
       "shard {}: job {} filled at step {}: {} partitions, {} tables, {} rows from {} bytes of {} "
-      "snapshots (verified in {} ms, cut in {} ms, installed in {} ms)",
+      "snapshots (verified in {} ms, cut in {} ms, installed in {} ms), then {} pushes kept "
+      "meanwhile applied",
       options_.shard_index, page.job_id(), page.step(), restored.partitions(), restored.tables(),
       rows, bytes, page.num_sources(), absl::ToInt64Milliseconds(parsed - start),
-      absl::ToInt64Milliseconds(cut_at - parsed), absl::ToInt64Milliseconds(absl::Now() - cut_at));
+      absl::ToInt64Milliseconds(cut_at - parsed), absl::ToInt64Milliseconds(absl::Now() - cut_at),
+      journaled);
   return response;
 }
 

@@ -10,6 +10,8 @@
 //   server/memory_budget.h       the bytes of state held, against max_memory_bytes
 //   server/checkpoint_writer.h   captures, the writer thread, retention (docs/checkpoints.md)
 //   server/checkpoint_restore.h  building a job from its checkpoint file
+//   server/shard_fill.h          a fill's pages, and cutting this shard's state from its sources
+//   server/fill_journal.h        the pushes a shard being filled keeps until its fill is installed
 //
 // Request path of a push (PushPull, Push):
 //   1. Resolve the job and every key, and check every slice without locks (ResolvePush):
@@ -27,6 +29,9 @@
 //      pushed partition's clock for the worker becomes max(clock, step + 1). A partition whose
 //      step boundary moved is captured if a checkpoint is due (CheckpointWriter).
 //   4. Unlock and release the pulls this opens.
+// Before all of it, a push of a job being filled here goes to its journal (FillJournal::Keep):
+// kept and acknowledged until the fill is installed, and then applied by the drain that every
+// later push of the job runs first, under the journal's drain lock.
 // The pull half waits on the gate (see consistency_gate.h) and never blocks a thread.
 //
 // Lock order: the store's mu_ > JobState::mu; JobState::membership_mu > ConsistencyGate's lock;
@@ -53,6 +58,7 @@
 #include "absl/time/time.h"
 #include "common/push_pull_view.h"
 #include "server/checkpoint_file.h"
+#include "server/fill_journal.h"
 #include "server/push_pull_answer_sink.h"
 #include "server/shard_fill.h"
 #include "server/shared_weights.h"
@@ -207,7 +213,8 @@ class ParameterStore {
       const v1::ReadCheckpointRequest& request) const;
   // A page of a fill (FillRequest, parameter.proto): once every source file is whole, the state
   // this shard's index holds is cut from them (CutFill) and installed as the job, as Restore
-  // does. Blocks on the cut. Thread-safe.
+  // does, and the pushes its journal kept are applied (journaled). With page.open, opens the
+  // job's journal instead (FillJournal::Open). Blocks on the cut. Thread-safe.
   absl::StatusOr<v1::FillResponse> Fill(const v1::FillRequest& page);
 
   // Removes the job; its parked pulls and waiting Checkpoint calls fail with ABORTED. With a
@@ -278,6 +285,16 @@ class ParameterStore {
       absl::string_view job_id, uint32_t worker_id, v1::Encoding encoding,
       absl::string_view encoding_field) const;
 
+  // PushPull without the journal.
+  void PushPullToStore(const PushPullView& request, PushPullDone done,
+                       std::shared_ptr<const std::atomic<bool>> cancelled,
+                       std::shared_ptr<PushPullAnswerSink> sink);
+  // Applies what the job's journal kept and can apply now (FillJournal::Drain); a replay that
+  // fails drops the job (this copy would lack a push that the acting copy holds), and the error
+  // is returned. REQUIRES: the journal's drain lock held.
+  absl::Status DrainJournal(const std::string& job_id, int64_t* applied = nullptr);
+  // DrainJournal under the drain lock, when the job's journal drains.
+  void DrainJournalIfInstalled(const std::string& job_id);
   // The push path (see the top of this file).
   absl::StatusOr<PushAck> PushToJob(JobState& job, const PushPullView& request);
   // Step 2, with every item's partition locked: exactly-once and the gate's admission, then the
@@ -299,6 +316,7 @@ class ParameterStore {
   const std::unique_ptr<CheckpointWriter> writer_;
   const std::unique_ptr<PullAnswerer> pulls_;
   FillAssembler fills_;
+  FillJournal journal_;
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<JobState>> jobs_ ABSL_GUARDED_BY(mu_);
   absl::Status closed_ ABSL_GUARDED_BY(mu_);
