@@ -97,21 +97,32 @@ def fill_shard(args, coordinator, tmp, shard_procs, procs, shard_argv, start, me
     shard_procs[1] = procs[-1]
     metric_ports[1] = wait_file(f"{tmp}/shard-1.metrics")
     restarted = time.time()
+    # The job's step every 0.1 s until the shard holds its copies again: whether the ranks train
+    # on while it is filled, and the longest time the step stood still.
+    samples = []
     while time.time() < end:
         job = get_job(args, coordinator)
+        samples.append((time.time(), int(job.get("step", 0))))
         if not job.get("down_shards") or job.get("state") != "JOB_STATE_RUNNING":
             break
         time.sleep(0.1)
     filled = time.time()
+    longest_still, since = 0.0, samples[0]
+    for t, step in samples[1:]:
+        if step != since[1]:
+            since = (t, step)
+        longest_still = max(longest_still, t - since[0])
     # The coordinator's and the filled shard's words on it, from their logs.
     said = []
     for name in ("coordinator", "shard-1-again"):
         with open(os.path.join(tmp, name + ".log")) as f:
             said += re.findall(r"\] (?:coordinator: job [^:]+: )?((?:shard 1 \(|shard 1 serves|"
-                               r"shard 1 installed|shard 1: job|the snapshots)[^\n]*)", f.read())
+                               r"shard 1 installed|shard 1: job|shard 1 keeps|the snapshots)[^\n]*)", f.read())
     return {"killed_at_step": args.fill_at_step,
             "seconds_to_failover_seen": round(restarted - killed, 2),
             "seconds_from_restart_to_filled_seen": round(filled - restarted, 2),
+            "steps_from_restart_to_filled": samples[-1][1] - samples[0][1],
+            "longest_seconds_without_a_step_while_filled": round(longest_still, 2),
             "logs": said}
 
 

@@ -1551,6 +1551,11 @@ TEST_F(CoordinatorTest, AReplicatedJobFillsAShardThatServesAgain) {
   int snapshots = 0;
   for (const v1::CheckpointRequest& c : shards_.checkpoints) snapshots += c.step() == step;
   EXPECT_EQ(snapshots, 2);
+  // The shard kept the ranks' pushes of that step on while the files were copied.
+  ASSERT_EQ(shards_.opened_fills.size(), 1u);
+  EXPECT_EQ(shards_.opened_fills[0].target, "127.0.0.1:4001");
+  EXPECT_EQ(shards_.opened_fills[0].shape.step(), step);
+  EXPECT_EQ(shards_.opened_fills[0].shape.job_id(), id);
   EXPECT_TRUE(absl::StrContains(Events(id).back(), "filling its copies from shard 2 and 0"))
       << Events(id).back();
   // Still down until every rank writes it; the acks say so.

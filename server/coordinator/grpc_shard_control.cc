@@ -59,6 +59,20 @@ absl::Status GrpcShardControl::DropJob(const std::string& address, const std::st
   return FromGrpcStatus(status, address);
 }
 
+absl::Status GrpcShardControl::OpenFill(const std::string& target, const v1::FillRequest& shape) {
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + timeout_));
+  v1::FillRequest request;
+  request.set_job_id(shape.job_id());
+  request.set_step(shape.step());
+  request.set_open(true);
+  v1::FillResponse response;
+  TESSERA_RETURN_IF_ERROR(Begin(&context));
+  const grpc::Status status = StubFor(target)->Fill(&context, request, &response);
+  End(&context);
+  return FromGrpcStatus(status, target);
+}
+
 absl::StatusOr<v1::FillResponse> GrpcShardControl::CopyFill(const std::vector<std::string>& sources,
                                                             const std::string& target,
                                                             const v1::FillRequest& shape,

@@ -38,6 +38,7 @@ class GrpcShardControl : public ShardControl {
   absl::StatusOr<v1::UpdateMembershipResponse> UpdateMembership(
       const std::string& address, const v1::UpdateMembershipRequest& request) override;
 
+  absl::Status OpenFill(const std::string& target, const v1::FillRequest& shape) override;
   // Pages of kFillPageBytes; every call's deadline is the whole copy's.
   absl::StatusOr<v1::FillResponse> CopyFill(const std::vector<std::string>& sources,
                                             const std::string& target, const v1::FillRequest& shape,

@@ -48,6 +48,14 @@ class ShardControl {
                                                     absl::Duration timeout) {
     return absl::UnimplementedError("this shard control cannot fill a shard");
   }
+  // Opens the journal of the fill `shape` (its job and step) on the shard at `target`: from then
+  // until the fill is installed, the shard keeps and acknowledges the ranks' pushes of the step
+  // and later, so that they train on while the files are copied (Fill with open, see
+  // parameter.proto). Blocks (the implementation's deadline). The default is UNIMPLEMENTED (the
+  // fill then pauses the ranks at the step until it is installed).
+  virtual absl::Status OpenFill(const std::string& target, const v1::FillRequest& shape) {
+    return absl::UnimplementedError("this shard control cannot open a fill's journal");
+  }
   // Ends the calls in flight (they return CANCELLED) so that a stopping coordinator does not wait
   // out their deadlines; the coordinator calls it from Stop() before it joins its threads. May
   // make later calls fail at once too. Never blocks. The default does nothing.

@@ -80,11 +80,11 @@ void FinishIfReady(ClusterState& state, JobEntry& entry) ABSL_EXCLUSIVE_LOCKS_RE
   }
   const std::string what = absl::StrFormat(
       "shard %d (%s) holds its copies again: filled at step %d with %d partitions, %d tables "
-      "and %d rows (%.1f MB of its neighbours' snapshots copied and installed in %.2f s), "
-      "%.2f s after it came back",
+      "and %d rows (%.1f MB of its neighbours' snapshots copied and installed in %.2f s, %d "
+      "pushes kept meanwhile), %.2f s after it came back",
       fill.shard, fill.address, fill.step, fill.copied.partitions(), fill.copied.tables(),
       fill.copied.rows(), static_cast<double>(fill.copied.bytes()) / 1e6,
-      static_cast<double>(fill.copy_ms) / 1000.0,
+      static_cast<double>(fill.copy_ms) / 1000.0, fill.copied.journaled(),
       static_cast<double>(state.NowMs() - fill.started_ms) / 1000.0);
   spdlog::info("coordinator: job {}: {}", job.id(), what);
   AddEvent(state, entry, v1::JOB_EVENT_KIND_RECOVERY, what);
@@ -121,9 +121,22 @@ absl::Status SnapshotSources(ClusterState& state, const FillPlan& plan)
 
 void RunFill(ClusterState& state, const FillPlan& plan) ABSL_LOCKS_EXCLUDED(state.mu) {
   const absl::Time plan_time = absl::Now();
+  v1::FillRequest shape;
+  shape.set_job_id(plan.job_id);
+  shape.set_step(plan.step);
+  shape.set_num_shards(static_cast<uint32_t>(plan.num_shards));
+  shape.set_replicas(static_cast<uint32_t>(plan.replicas));
+  // The shard keeps the ranks' pushes of the step on until the fill is installed, so that they
+  // train on meanwhile. Without the journal they wait at the step instead: their pushes of it to
+  // the shard are answered once it holds the job.
+  const absl::Status opened = state.shards->OpenFill(plan.address, shape);
+  if (!opened.ok()) {
+    spdlog::warn(
+        "coordinator: job {}: shard {} keeps no pushes while it is filled ({}); the ranks wait "
+        "at step {} until it is",
+        plan.job_id, plan.shard, opened.ToString(), plan.step);
+  }
   const absl::Status snapshots = SnapshotSources(state, plan);
-  // The ranks wait at the step from when they reach it (a little before this: the snapshots'
-  // write) until the shard holds the job: their pushes of it to the shard are answered then.
   const absl::Time copy_start = absl::Now();
   if (snapshots.ok()) {
     spdlog::info(
@@ -135,11 +148,6 @@ void RunFill(ClusterState& state, const FillPlan& plan) ABSL_LOCKS_EXCLUDED(stat
   if (!snapshots.ok()) {
     copied = snapshots;
   } else {
-    v1::FillRequest shape;
-    shape.set_job_id(plan.job_id);
-    shape.set_step(plan.step);
-    shape.set_num_shards(static_cast<uint32_t>(plan.num_shards));
-    shape.set_replicas(static_cast<uint32_t>(plan.replicas));
     copied =
         state.shards->CopyFill(plan.sources, plan.address, shape, state.options.checkpoint_timeout);
   }
@@ -169,9 +177,9 @@ void RunFill(ClusterState& state, const FillPlan& plan) ABSL_LOCKS_EXCLUDED(stat
       fill.copied = *copied;
       fill.copy_ms = absl::ToInt64Milliseconds(absl::Now() - copy_start);
       spdlog::info(
-          "coordinator: job {}: shard {} installed step {} ({} bytes copied in {} ms); waiting "
-          "for every rank to write it",
-          plan.job_id, plan.shard, plan.step, copied->bytes(), fill.copy_ms);
+          "coordinator: job {}: shard {} installed step {} ({} bytes copied in {} ms, {} pushes "
+          "kept meanwhile applied); waiting for every rank to write it",
+          plan.job_id, plan.shard, plan.step, copied->bytes(), fill.copy_ms, copied->journaled());
       FinishIfReady(state, *entry);
     }
   }

@@ -8,10 +8,12 @@
 // 2. The ranks write the shard every push of step S and later (not its pulls: it is still down
 //    for them) and say so in their reports (fill_from_step); a rank that had already sent a push
 //    of S or later without it says fill_missed.
-// 3. The action (no lock): Checkpoint(S) on the neighbours that hold its copies (ordinary files,
-//    not committed as a job checkpoint), then CopyFill of those files to the shard, which cuts
-//    its own partitions and rows from them and installs the job at step S; the pushes of S it
-//    refused meanwhile (the job was unknown there) are retried by the ranks and applied now.
+// 3. The action (no lock): OpenFill on the shard (it keeps the ranks' pushes of S and later and
+//    acknowledges them, so they train on), Checkpoint(S) on the neighbours that hold its copies
+//    (ordinary files, not committed as a job checkpoint), then CopyFill of those files to the
+//    shard, which cuts its own partitions and rows from them, installs the job at step S and
+//    applies the pushes it kept. A shard that keeps none (OpenFill failed) refuses the pushes
+//    until the install (the job is unknown there): the ranks retry them and wait at S.
 // 4. Once the shard is installed and every live rank has said so again in a report after the
 //    install (it writes the shard from S and missed nothing), the index leaves
 //    Job.down_shards (an event says so, with the bytes and seconds), and the ranks read from it

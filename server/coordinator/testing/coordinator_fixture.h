@@ -127,6 +127,11 @@ class FakeShards : public ShardControl {
     response.set_completed_steps(completed_steps);
     return response;
   }
+  absl::Status OpenFill(const std::string& target, const v1::FillRequest& shape) override {
+    absl::MutexLock lock(&mu);
+    opened_fills.push_back({{}, target, shape});
+    return open_fill_error;
+  }
   absl::StatusOr<v1::FillResponse> CopyFill(const std::vector<std::string>& sources,
                                             const std::string& target, const v1::FillRequest& shape,
                                             absl::Duration timeout) override {
@@ -192,6 +197,9 @@ class FakeShards : public ShardControl {
   };
   std::vector<Fill> fills;
   absl::Status fill_error;
+  // OpenFill calls (without sources), and what they answer.
+  std::vector<Fill> opened_fills;
+  absl::Status open_fill_error;
 };
 
 class FakeStream : public TaskStream {
