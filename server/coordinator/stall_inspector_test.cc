@@ -132,6 +132,23 @@ TEST_F(StallTest, TheShardsReportNamesTheLaggardItsHostAndHowLong) {
             (std::vector<std::string>{named, "step 11: no longer waiting (waited 4.6 s)"}));
 }
 
+TEST_F(StallTest, ARankThatReportsPastTheStepIsNoLongerNamedBeforeTheShardsNextHeartbeat) {
+  const std::string id = StartJob();
+  ASSERT_TRUE(ShardSaysWaiting(0, id, 11, 3000, 1, 7).ok());
+  ASSERT_NE(Job(id).stall(), "");
+  // Rank 1 reports 11 steps done: it has still not finished step 11, the report holds.
+  ReportRank(id, 1, 11);
+  coordinator_->Tick();
+  EXPECT_NE(Job(id).stall(), "");
+  // 12 steps done (step 11 among them): the shard's report, older, no longer holds.
+  now_ms_ += 500;
+  ReportRank(id, 1, 12);
+  coordinator_->Tick();
+  EXPECT_EQ(Job(id).stall(), "");
+  EXPECT_EQ(Job(id).workers(1).stalled_seconds(), 0);
+  EXPECT_EQ(StallEvents(id).back(), "step 11: no longer waiting (waited 3.0 s)");
+}
+
 TEST_F(StallTest, AReportAShardStopsRenewingIsForgotten) {
   const std::string id = StartJob();
   ASSERT_TRUE(ShardSaysWaiting(0, id, 11, 3000, 1, 7).ok());

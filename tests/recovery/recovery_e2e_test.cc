@@ -86,7 +86,10 @@ TEST_F(RecoveryE2eTest, WorkerKilledMidTrainingJobSucceedsAndIdleWorkerTakesTheR
       static_cast<long long>(kill_step), membership_s, kLeaseSeconds,
       handed.has_value() ? handed->message().c_str() : "no hand-over", done.test_accuracy(),
       baseline, delta_pp);
-  EXPECT_LE(delta_pp, 0.5);
+  // One run's accuracy on the 10,000 test images has a standard error of about 0.34 pp; the
+  // difference of two runs (the kill lands at a different step each time) about 0.48 pp. Two of
+  // those: a lost rank that hurt training shows, noise does not.
+  EXPECT_LE(delta_pp, 1.0);
 }
 
 // Test 2: a shard SIGKILLed in the middle of training, checkpoints every 50 steps.

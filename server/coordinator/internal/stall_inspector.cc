@@ -62,10 +62,11 @@ JobStall CurrentStall(const JobEntry& entry, int64_t now_ms) {
     if (s.step() != stall.step) continue;
     stall.waited_ms = std::max(stall.waited_ms, WaitedMs(reported, now_ms));
     for (const v1::LaggingRank& lagging : s.lagging()) {
-      if (lagging.rank() < 0 || lagging.rank() >= entry.job.workers_size() ||
-          entry.job.workers(lagging.rank()).lost()) {
-        continue;
-      }
+      if (lagging.rank() < 0 || lagging.rank() >= entry.job.workers_size()) continue;
+      const v1::JobWorker& worker = entry.job.workers(lagging.rank());
+      // A rank whose own report (every half second) has it past where the shard saw it is no
+      // longer what the step waits for: the shard's report (every heartbeat) is older.
+      if (worker.lost() || worker.step() > lagging.clock()) continue;
       stall.ranks[lagging.rank()].push_back(
           ShardLag{index, lagging.partitions(), s.partitions(), lagging.clock()});
     }
