@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 
 namespace tessera::server {
 namespace {
@@ -86,6 +87,7 @@ absl::Status FillJournal::Open(const std::string& job_id, int64_t from_step) {
   }
   Journal& journal = journals_[job_id];
   journal.from_step = from_step;
+  journal.generation = ++next_generation_;
   open_.store(journals_.size(), std::memory_order_release);
   return absl::OkStatus();
 }
@@ -95,9 +97,8 @@ FillJournal::Kept FillJournal::Keep(const PushPullView& request) {
   {
     absl::MutexLock lock(&mu_);
     auto it = journals_.find(request.job_id);
-    if (it == journals_.end()) return Kept::kNotOpen;
-    if (it->second.installed) return Kept::kDraining;
-    if (request.step < it->second.from_step || !OnlyPushes(request) || request.push.empty()) {
+    if (it == journals_.end() || request.step < it->second.from_step || !OnlyPushes(request) ||
+        request.push.empty()) {
       return Kept::kNotOpen;
     }
   }
@@ -108,7 +109,6 @@ FillJournal::Kept FillJournal::Keep(const PushPullView& request) {
   auto it = journals_.find(request.job_id);
   if (it == journals_.end()) return Kept::kNotOpen;
   Journal& journal = it->second;
-  if (journal.installed) return Kept::kDraining;
   if (journal.bytes + bytes > kMaxBytesPerJob || !budget_->TryReserve(bytes)) return Kept::kFull;
   journal.bytes += bytes;
   kept_bytes_ += bytes;
@@ -135,82 +135,107 @@ absl::StatusOr<bool> FillJournal::Install(const std::string& job_id, int64_t ste
   return true;
 }
 
-std::shared_ptr<absl::Mutex> FillJournal::DrainLock(absl::string_view job_id) const {
-  absl::MutexLock lock(&mu_);
-  auto it = journals_.find(job_id);
-  if (it == journals_.end() || !it->second.installed) return nullptr;
-  return it->second.drain;
-}
-
 absl::Status FillJournal::Drain(
     const std::string& job_id, const std::function<absl::Status(const v1::PushPullRequest&)>& apply,
-    int64_t* applied) {
-  std::vector<Entry> entries;
-  std::shared_ptr<absl::Mutex> drain;
+    absl::Duration stall, int64_t* applied) {
+  uint64_t generation = 0;
   {
     absl::MutexLock lock(&mu_);
     auto it = journals_.find(job_id);
     if (it == journals_.end() || !it->second.installed) return absl::OkStatus();
-    drain = it->second.drain;
-    entries.swap(it->second.entries);
+    generation = it->second.generation;
   }
-  drain->AssertHeld();
-  std::sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) {
-    return std::make_tuple(a.request->step(), a.order) <
-           std::make_tuple(b.request->step(), b.order);
-  });
-  // Passes over what is left while one applies something: a step completes only once all of its
-  // pushes are in, and opens the next one.
-  int64_t released = 0;
-  int64_t count = 0;
-  absl::Status error;
+  // The pushes taken out that the gate did not admit yet. Their bytes, and those of the pushes
+  // being applied, still count in the journal's until they are applied.
+  std::vector<Entry> waiting;
+  absl::Time last_applied = absl::Now();
   bool progress = true;
-  while (progress && !entries.empty() && error.ok()) {
-    progress = false;
-    std::vector<Entry> waiting;
-    for (Entry& entry : entries) {
-      if (!error.ok()) {
-        waiting.push_back(std::move(entry));
-        continue;
+  int64_t count = 0;
+  // The journal as this drain started it, or null (forgotten or opened again meanwhile: every
+  // byte of it was given back then).
+  auto find = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> Journal* {
+    auto it = journals_.find(job_id);
+    return it == journals_.end() || it->second.generation != generation ? nullptr : &it->second;
+  };
+  auto drop = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    ReleaseLocked(*find());
+    journals_.erase(journals_.find(job_id));
+    open_.store(journals_.size(), std::memory_order_release);
+  };
+  auto forgotten = [&] {
+    if (applied != nullptr) *applied += count;
+    return absl::AbortedError(
+        absl::StrCat("job '", job_id, "' was dropped or restored while its journal drained"));
+  };
+  while (true) {
+    std::vector<Entry> entries;
+    {
+      absl::MutexLock lock(&mu_);
+      if (find() == nullptr) return forgotten();
+      if (!progress) {
+        // Nothing applied on the last pass: wait for a push to come in (or a membership change
+        // to admit a waiting one).
+        auto arrived = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+          const Journal* j = find();
+          return j == nullptr || !j->entries.empty();
+        };
+        mu_.AwaitWithTimeout(absl::Condition(&arrived), absl::Milliseconds(20));
+        if (find() == nullptr) return forgotten();
       }
+      Journal& journal = *find();
+      if (waiting.empty() && journal.entries.empty()) {
+        drop();  // caught up: the job's pushes go the ordinary way from now on
+        if (applied != nullptr) *applied += count;
+        return absl::OkStatus();
+      }
+      entries.swap(journal.entries);
+    }
+    for (Entry& e : waiting) entries.push_back(std::move(e));
+    waiting.clear();
+    std::sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) {
+      return std::make_tuple(a.request->step(), a.order) <
+             std::make_tuple(b.request->step(), b.order);
+    });
+    int64_t released = 0;
+    absl::Status error;
+    progress = false;
+    for (Entry& entry : entries) {
+      if (!error.ok()) break;
       const absl::Status status = apply(*entry.request);
       if (status.code() == absl::StatusCode::kUnavailable) {
         waiting.push_back(std::move(entry));
-        continue;
-      }
-      if (!status.ok()) {
+      } else if (!status.ok()) {
         error = absl::Status(
             status.code(), absl::StrCat("replaying the push of worker ", entry.request->worker_id(),
                                         " of step ", entry.request->step(), " kept while job '",
                                         job_id, "' was filled: ", status.message()));
-        waiting.push_back(std::move(entry));
-        continue;
+      } else {
+        released += entry.bytes;
+        ++count;
+        progress = true;
       }
-      released += entry.bytes;
-      ++count;
-      progress = true;
     }
-    entries.swap(waiting);
+    const absl::Time now = absl::Now();
+    if (progress) last_applied = now;
+    if (error.ok() && now - last_applied > stall) {
+      error = absl::DeadlineExceededError(
+          absl::StrCat("the journal of job '", job_id, "' kept ", waiting.size(),
+                       " pushes that could not apply for ", absl::FormatDuration(stall),
+                       " (the first of step ", waiting.front().request->step(), " from worker ",
+                       waiting.front().request->worker_id(), "): a push they wait for never came"));
+    }
+    absl::MutexLock lock(&mu_);
+    Journal* journal = find();
+    if (journal == nullptr) return forgotten();
+    budget_->Release(released);
+    kept_bytes_ -= released;
+    journal->bytes -= released;
+    if (!error.ok()) {
+      drop();  // what is left (the waiting pushes too) is given back with it
+      if (applied != nullptr) *applied += count;
+      return error;
+    }
   }
-  if (applied != nullptr) *applied += count;
-  absl::MutexLock lock(&mu_);
-  auto it = journals_.find(job_id);
-  // Forgotten (or opened again) meanwhile: every byte of it, the entries taken out here too, was
-  // given back then.
-  if (it == journals_.end() || it->second.drain != drain) return error;
-  Journal& journal = it->second;
-  budget_->Release(released);
-  kept_bytes_ -= released;
-  journal.bytes -= released;
-  journal.entries = std::move(entries);
-  // An error drops the journal (the copy would lack a push that the acting copy holds); an empty
-  // one is closed: the job's pushes go the ordinary way from now on.
-  if (!error.ok() || journal.entries.empty()) {
-    ReleaseLocked(journal);
-    journals_.erase(it);
-    open_.store(journals_.size(), std::memory_order_release);
-  }
-  return error;
 }
 
 void FillJournal::Forget(absl::string_view job_id) {

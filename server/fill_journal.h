@@ -1,14 +1,15 @@
-// The pushes a shard being filled takes before its fill is installed (docs/reliability.md
-// "Filling a new copy"), so that the ranks train on while the neighbours' files are copied.
+// The pushes a shard being filled takes until it has caught up (docs/reliability.md "Filling a
+// new copy"), so that the ranks train on while the neighbours' files are copied and installed.
 //
 // The coordinator opens a job's journal (FillRequest.open) before it has the neighbours snapshot
-// step S. From then until the fill is installed, the ranks' pushes of S and later to this shard
-// are copied here (in memory, against the shard's memory budget) and acknowledged: the acting
-// copy holds each of them too, and this one applies them once it holds the job. Once the fill is
-// installed at S the journal drains: the store applies its pushes through the ordinary push path
-// by step, each step's in the order they came, and keeps a push that the gate cannot admit yet
-// (a rank's push of S+1 that came before another rank's push of S); every later push to the job
-// and every membership change drains it again, until it is empty. Its bytes are given back as
+// step S. From then on, the ranks' pushes of S and later to this shard are copied here (in memory,
+// against the shard's memory budget) and acknowledged: the acting copy holds each of them too.
+// Once the fill is installed at S, the call that installed it drains the journal: it applies the
+// pushes through the ordinary push path by step, each step's in the order they came, keeps a
+// push that the gate cannot admit yet (a rank's push of S+1 that came before another rank's push
+// of S) for the next pass, and goes on while the ranks' new pushes still come into the journal,
+// until it is empty; then it is closed and the job's pushes go the ordinary way. The ranks never
+// wait for the install or the drain (only for room in the journal). Its bytes are given back as
 // its pushes are applied.
 #ifndef TESSERA_SERVER_FILL_JOURNAL_H_
 #define TESSERA_SERVER_FILL_JOURNAL_H_
@@ -26,6 +27,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "common/push_pull_view.h"
 #include "server/memory_budget.h"
 #include "tessera/v1/parameter.pb.h"
@@ -37,14 +39,13 @@ class FillJournal {
  public:
   // What Keep did with a push.
   enum class Kept {
-    kNotOpen,   // no journal takes it: the push goes the ordinary way
-    kKept,      // copied; acknowledge it
-    kFull,      // the journal may hold no more: refuse it, so that it is sent again later
-    kDraining,  // the fill is installed and the journal drains: push under Draining's lock
+    kNotOpen,  // no journal takes it: the push goes the ordinary way
+    kKept,     // copied; acknowledge it
+    kFull,     // the journal may hold no more: refuse it, so that it is sent again later
   };
 
   // The journal's share of one job: at most this many bytes of pushes are kept per job (and
-  // never more than the budget allows); past it a push is refused until the fill is installed.
+  // never more than the budget allows); past it a push is refused until the drain makes room.
   static constexpr int64_t kMaxBytesPerJob = int64_t{1} << 30;
   // Journals open at once (one per fill; the coordinator runs one per job at a time): Open
   // refuses another one beyond this (the coordinator then fills that job with the ranks paused).
@@ -60,28 +61,26 @@ class FillJournal {
   // hold pushes that were acknowledged).
   absl::Status Open(const std::string& job_id, int64_t from_step);
 
-  // Copies `request` when its job's journal is open and not installed, the request only pushes
-  // (no pull slices, no want_weights) and its step is from_step or later.
+  // Copies `request` when its job's journal is open, the request only pushes (no pull slices,
+  // no want_weights) and its step is from_step or later.
   Kept Keep(const PushPullView& request);
 
-  // The fill of the job is installed at `step`: the journal drains from now on. False when none
-  // is open (nothing was kept); FAILED_PRECONDITION when it was opened for another step (it is
-  // dropped: its pushes belong to another fill).
+  // The fill of the job is installed at `step`: its journal may drain. False when none is open
+  // (nothing was kept); FAILED_PRECONDITION when it was opened for another step (it is dropped:
+  // its pushes belong to another fill).
   absl::StatusOr<bool> Install(const std::string& job_id, int64_t step);
 
-  // The lock that draining the job holds, and that every push to the job takes while it drains;
-  // null when the job's journal does not drain.
-  std::shared_ptr<absl::Mutex> DrainLock(absl::string_view job_id) const;
-
-  // Applies the job's kept pushes with `apply` (the store's push path), by step and then arrival,
-  // as long as one of them is admitted; a push answered UNAVAILABLE (its step is not admitted
-  // yet) is kept for the next drain. Another error stops the drain and is returned (the journal is
-  // dropped: the copy would lack a push that the acting copy holds). An empty journal is closed,
-  // and the job's pushes go the ordinary way from then on. The number of pushes applied is added
-  // to `*applied` (optional). REQUIRES: DrainLock(job_id) held by the caller.
+  // Applies the installed job's kept pushes with `apply` (the store's push path) by step and then
+  // arrival, pass after pass, as pushes keep coming in, until the journal is empty; then closes
+  // it. A push answered UNAVAILABLE (its step is not admitted yet) waits for the next pass. When
+  // a pass applies nothing, the next one waits for a new push, 20 ms at most. Another error, or
+  // `stall` without a push applied, stops the drain and is returned (DEADLINE_EXCEEDED for the
+  // stall), and the journal is dropped: the copy would lack a push that the acting copy holds.
+  // The number of pushes applied is added to `*applied` (optional). One drain per job at a time
+  // (the call that installed it).
   absl::Status Drain(const std::string& job_id,
                      const std::function<absl::Status(const v1::PushPullRequest&)>& apply,
-                     int64_t* applied = nullptr);
+                     absl::Duration stall, int64_t* applied = nullptr);
 
   // Drops the job's journal (the job dropped or restored, the fill given up).
   void Forget(absl::string_view job_id);
@@ -100,7 +99,7 @@ class FillJournal {
     bool installed = false;
     int64_t bytes = 0;
     std::vector<Entry> entries;
-    std::shared_ptr<absl::Mutex> drain = std::make_shared<absl::Mutex>();
+    uint64_t generation = 0;  // tells a journal opened again from the one a drain started on
   };
 
   void ReleaseLocked(Journal& journal) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -112,6 +111,7 @@ class FillJournal {
   // journals_.size(), read without the lock: a push to a shard filling nothing takes no lock.
   std::atomic<size_t> open_{0};
   uint64_t next_order_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t next_generation_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 // An owned copy of a push-only view (its pieces joined).

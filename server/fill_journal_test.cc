@@ -6,10 +6,13 @@
 
 #include <memory>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/testing/push_pull_requests.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -195,12 +198,20 @@ TEST(FillJournalStoreTest, AKeptPushOfALaterStepWaitsForThePushThatCompletesItsS
   ASSERT_TRUE(s.filled.Fill(Open(kJob, kFillStep)).ok());
   s.PushFilled(0, kFillStep);
   s.PushFilled(0, kFillStep + 1);
-  absl::StatusOr<v1::FillResponse> filled = FillFrom(s.filled, s.dir + "/s0", kFillStep);
-  ASSERT_TRUE(filled.ok()) << filled.status();
-  // Worker 1's push of the fill's step is still to come: the push of the next one waits for it.
-  EXPECT_EQ(filled->journaled(), 1u);
-  s.PushFilled(1, kFillStep);
+  // Worker 1's pushes are still to come when the fill is installed: the push of the next step
+  // waits for its push of the fill's step, and the fill's call goes on until it has applied both.
+  absl::StatusOr<v1::FillResponse> filled;
+  std::thread fill([&] { filled = FillFrom(s.filled, s.dir + "/s0", kFillStep); });
+  const absl::Time give_up = absl::Now() + absl::Seconds(20);
+  while (!s.filled.GetJobStats(kJob).ok() && absl::Now() < give_up) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  // Installed; worker 1's copy of the later step came first.
   s.PushFilled(1, kFillStep + 1);
+  s.PushFilled(1, kFillStep);
+  fill.join();
+  ASSERT_TRUE(filled.ok()) << filled.status();
+  EXPECT_EQ(filled->journaled(), 4u);
   for (auto [worker, step] : {std::pair<uint32_t, int64_t>{0, kFillStep},
                               {1, kFillStep},
                               {0, kFillStep + 1},
@@ -276,6 +287,43 @@ PushPullView ViewWithPieces(const std::vector<absl::string_view>& pieces, int64_
   return view;
 }
 
+TEST(FillJournalTest, ADrainStopsWhenItsJournalIsForgottenOrNothingAppliesForTheStall) {
+  auto budget = std::make_shared<MemoryBudget>(1 << 20);
+  FillJournal journal(budget);
+  const std::vector<absl::string_view> pieces = {"abcd"};
+  ASSERT_TRUE(journal.Open(kJob, 5).ok());
+  ASSERT_EQ(journal.Keep(ViewWithPieces(pieces, 5)), FillJournal::Kept::kKept);
+  ASSERT_TRUE(*journal.Install(kJob, 5));
+  int64_t applied = 0;
+  const absl::Status stalled = journal.Drain(
+      kJob, [](const v1::PushPullRequest&) { return absl::UnavailableError("not yet"); },
+      absl::Milliseconds(50), &applied);
+  EXPECT_EQ(stalled.code(), absl::StatusCode::kDeadlineExceeded) << stalled;
+  EXPECT_EQ(applied, 0);
+  EXPECT_EQ(journal.kept_bytes(), 0);
+  EXPECT_TRUE(budget->TryReserve(1 << 20));  // every byte given back
+  budget->Release(1 << 20);
+  EXPECT_EQ(journal.Keep(ViewWithPieces(pieces, 5)), FillJournal::Kept::kNotOpen);
+
+  // Forgotten (the job dropped) while it drains: ABORTED, and nothing more is applied.
+  ASSERT_TRUE(journal.Open(kJob, 5).ok());
+  ASSERT_EQ(journal.Keep(ViewWithPieces(pieces, 5)), FillJournal::Kept::kKept);
+  ASSERT_EQ(journal.Keep(ViewWithPieces(pieces, 6)), FillJournal::Kept::kKept);
+  ASSERT_TRUE(*journal.Install(kJob, 5));
+  int calls = 0;
+  const absl::Status aborted = journal.Drain(
+      kJob,
+      [&](const v1::PushPullRequest&) {
+        ++calls;
+        journal.Forget(kJob);
+        return absl::UnavailableError("not yet");
+      },
+      absl::Seconds(5), &applied);
+  EXPECT_EQ(aborted.code(), absl::StatusCode::kAborted) << aborted;
+  EXPECT_LE(calls, 2);
+  EXPECT_EQ(journal.kept_bytes(), 0);
+}
+
 TEST(FillJournalTest, KeepsOnlyPushesOfItsJobFromItsStepAndGivesTheBytesBack) {
   auto budget = std::make_shared<MemoryBudget>(1 << 20);
   FillJournal journal(budget);
@@ -299,44 +347,48 @@ TEST(FillJournalTest, KeepsOnlyPushesOfItsJobFromItsStepAndGivesTheBytesBack) {
   const int64_t kept = journal.kept_bytes();
   EXPECT_GT(kept, 16);
   EXPECT_FALSE(budget->TryReserve((1 << 20) - kept + 1));  // charged to the shard's budget
-  EXPECT_EQ(journal.DrainLock(kJob), nullptr);             // not installed: no drain
+  int64_t applied = 0;
+  // Not installed: nothing drains.
+  ASSERT_TRUE(journal.Drain(kJob, nullptr, absl::Seconds(5), &applied).ok());
+  EXPECT_EQ(applied, 0);
+  EXPECT_EQ(journal.kept_bytes(), kept);
 
   absl::StatusOr<bool> installed = journal.Install(kJob, 5);
   ASSERT_TRUE(installed.ok() && *installed);
-  EXPECT_EQ(journal.Keep(ViewWithPieces(pieces, 7)), FillJournal::Kept::kDraining);
-  std::shared_ptr<absl::Mutex> drain = journal.DrainLock(kJob);
-  ASSERT_NE(drain, nullptr);
+  // Installed, not caught up yet: a push still comes here.
+  EXPECT_EQ(journal.Keep(ViewWithPieces(pieces, 7)), FillJournal::Kept::kKept);
   std::vector<int64_t> steps;
-  int64_t applied = 0;
   bool refused = false;
-  {
-    absl::MutexLock lock(drain.get());
-    // The push of step 6 cannot apply yet; the one of step 5 can.
-    ASSERT_TRUE(journal
-                    .Drain(
-                        kJob,
-                        [&](const v1::PushPullRequest& r) {
-                          if (r.step() == 6 && !refused) {
-                            refused = true;
-                            return absl::UnavailableError("step 6 is one ahead");
-                          }
-                          steps.push_back(r.step());
-                          EXPECT_EQ(r.push(0).data(), "abcdefgh");  // the pieces joined
-                          EXPECT_EQ(r.push(0).key().index(), 4u);
-                          EXPECT_EQ(r.worker_id(), 1u);
-                          EXPECT_EQ(r.incarnation(), 2u);
-                          EXPECT_EQ(r.seq(), 9u);
-                          return absl::OkStatus();
-                        },
-                        &applied)
-                    .ok());
-  }
-  // Step 5, then step 6 on the next pass.
-  EXPECT_EQ(steps, (std::vector<int64_t>{5, 6}));
-  EXPECT_EQ(applied, 2);
+  // The push of step 6 cannot apply yet; those of steps 5 and 7 can (the gate would say; here
+  // the function does). One of step 8 comes in while the first pass applies.
+  ASSERT_TRUE(journal
+                  .Drain(
+                      kJob,
+                      [&](const v1::PushPullRequest& r) {
+                        if (r.step() == 5) {
+                          EXPECT_EQ(journal.Keep(ViewWithPieces(pieces, 8)),
+                                    FillJournal::Kept::kKept);
+                        }
+                        if (r.step() == 6 && !refused) {
+                          refused = true;
+                          return absl::UnavailableError("step 6 is one ahead");
+                        }
+                        steps.push_back(r.step());
+                        EXPECT_EQ(r.push(0).data(), "abcdefgh");  // the pieces joined
+                        EXPECT_EQ(r.push(0).key().index(), 4u);
+                        EXPECT_EQ(r.worker_id(), 1u);
+                        EXPECT_EQ(r.incarnation(), 2u);
+                        EXPECT_EQ(r.seq(), 9u);
+                        return absl::OkStatus();
+                      },
+                      absl::Seconds(5), &applied)
+                  .ok());
+  // Steps 5 and 7; then on the next pass 6 (kept from the first) and 8 (come meanwhile).
+  EXPECT_EQ(steps, (std::vector<int64_t>{5, 7, 6, 8}));
+  EXPECT_EQ(applied, 4);
   EXPECT_EQ(journal.kept_bytes(), 0);
-  EXPECT_EQ(journal.DrainLock(kJob), nullptr);  // empty: closed
-  EXPECT_EQ(journal.Keep(ViewWithPieces(pieces, 7)), FillJournal::Kept::kNotOpen);
+  // Caught up: closed, the job's pushes go the ordinary way.
+  EXPECT_EQ(journal.Keep(ViewWithPieces(pieces, 9)), FillJournal::Kept::kNotOpen);
   EXPECT_TRUE(budget->TryReserve(1 << 20));  // every byte given back
   budget->Release(1 << 20);
 

@@ -135,8 +135,6 @@ absl::StatusOr<v1::UpdateMembershipResponse> ParameterStore::UpdateMembership(
     completed = std::max(completed, job->gate.FurthestStepLocked(*p, &live_now));
   }
   if (applied) job->gate.Notify();
-  // A step that completed may admit what a fill's journal still keeps.
-  DrainJournalIfInstalled(request.job_id());
   v1::UpdateMembershipResponse response;
   response.set_completed_steps(completed);
   return response;
@@ -188,48 +186,11 @@ absl::StatusOr<PushAck> ParameterStore::Push(const v1::PushPullRequest& request)
       return PushAck{};
     case FillJournal::Kept::kFull:
       return JournalFull(request.job_id());
-    case FillJournal::Kept::kDraining:
-      if (std::shared_ptr<absl::Mutex> drain = journal_.DrainLock(request.job_id())) {
-        absl::MutexLock lock(drain.get());
-        (void)DrainJournal(request.job_id());
-        TESSERA_ASSIGN_OR_RETURN(std::shared_ptr<JobState> job, FindJob(request.job_id()));
-        absl::StatusOr<PushAck> ack = PushToJob(*job, view);
-        if (ack.ok()) (void)DrainJournal(request.job_id());
-        return ack;
-      }
-      break;  // drained meanwhile
     case FillJournal::Kept::kNotOpen:
       break;
   }
   TESSERA_ASSIGN_OR_RETURN(std::shared_ptr<JobState> job, FindJob(request.job_id()));
   return PushToJob(*job, view);
-}
-
-absl::Status ParameterStore::DrainJournal(const std::string& job_id, int64_t* applied) {
-  absl::StatusOr<std::shared_ptr<JobState>> job = FindJob(job_id);
-  if (!job.ok()) {
-    journal_.Forget(job_id);
-    return job.status();
-  }
-  const absl::Status drained = journal_.Drain(
-      job_id,
-      [&](const v1::PushPullRequest& request) {
-        return PushToJob(**job, ViewOf(request)).status();
-      },
-      applied);
-  if (!drained.ok()) {
-    spdlog::error("shard {}: job {}: {}; dropping the job here (the fill has to start over)",
-                  options_.shard_index, job_id, drained.ToString());
-    (void)DropJob(job_id);
-  }
-  return drained;
-}
-
-void ParameterStore::DrainJournalIfInstalled(const std::string& job_id) {
-  if (std::shared_ptr<absl::Mutex> drain = journal_.DrainLock(job_id)) {
-    absl::MutexLock lock(drain.get());
-    (void)DrainJournal(job_id);
-  }
 }
 
 absl::StatusOr<PushAck> ParameterStore::PushToJob(JobState& job, const PushPullView& request) {
@@ -362,17 +323,6 @@ void ParameterStore::PushPull(const PushPullView& request, PushPullDone done,
     case FillJournal::Kept::kFull:
       done(JournalFull(request.job_id));
       return;
-    case FillJournal::Kept::kDraining: {
-      const std::string job_id(request.job_id);
-      if (std::shared_ptr<absl::Mutex> drain = journal_.DrainLock(job_id)) {
-        absl::MutexLock lock(drain.get());
-        (void)DrainJournal(job_id);
-        PushPullToStore(request, std::move(done), std::move(cancelled), std::move(sink));
-        (void)DrainJournal(job_id);
-        return;
-      }
-      break;  // drained meanwhile
-    }
     case FillJournal::Kept::kNotOpen:
       break;
   }
@@ -574,8 +524,9 @@ absl::StatusOr<v1::FillResponse> ParameterStore::Fill(const v1::FillRequest& pag
   const absl::Time cut_at = absl::Now();
   TESSERA_ASSIGN_OR_RETURN(v1::RestoreResponse restored,
                            RestoreJobFromCheckpoint(cut, cut.header.min_incarnation()));
-  // The pushes kept while the files were copied, in step order (what cannot apply yet waits for
-  // the pushes still to come).
+  const absl::Time installed_at = absl::Now();
+  // The pushes kept while the files were copied, in step order, and those that come in while
+  // they apply, until none is left (what cannot apply yet waits for the pushes still to come).
   int64_t journaled = 0;
   absl::StatusOr<bool> opened = journal_.Install(page.job_id(), page.step());
   if (!opened.ok()) {
@@ -583,9 +534,19 @@ absl::StatusOr<v1::FillResponse> ParameterStore::Fill(const v1::FillRequest& pag
     return opened.status();
   }
   if (*opened) {
-    if (std::shared_ptr<absl::Mutex> drain = journal_.DrainLock(page.job_id())) {
-      absl::MutexLock lock(drain.get());
-      TESSERA_RETURN_IF_ERROR(DrainJournal(page.job_id(), &journaled));
+    TESSERA_ASSIGN_OR_RETURN(std::shared_ptr<JobState> job, FindJob(page.job_id()));
+    const absl::Status drained = journal_.Drain(
+        page.job_id(),
+        [&](const v1::PushPullRequest& request) {
+          return PushToJob(*job, ViewOf(request)).status();
+        },
+        kJournalStall, &journaled);
+    if (!drained.ok()) {
+      spdlog::error("shard {}: job {}: {}; dropping the job here (the fill has to start over)",
+                    options_.shard_index, page.job_id(), drained.ToString());
+      journal_.Forget(page.job_id());
+      (void)DropJob(page.job_id());
+      return drained;
     }
   }
   response.set_installed(true);
@@ -598,12 +559,12 @@ absl::StatusOr<v1::FillResponse> ParameterStore::Fill(const v1::FillRequest& pag
   response.set_bytes(bytes);
   spdlog::info(
       "shard {}: job {} filled at step {}: {} partitions, {} tables, {} rows from {} bytes of {} "
-      "snapshots (verified in {} ms, cut in {} ms, installed in {} ms), then {} pushes kept "
-      "meanwhile applied",
+      "snapshots (verified in {} ms, cut in {} ms, installed in {} ms), then caught up with the "
+      "{} pushes it kept meanwhile in {} ms",
       options_.shard_index, page.job_id(), page.step(), restored.partitions(), restored.tables(),
       rows, bytes, page.num_sources(), absl::ToInt64Milliseconds(parsed - start),
-      absl::ToInt64Milliseconds(cut_at - parsed), absl::ToInt64Milliseconds(absl::Now() - cut_at),
-      journaled);
+      absl::ToInt64Milliseconds(cut_at - parsed), absl::ToInt64Milliseconds(installed_at - cut_at),
+      journaled, absl::ToInt64Milliseconds(absl::Now() - installed_at));
   return response;
 }
 

@@ -30,8 +30,9 @@
 //      step boundary moved is captured if a checkpoint is due (CheckpointWriter).
 //   4. Unlock and release the pulls this opens.
 // Before all of it, a push of a job being filled here goes to its journal (FillJournal::Keep):
-// kept and acknowledged until the fill is installed, and then applied by the drain that every
-// later push of the job runs first, under the journal's drain lock.
+// kept and acknowledged until the fill is installed and its journal has caught up (the Fill call
+// that installed it applies the kept pushes, and those that come in meanwhile, until none is
+// left); then the job's pushes go this way again.
 // The pull half waits on the gate (see consistency_gate.h) and never blocks a thread.
 //
 // Lock order: the store's mu_ > JobState::mu; JobState::membership_mu > ConsistencyGate's lock;
@@ -213,9 +214,12 @@ class ParameterStore {
       const v1::ReadCheckpointRequest& request) const;
   // A page of a fill (FillRequest, parameter.proto): once every source file is whole, the state
   // this shard's index holds is cut from them (CutFill) and installed as the job, as Restore
-  // does, and the pushes its journal kept are applied (journaled). With page.open, opens the
-  // job's journal instead (FillJournal::Open). Blocks on the cut. Thread-safe.
+  // does, and the pushes its journal kept are applied until it has caught up (journaled); a
+  // replay that fails, or kJournalStall without one applied, drops the job (this copy would lack
+  // a push that the acting copy holds) and is returned. With page.open, opens the job's journal
+  // instead (FillJournal::Open). Blocks on the cut and the catch-up. Thread-safe.
   absl::StatusOr<v1::FillResponse> Fill(const v1::FillRequest& page);
+  static constexpr absl::Duration kJournalStall = absl::Seconds(10);
 
   // Removes the job; its parked pulls and waiting Checkpoint calls fail with ABORTED. With a
   // checkpoint_dir, the writer thread then skips the job's queued writes and deletes
@@ -289,12 +293,6 @@ class ParameterStore {
   void PushPullToStore(const PushPullView& request, PushPullDone done,
                        std::shared_ptr<const std::atomic<bool>> cancelled,
                        std::shared_ptr<PushPullAnswerSink> sink);
-  // Applies what the job's journal kept and can apply now (FillJournal::Drain); a replay that
-  // fails drops the job (this copy would lack a push that the acting copy holds), and the error
-  // is returned. REQUIRES: the journal's drain lock held.
-  absl::Status DrainJournal(const std::string& job_id, int64_t* applied = nullptr);
-  // DrainJournal under the drain lock, when the job's journal drains.
-  void DrainJournalIfInstalled(const std::string& job_id);
   // The push path (see the top of this file).
   absl::StatusOr<PushAck> PushToJob(JobState& job, const PushPullView& request);
   // Step 2, with every item's partition locked: exactly-once and the gate's admission, then the
