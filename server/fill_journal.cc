@@ -162,10 +162,13 @@ absl::Status FillJournal::Drain(
     journals_.erase(journals_.find(job_id));
     open_.store(journals_.size(), std::memory_order_release);
   };
-  auto forgotten = [&] {
+  auto done = [&](absl::Status status) {
     if (applied != nullptr) *applied += count;
-    return absl::AbortedError(
-        absl::StrCat("job '", job_id, "' was dropped or restored while its journal drained"));
+    return status;
+  };
+  auto forgotten = [&] {
+    return done(absl::AbortedError(
+        absl::StrCat("job '", job_id, "' was dropped or restored while its journal drained")));
   };
   while (true) {
     std::vector<Entry> entries;
@@ -185,8 +188,7 @@ absl::Status FillJournal::Drain(
       Journal& journal = *find();
       if (waiting.empty() && journal.entries.empty()) {
         drop();  // caught up: the job's pushes go the ordinary way from now on
-        if (applied != nullptr) *applied += count;
-        return absl::OkStatus();
+        return done(absl::OkStatus());
       }
       entries.swap(journal.entries);
     }
@@ -232,8 +234,7 @@ absl::Status FillJournal::Drain(
     journal->bytes -= released;
     if (!error.ok()) {
       drop();  // what is left (the waiting pushes too) is given back with it
-      if (applied != nullptr) *applied += count;
-      return error;
+      return done(error);
     }
   }
 }

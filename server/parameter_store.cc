@@ -544,8 +544,7 @@ absl::StatusOr<v1::FillResponse> ParameterStore::Fill(const v1::FillRequest& pag
     if (!drained.ok()) {
       spdlog::error("shard {}: job {}: {}; dropping the job here (the fill has to start over)",
                     options_.shard_index, page.job_id(), drained.ToString());
-      journal_.Forget(page.job_id());
-      (void)DropJob(page.job_id());
+      (void)DropJob(page.job_id());  // the journal went with the error
       return drained;
     }
   }
