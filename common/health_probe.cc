@@ -3,7 +3,9 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/grpc_status.h"
 #include "grpcpp/channel.h"
 #include "grpcpp/client_context.h"
 #include "grpcpp/impl/client_unary_call.h"
@@ -12,11 +14,9 @@
 
 namespace tessera {
 
-bool IsServing(const std::string& address, absl::Duration timeout,
-               const ClientCredentials& credentials) {
-  auto channel = credentials.CreateChannel(address);
+absl::Status CheckHealth(grpc::Channel* channel, absl::Time deadline) {
   grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  context.set_deadline(absl::ToChronoTime(deadline));
   // HealthCheckRequest{service: ""} serialises to no bytes; HealthCheckResponse{status: SERVING}
   // to the two bytes 08 01. Raw bytes keep the health proto out of our build.
   grpc::Slice empty("", 0);
@@ -24,16 +24,27 @@ bool IsServing(const std::string& address, absl::Duration timeout,
   grpc::ByteBuffer response;
   const grpc::internal::RpcMethod method("/grpc.health.v1.Health/Check",
                                          grpc::internal::RpcMethod::NORMAL_RPC);
-  grpc::Status status = grpc::internal::BlockingUnaryCall<grpc::ByteBuffer, grpc::ByteBuffer>(
-      channel.get(), method, &context, request, &response);
-  if (!status.ok()) return false;
+  const grpc::Status status = grpc::internal::BlockingUnaryCall<grpc::ByteBuffer, grpc::ByteBuffer>(
+      channel, method, &context, request, &response);
+  if (!status.ok()) {
+    return FromGrpcStatus(status, "health check");
+  }
   std::vector<grpc::Slice> slices;
-  if (!response.Dump(&slices).ok()) return false;
+  if (!response.Dump(&slices).ok()) return absl::DataLossError("health check: unreadable answer");
   std::string bytes;
   for (const grpc::Slice& s : slices) {
     bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
   }
-  return bytes == std::string("\x08\x01", 2);
+  if (bytes != std::string("\x08\x01", 2)) {
+    return absl::FailedPreconditionError("health check: the server answered, but not SERVING");
+  }
+  return absl::OkStatus();
+}
+
+bool IsServing(const std::string& address, absl::Duration timeout,
+               const ClientCredentials& credentials) {
+  auto channel = credentials.CreateChannel(address);
+  return CheckHealth(channel.get(), absl::Now() + timeout).ok();
 }
 
 }  // namespace tessera

@@ -5,8 +5,10 @@
 
 #include <string>
 
+#include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "common/security.h"
+#include "grpcpp/channel.h"
 
 namespace tessera {
 
@@ -15,6 +17,11 @@ namespace tessera {
 // false for NOT_SERVING, an error or no answer. Blocks up to `timeout`; thread-safe.
 bool IsServing(const std::string& address, absl::Duration timeout,
                const ClientCredentials& credentials = {});
+
+// The same check over an existing channel, by `deadline`: OK when SERVING, FAILED_PRECONDITION
+// when the server answered another status (NOT_SERVING while it drains), else the call's error
+// (DEADLINE_EXCEEDED: nothing answered in time; UNAVAILABLE: no connection).
+absl::Status CheckHealth(grpc::Channel* channel, absl::Time deadline);
 
 }  // namespace tessera
 

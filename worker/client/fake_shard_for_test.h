@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "common/encoding.h"
 #include "worker/client/shard_client.h"
 
@@ -72,6 +73,32 @@ class FakeShard final : public ShardClient {
     absl::MutexLock lock(&mu_);
     hold_ = true;
   }
+  // From now on only the PushPull calls that ask for weights are held (pulls parked at a BSP
+  // barrier, while pushes are answered), until CancelPending.
+  void HoldWeightRequests() {
+    absl::MutexLock lock(&mu_);
+    hold_wanting_ = true;
+  }
+  // A stopped process: its health checks end at their deadline unanswered.
+  void SetSilent(bool silent) {
+    absl::MutexLock lock(&mu_);
+    silent_ = silent;
+  }
+  int health_checks() {
+    absl::MutexLock lock(&mu_);
+    return health_checks_;
+  }
+  absl::Status CheckHealth(absl::Time deadline) override {
+    bool silent = false;
+    {
+      absl::MutexLock lock(&mu_);
+      ++health_checks_;
+      silent = silent_;
+    }
+    if (!silent) return absl::OkStatus();
+    absl::SleepFor(deadline - absl::Now());
+    return absl::DeadlineExceededError(absl::StrCat(address_, ": health check: no answer"));
+  }
   void CancelPending() override {
     std::vector<PushPullCallback> held;
     {
@@ -107,7 +134,9 @@ class FakeShard final : public ShardClient {
     {
       absl::MutexLock lock(&mu_);
       seqs_.push_back(request->seq());
-      if (hold_) {
+      bool wants = request->pull_size() > 0;
+      for (const v1::Slice& slice : request->push()) wants = wants || slice.want_weights();
+      if (hold_ || (hold_wanting_ && wants)) {
         held_.push_back(std::move(done));
         return;
       }
@@ -296,6 +325,9 @@ class FakeShard final : public ShardClient {
   bool fail_in_response_ ABSL_GUARDED_BY(mu_) = false;
   int drop_next_ ABSL_GUARDED_BY(mu_) = 0;
   bool hold_ ABSL_GUARDED_BY(mu_) = false;
+  bool hold_wanting_ ABSL_GUARDED_BY(mu_) = false;
+  bool silent_ ABSL_GUARDED_BY(mu_) = false;
+  int health_checks_ ABSL_GUARDED_BY(mu_) = 0;
   bool dead_ ABSL_GUARDED_BY(mu_) = false;
   int pulls_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<PushPullCallback> held_ ABSL_GUARDED_BY(mu_);

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
+#include "common/health_probe.h"
 #include "grpcpp/client_context.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/generic/generic_stub.h"
@@ -643,6 +644,12 @@ absl::Status GrpcShardClient::DropJob(const v1::DropJobRequest& request, absl::T
   SetDeadline(&context, deadline);
   v1::DropJobResponse response;
   return FromGrpcStatus(stub_->DropJob(&context, request, &response), options_.address);
+}
+
+absl::Status GrpcShardClient::CheckHealth(absl::Time deadline) {
+  const absl::Status status = tessera::CheckHealth(channel_.get(), deadline);
+  if (status.ok()) return status;
+  return absl::Status(status.code(), absl::StrCat(options_.address, " ", status.message()));
 }
 
 }  // namespace client

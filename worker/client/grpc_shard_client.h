@@ -99,6 +99,7 @@ class GrpcShardClient final : public ShardClient {
   absl::Status UpdateMembership(const v1::UpdateMembershipRequest& request,
                                 absl::Time deadline) override;
   absl::Status DropJob(const v1::DropJobRequest& request, absl::Time deadline) override;
+  absl::Status CheckHealth(absl::Time deadline) override;
   void CancelPending() override;
 
   // References into callers' borrowed memory that gRPC (or a send in progress) still holds, over

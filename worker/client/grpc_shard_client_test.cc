@@ -1,5 +1,9 @@
 #include "worker/client/grpc_shard_client.h"
 
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <future>
 #include <map>
 #include <memory>
@@ -10,6 +14,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/server.h"
 #include "grpcpp/server_builder.h"
 #include "gtest/gtest.h"
@@ -578,6 +584,45 @@ TEST_F(GrpcShardClientTest, UnreachableShardFailsUnavailableWithTheAddress) {
       client_->CreateJobState(v1::CreateJobStateRequest(), absl::Now() + absl::Seconds(5));
   EXPECT_EQ(created.status().code(), absl::StatusCode::kUnavailable);
   EXPECT_NE(created.status().message().find("127.0.0.1:1"), absl::string_view::npos);
+}
+
+// CheckHealth tells a shard that answers from one whose process is gone or stopped.
+TEST_F(GrpcShardClientTest, HealthCheckAnswersOnlyForAServingProcess) {
+  grpc::EnableDefaultHealthCheckService(true);
+  Start();
+  EXPECT_TRUE(client_->CheckHealth(absl::Now() + absl::Seconds(5)).ok());
+
+  // A listener that accepts connections and never speaks: a stopped process (the kernel still
+  // completes the handshake).
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(::listen(fd, 8), 0);
+  socklen_t len = sizeof(addr);
+  ASSERT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  GrpcShardClient::Options o;
+  o.address = absl::StrCat("127.0.0.1:", ntohs(addr.sin_port));
+  auto silent = GrpcShardClient::Create(o);
+  ASSERT_TRUE(silent.ok());
+  const absl::Time asked = absl::Now();
+  const absl::Status stopped = (*silent)->CheckHealth(asked + absl::Milliseconds(300));
+  // A new connection fails its handshake (UNAVAILABLE); one already open waits (DEADLINE_EXCEEDED).
+  EXPECT_TRUE(stopped.code() == absl::StatusCode::kDeadlineExceeded ||
+              stopped.code() == absl::StatusCode::kUnavailable)
+      << stopped;
+  EXPECT_LT(absl::Now() - asked, absl::Seconds(2));  // by its deadline, not gRPC's own timeouts
+  EXPECT_NE(stopped.message().find(o.address), absl::string_view::npos) << stopped;
+  silent->reset();
+  ::close(fd);
+
+  o.address = "127.0.0.1:1";  // nothing listens on port 1
+  auto gone = GrpcShardClient::Create(o);
+  ASSERT_TRUE(gone.ok());
+  EXPECT_EQ((*gone)->CheckHealth(absl::Now() + absl::Seconds(5)).code(),
+            absl::StatusCode::kUnavailable);
 }
 
 TEST_F(GrpcShardClientTest, UnaryAndServerStreamingCalls) {

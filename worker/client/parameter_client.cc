@@ -17,6 +17,7 @@
 #include "spdlog/spdlog.h"
 #include "worker/client/grpc_shard_client.h"
 #include "worker/client/internal/parameter_client_calls.h"
+#include "worker/client/internal/shard_probes.h"
 
 namespace tessera {
 namespace client {
@@ -135,6 +136,10 @@ absl::StatusOr<std::unique_ptr<ParameterClient>> ParameterClient::CreateWithShar
   if (options.replica_failover_timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("replica_failover_timeout must be > 0");
   }
+  if (options.probe_after <= absl::ZeroDuration() ||
+      options.probe_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("probe_after and probe_timeout must be > 0");
+  }
   std::unique_ptr<ParameterClient> client(new ParameterClient(options, std::move(shards)));
   TESSERA_RETURN_IF_ERROR(client->SetDownShards(options.down_shards));
   return client;
@@ -146,13 +151,32 @@ ParameterClient::ParameterClient(const Options& options,
       num_shards_(static_cast<int>(shards.size())),
       shards_(std::make_move_iterator(shards.begin()), std::make_move_iterator(shards.end())),
       routing_(num_shards_, options.replicas),
-      retry_timer_(std::make_unique<RetryTimer>()) {}
+      retry_timer_(std::make_unique<RetryTimer>()) {
+  if (options_.replicas < 2) return;
+  probes_ = std::make_unique<ShardProbes>(
+      [this](int shard) {
+        const absl::Status health = Shard(shard)->CheckHealth(absl::Now() + options_.probe_timeout);
+        return health.code() != absl::StatusCode::kDeadlineExceeded &&
+               health.code() != absl::StatusCode::kUnavailable;
+      },
+      [this](int shard) {
+        spdlog::warn(
+            "client: job {}: shard {} ({}) answers no health check within {} while a call "
+            "has waited on it for over {}",
+            options_.job_id, shard, Shard(shard)->address(),
+            absl::FormatDuration(options_.probe_timeout),
+            absl::FormatDuration(options_.probe_after));
+        absl::MutexLock lock(&mu_);
+        unreachable_.insert(shard);
+      });
+}
 
 ParameterClient::~ParameterClient() {
   {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
   }
+  probes_.reset();  // its checks look shards up
   // Calls in flight end now rather than at their deadline (a pull parked at a barrier that will
   // never open, after a cancel, would otherwise hold this destructor for call_timeout times the
   // attempts); stopping_ keeps them from being retried.
@@ -345,6 +369,7 @@ void ParameterClient::Send(std::shared_ptr<Attempt> attempt) {
   }
   const std::shared_ptr<ShardClient> shard = Shard(attempt->shard);
   attempt->weights_written = false;
+  Sent(attempt.get(), attempt->shard);
   // The same request (same seq) on every attempt, so that the shard applies it at most once.
   shard->PushPull(attempt->call, absl::Now() + options_.call_timeout,
                   [this, attempt](absl::StatusOr<v1::PushPullResponse> response) {
@@ -354,6 +379,7 @@ void ParameterClient::Send(std::shared_ptr<Attempt> attempt) {
 
 void ParameterClient::OnResponse(std::shared_ptr<Attempt> attempt,
                                  absl::StatusOr<v1::PushPullResponse> response) {
+  Answered(attempt.get());
   absl::Status error;
   if (!response.ok()) {
     error = response.status();
@@ -595,10 +621,32 @@ void ParameterClient::BreakFill(int shard, const absl::Status& error) {
   if (fill_.from_step > 0) fill_.missed = true;
 }
 
-std::vector<int> ParameterClient::TakeUnreachableShards() {
+void ParameterClient::Sent(const void* key, int shard) {
+  if (probes_ == nullptr) return;
   absl::MutexLock lock(&mu_);
-  std::vector<int> shards(unreachable_.begin(), unreachable_.end());
-  unreachable_.clear();
+  unanswered_[key] = {shard, absl::Now()};
+}
+
+void ParameterClient::Answered(const void* key) {
+  if (probes_ == nullptr) return;
+  absl::MutexLock lock(&mu_);
+  unanswered_.erase(key);
+}
+
+std::vector<int> ParameterClient::TakeUnreachableShards() {
+  std::set<int> waited_on;
+  std::vector<int> shards;
+  {
+    absl::MutexLock lock(&mu_);
+    shards.assign(unreachable_.begin(), unreachable_.end());
+    unreachable_.clear();
+    const absl::Time now = absl::Now();
+    for (const auto& [key, sent] : unanswered_) {
+      if (now - sent.second >= options_.probe_after) waited_on.insert(sent.first);
+    }
+  }
+  // Named by a later call once a check finds the shard silent.
+  for (int shard : waited_on) probes_->Probe(shard);
   return shards;
 }
 
@@ -841,7 +889,9 @@ absl::Status ParameterClient::CallWithRetries(int shard,
   absl::Status status;
   const absl::Time start = absl::Now();
   for (int attempt = 1;; ++attempt) {
+    Sent(&status, shard);
     status = call(absl::Now() + options_.call_timeout);
+    Answered(&status);
     if (status.ok() || !IsRetryable(status.code())) break;
     if (routing_.replicas() > 1 && options_.retry.max_attempts > 1) {
       // As for PushPull: the shard may be lost; retried until the coordinator says so (then the

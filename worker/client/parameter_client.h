@@ -39,6 +39,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -56,6 +57,8 @@
 
 namespace tessera {
 namespace client {
+
+class ShardProbes;  // worker/client/internal/shard_probes.h
 
 // How ParameterClient sends a request again after a retryable error (UNAVAILABLE, which includes
 // a PushPull stream that broke under the request, or DEADLINE_EXCEEDED).
@@ -125,6 +128,13 @@ class ParameterClient {
     // Replicated jobs: how long a request keeps being retried on a shard that fails with a
     // retryable error, waiting for the coordinator to say whether the shard is down.
     absl::Duration replica_failover_timeout = absl::Seconds(120);
+    // Replicated jobs: a shard with a call unanswered this long is asked whether its process
+    // answers at all (a health check of probe_timeout); one that does not (SIGSTOP, a frozen
+    // host: its calls would otherwise end only at call_timeout) is named by the next
+    // TakeUnreachableShards(). A call parked at a barrier for another rank waits as long, but its
+    // shard answers the check (docs/data-plane.md "Replication").
+    absl::Duration probe_after = absl::Seconds(1);
+    absl::Duration probe_timeout = absl::Milliseconds(500);
     // Makes the transport to a shard that serves at a new address (SetFill). Create sets it to
     // a GrpcShardClient with these options; empty: a fill at another address is refused.
     std::function<absl::StatusOr<std::unique_ptr<ShardClient>>(const std::string& address)> connect;
@@ -232,8 +242,9 @@ class ParameterClient {
   absl::StatusOr<FillReport> SetFill(int shard, const std::string& address, int64_t from_step);
   FillReport fill_report() const;
 
-  // The shards that failed a request with a retryable error since the last call (replicated
-  // jobs), for the worker's next progress report.
+  // The shards that failed a request with a retryable error since the last call, or answered no
+  // health check while a call waited on them (Options::probe_after; replicated jobs), for the
+  // worker's next progress report. Starts those health checks.
   std::vector<int> TakeUnreachableShards();
 
   // Control calls, sent to every shard that is not down. Block.
@@ -248,6 +259,9 @@ class ParameterClient {
   struct Op;
   struct Attempt;
   class RetryTimer;
+  // Notes a call to `shard` in flight under `key` (replicated clients), until Answered(key).
+  void Sent(const void* key, int shard);
+  void Answered(const void* key);
   struct SparseTable {
     std::string name;
     uint32_t dim = 0;
@@ -302,6 +316,10 @@ class ParameterClient {
   std::map<std::string, SparseTable, std::less<>> tables_ ABSL_GUARDED_BY(mu_);
   int ops_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   std::set<int> unreachable_ ABSL_GUARDED_BY(mu_);
+  // Replicated jobs: the calls in flight (attempts and blocking calls, by address), with their
+  // shard and when they were sent; and the health checks of shards they wait on.
+  std::map<const void*, std::pair<int, absl::Time>> unanswered_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<ShardProbes> probes_;
   FillReport fill_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
 };

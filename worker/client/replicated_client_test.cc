@@ -60,8 +60,11 @@ class ReplicatedClientTest : public ::testing::Test {
  protected:
   // A client over `num_shards` fake shards (SGD lr 1) keeping two copies of everything; a shard
   // at a new address (SetFill) is a fresh fake, kept in connected_.
-  void MakeClient(int num_shards, std::vector<int> down = {}) {
+  void MakeClient(int num_shards, std::vector<int> down = {},
+                  absl::Duration probe_after = absl::Seconds(1)) {
     ParameterClient::Options o;
+    o.probe_after = probe_after;
+    o.probe_timeout = absl::Milliseconds(100);
     o.job_id = "job";
     o.worker_id = 1;
     o.incarnation = 3;
@@ -226,6 +229,47 @@ TEST_F(ReplicatedClientTest, RetryableErrorsAreRetriedAndNamedForTheReport) {
   EXPECT_THAT(client_->TakeUnreachableShards(), ElementsAre(1));
   EXPECT_THAT(client_->TakeUnreachableShards(), IsEmpty());
   EXPECT_EQ(HeldBy(0), HeldBy(1));
+}
+
+// A stopped shard answers nothing: once a call has waited on it past probe_after, a health check
+// asks it, and it is named in the reports while that check finds it silent.
+TEST_F(ReplicatedClientTest, AShardThatAnswersNoHealthCheckWhileACallWaitsIsNamed) {
+  MakeClient(2, {}, absl::Milliseconds(100));
+  Declare(100);
+  fakes_[1]->HoldPushPulls();
+  fakes_[1]->SetSilent(true);
+  std::vector<float> grad(100, 1.0f), out(100, -1.0f);
+  auto f = client_->PushPull("w", 0, grad, absl::MakeSpan(out));
+  EXPECT_THAT(client_->TakeUnreachableShards(), IsEmpty());
+  EXPECT_EQ(fakes_[1]->health_checks(), 0);  // no call has waited 100 ms yet
+  std::vector<int> named;
+  for (int i = 0; i < 100 && named.empty(); ++i) {  // bounded: 5 s
+    absl::SleepFor(absl::Milliseconds(50));
+    named = client_->TakeUnreachableShards();
+  }
+  EXPECT_THAT(named, ElementsAre(1));
+  EXPECT_EQ(fakes_[0]->health_checks(), 0);  // it answered every call
+  ASSERT_TRUE(client_->SetDownShards({1}).ok());
+  ASSERT_EQ(f.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  ASSERT_TRUE(f.get().ok());
+}
+
+// A call that waits at a barrier for another rank waits as long, but its shard answers the check.
+TEST_F(ReplicatedClientTest, AShardThatAnswersItsHealthCheckIsNotNamed) {
+  MakeClient(2, {}, absl::Milliseconds(50));
+  Declare(100);
+  fakes_[1]->HoldWeightRequests();
+  std::vector<float> grad(100, 1.0f), out(100, -1.0f);
+  auto f = client_->PushPull("w", 0, grad, absl::MakeSpan(out));
+  for (int i = 0; i < 100 && fakes_[1]->health_checks() < 2; ++i) {  // bounded: 5 s
+    absl::SleepFor(absl::Milliseconds(50));
+    EXPECT_THAT(client_->TakeUnreachableShards(), IsEmpty());
+  }
+  EXPECT_GE(fakes_[1]->health_checks(), 2);
+  EXPECT_THAT(client_->TakeUnreachableShards(), IsEmpty());
+  ASSERT_EQ(f.wait_for(std::chrono::milliseconds(0)), std::future_status::timeout);
+  fakes_[1]->CancelPending();
+  f.wait();
 }
 
 TEST_F(ReplicatedClientTest, DataWithEveryCopyDownFailsUnavailable) {

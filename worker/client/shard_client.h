@@ -99,6 +99,11 @@ class ShardClient {
   virtual absl::Status UpdateMembership(const v1::UpdateMembershipRequest& request,
                                         absl::Time deadline) = 0;
   virtual absl::Status DropJob(const v1::DropJobRequest& request, absl::Time deadline) = 0;
+
+  // Whether the shard's process answers at all, by `deadline` (a grpc.health.v1 check: a
+  // stopped process answers nothing, DEADLINE_EXCEEDED). The default, for a transport with no
+  // process behind it, answers OK.
+  virtual absl::Status CheckHealth(absl::Time /*deadline*/) { return absl::OkStatus(); }
 };
 
 // `call` with its lent push data copied into a new request (and `lent` left empty), for a
