@@ -207,10 +207,19 @@ absl::Status FillJournal::Drain(
       if (status.code() == absl::StatusCode::kUnavailable) {
         waiting.push_back(std::move(entry));
       } else if (!status.ok()) {
+        // Behind a step still incomplete (its pushes wait above), a later one is refused as from
+        // the future: a rank's pushes of that step were never kept here.
+        const bool incomplete = !waiting.empty() &&
+                                status.code() == absl::StatusCode::kInvalidArgument &&
+                                waiting.front().request->step() < entry.request->step();
         error = absl::Status(
-            status.code(), absl::StrCat("replaying the push of worker ", entry.request->worker_id(),
-                                        " of step ", entry.request->step(), " kept while job '",
-                                        job_id, "' was filled: ", status.message()));
+            incomplete ? absl::StatusCode::kFailedPrecondition : status.code(),
+            absl::StrCat("replaying the push of worker ", entry.request->worker_id(), " of step ",
+                         entry.request->step(), " kept while job '", job_id,
+                         "' was filled: ", status.message(),
+                         incomplete ? "; an earlier step stays incomplete here: a rank that "
+                                      "missed the fill never wrote its pushes of it to this shard"
+                                    : ""));
       } else {
         released += entry.bytes;
         ++count;

@@ -324,6 +324,42 @@ TEST(FillJournalTest, ADrainStopsWhenItsJournalIsForgottenOrNothingAppliesForThe
   EXPECT_EQ(journal.kept_bytes(), 0);
 }
 
+// A rank that missed the fill wrote none of its pushes here: its step stays incomplete, the next
+// one waits (UNAVAILABLE), and the one after is refused as from the future. That is named as the
+// miss it is, FAILED_PRECONDITION, not as a bad push.
+TEST(FillJournalTest, APushBehindAStepThatNeverCompletesNamesTheMissedFill) {
+  auto budget = std::make_shared<MemoryBudget>(1 << 20);
+  FillJournal journal(budget);
+  const std::vector<absl::string_view> pieces = {"abcd"};
+  ASSERT_TRUE(journal.Open(kJob, 5).ok());
+  for (int64_t step : {5, 6, 7}) {
+    ASSERT_EQ(journal.Keep(ViewWithPieces(pieces, step)), FillJournal::Kept::kKept);
+  }
+  ASSERT_TRUE(*journal.Install(kJob, 5));
+  int64_t applied = 0;
+  const auto bsp = [](const v1::PushPullRequest& r) {
+    if (r.step() == 5) return absl::OkStatus();  // staged: step 5 waits for the other rank
+    if (r.step() == 6) return absl::UnavailableError("one ahead");
+    return absl::InvalidArgumentError("step 7 is from the future");
+  };
+  const absl::Status missed = journal.Drain(kJob, bsp, absl::Seconds(5), &applied);
+  EXPECT_EQ(missed.code(), absl::StatusCode::kFailedPrecondition) << missed;
+  EXPECT_THAT(missed.message(), HasSubstr("step 7 is from the future"));
+  EXPECT_THAT(missed.message(), HasSubstr("a rank that missed the fill"));
+  EXPECT_EQ(applied, 1);
+  EXPECT_EQ(journal.kept_bytes(), 0);
+
+  // A bad push with nothing waiting before it keeps its own code.
+  ASSERT_TRUE(journal.Open(kJob, 5).ok());
+  ASSERT_EQ(journal.Keep(ViewWithPieces(pieces, 5)), FillJournal::Kept::kKept);
+  ASSERT_TRUE(*journal.Install(kJob, 5));
+  const absl::Status bad = journal.Drain(
+      kJob, [](const v1::PushPullRequest&) { return absl::InvalidArgumentError("bad key"); },
+      absl::Seconds(5), &applied);
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument) << bad;
+  EXPECT_THAT(bad.message(), ::testing::Not(HasSubstr("missed the fill")));
+}
+
 TEST(FillJournalTest, KeepsOnlyPushesOfItsJobFromItsStepAndGivesTheBytesBack) {
   auto budget = std::make_shared<MemoryBudget>(1 << 20);
   FillJournal journal(budget);

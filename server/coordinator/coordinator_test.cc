@@ -1598,6 +1598,9 @@ TEST_F(CoordinatorTest, AReplicatedJobFillsAShardThatServesAgain) {
   });
   EXPECT_FALSE(ack.has_fill());
   EXPECT_THAT(ack.down_shards(), ElementsAre(1));
+  EXPECT_EQ(Events(id).back(),
+            absl::StrCat("filling shard 1 at step ", second, " is given up: rank 1 had pushed step ",
+                         second, " before it heard of filling shard 1; trying again further ahead"));
   const size_t drops = shards_.dropped.size();
   coordinator_->Tick();  // drops what it installed
   ASSERT_EQ(shards_.dropped.size(), drops + 1);

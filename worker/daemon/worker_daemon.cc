@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/failpoint.h"
 #include "common/grpc_status.h"
 #include "common/process.h"
 #include "grpcpp/channel.h"
@@ -501,7 +502,7 @@ absl::StatusOr<v1::ProgressAck> WorkerDaemon::Report(const v1::Task& task,
     return absl::Status(s.code(),
                         absl::StrCat("coordinator ", options_.coordinator, ": ", s.message()));
   }
-  if (replicated) ApplyDownShards(task, ack);
+  if (replicated) ApplyDownShards(task, ack, report.step());
   return ack;
 }
 
@@ -517,12 +518,30 @@ client::ParameterClient::FillReport WorkerDaemon::FillReportFor(const v1::Task& 
   return trainer_->FillReport();
 }
 
-void WorkerDaemon::ApplyDownShards(const v1::Task& task, const v1::ProgressAck& ack) {
+void WorkerDaemon::ApplyDownShards(const v1::Task& task, const v1::ProgressAck& ack,
+                                   int64_t reported_step) {
   absl::MutexLock lock(&mu_);
   if (trainer_ == nullptr || !task_running_ || task_.incarnation() != task.incarnation()) return;
   trainer_->SetDownShards(std::vector<int>(ack.down_shards().begin(), ack.down_shards().end()));
+  const v1::ShardFill* fill = ack.has_fill() ? &ack.fill() : nullptr;
+  if (fill != nullptr) {
+    if (fills_incarnation_ != task.incarnation()) {
+      fills_incarnation_ = task.incarnation();
+      fills_heard_ = 0;
+      last_fill_step_ = 0;
+    }
+    if (fill->from_step() != last_fill_step_) {
+      last_fill_step_ = fill->from_step();
+      ++fills_heard_;
+    }
+    // A rank that hears of this fill late: it trains on without it until past its step.
+    if (reported_step <= fill->from_step() &&
+        failpoint::Hit(absl::StrCat("worker.rank", task.rank(), ".fill"), fills_heard_)) {
+      fill = nullptr;
+    }
+  }
   // After the down shards: a fill's shard is one of them.
-  trainer_->SetFill(ack.has_fill() ? &ack.fill() : nullptr);
+  trainer_->SetFill(fill);
 }
 
 void WorkerDaemon::RunTask(v1::Task task) {

@@ -136,7 +136,9 @@ class WorkerDaemon {
   absl::StatusOr<v1::ProgressAck> Report(const v1::Task& task, v1::ProgressReport report);
   // The task's trainer, when it is the one running: its unreachable shards; SetDownShards.
   std::vector<int> TakeUnreachableShards(const v1::Task& task) ABSL_LOCKS_EXCLUDED(mu_);
-  void ApplyDownShards(const v1::Task& task, const v1::ProgressAck& ack) ABSL_LOCKS_EXCLUDED(mu_);
+  // `reported_step`: the step of the report the ack answers (failpoint worker.rank<R>.fill).
+  void ApplyDownShards(const v1::Task& task, const v1::ProgressAck& ack, int64_t reported_step)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // What the running task's data plane says of the coordinator's fill, for the next report.
   client::ParameterClient::FillReport FillReportFor(const v1::Task& task) ABSL_LOCKS_EXCLUDED(mu_);
   // Cancels the task in hand when it belongs to `job_id` (any job when empty) and, when given,
@@ -169,7 +171,12 @@ class WorkerDaemon {
   bool cancel_requested_ ABSL_GUARDED_BY(mu_) = false;
   std::string cancel_reason_ ABSL_GUARDED_BY(mu_);
   trainer::DistributedTrainer* trainer_ ABSL_GUARDED_BY(mu_) = nullptr;  // owned by RunTask
-  ProgressSender* sender_ ABSL_GUARDED_BY(mu_) = nullptr;                // owned by RunTask
+  // The fills the task of this incarnation heard of (how many, the last one's step), for the
+  // failpoint worker.rank<R>.fill (common/failpoint.h).
+  uint64_t fills_incarnation_ ABSL_GUARDED_BY(mu_) = 0;
+  int fills_heard_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t last_fill_step_ ABSL_GUARDED_BY(mu_) = 0;
+  ProgressSender* sender_ ABSL_GUARDED_BY(mu_) = nullptr;  // owned by RunTask
   // A newer incarnation of the job in hand took over: the task reports nothing more.
   bool preempted_ ABSL_GUARDED_BY(mu_) = false;
 };

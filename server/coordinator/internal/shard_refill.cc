@@ -161,11 +161,8 @@ void RunFill(ClusterState& state, const FillPlan& plan) ABSL_LOCKS_EXCLUDED(stat
     if (entry->job.state() != v1::JOB_STATE_RUNNING) {
       drop = true;
     } else if (!copied.ok()) {
-      if (!fill.given_up) {
-        spdlog::warn("coordinator: job {}: filling shard {} at step {} failed: {}", plan.job_id,
-                     plan.shard, plan.step, copied.status().ToString());
-      }
-      fill.given_up = true;
+      GiveUpFill(state, *entry,
+                 absl::StrCat(copied.status().ToString(), "; trying again further ahead"));
       drop = true;
     } else if (fill.given_up) {
       drop = true;
@@ -298,12 +295,10 @@ void NoteFillReport(ClusterState& state, JobEntry& entry, const v1::ProgressRepo
   JobEntry::Fill& fill = entry.fill;
   if (fill.shard < 0 || fill.given_up) return;
   if (report.fill_missed() && report.fill_from_step() == fill.step) {
-    spdlog::info(
-        "coordinator: job {}: rank {} had pushed step {} before it heard of filling shard {}; "
-        "trying again further ahead",
-        entry.job.id(), report.rank(), fill.step, fill.shard);
-    fill.given_up = true;
-    state.Wake();
+    GiveUpFill(state, entry,
+               absl::StrCat("rank ", report.rank(), " had pushed step ", fill.step,
+                            " before it heard of filling shard ", fill.shard,
+                            "; trying again further ahead"));
     return;
   }
   if (report.fill_from_step() == fill.step) fill.adopted.insert(report.rank());
@@ -319,8 +314,11 @@ void NoteFillReport(ClusterState& state, JobEntry& entry, const v1::ProgressRepo
 void GiveUpFill(ClusterState& state, JobEntry& entry, const std::string& why) {
   JobEntry::Fill& fill = entry.fill;
   if (fill.shard < 0 || fill.given_up) return;
-  spdlog::info("coordinator: job {}: filling shard {} is given up: {}", entry.job.id(), fill.shard,
-               why);
+  // An event: the user sees why the shard stays down for a while longer.
+  const std::string what =
+      absl::StrCat("filling shard ", fill.shard, " at step ", fill.step, " is given up: ", why);
+  spdlog::info("coordinator: job {}: {}", entry.job.id(), what);
+  AddEvent(state, entry, v1::JOB_EVENT_KIND_RECOVERY, what);
   fill.given_up = true;
   state.Wake();
 }
