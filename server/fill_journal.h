@@ -87,6 +87,10 @@ class FillJournal {
 
   // Bytes kept over all jobs.
   int64_t kept_bytes() const;
+  // Journals open now (jobs being filled here).
+  int64_t open_journals() const {
+    return static_cast<int64_t>(open_.load(std::memory_order_relaxed));
+  }
 
  private:
   struct Entry {

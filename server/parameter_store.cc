@@ -601,6 +601,8 @@ ShardStats ParameterStore::GetShardStats() const {
   std::sort(stats.tables.begin(), stats.tables.end(), [](const TableStats& a, const TableStats& b) {
     return std::tie(a.job_id, a.table) < std::tie(b.job_id, b.table);
   });
+  stats.fill_journals = journal_.open_journals();
+  stats.fill_journal_bytes = journal_.kept_bytes();
   const ShardCounters& c = *counters_;
   stats.bytes_pushed = c.bytes_pushed.load(std::memory_order_relaxed);
   stats.bytes_pulled = c.bytes_pulled.load(std::memory_order_relaxed);

@@ -104,8 +104,12 @@ struct TableStats {
 
 // ParameterStore::GetShardStats().
 struct ShardStats {
-  int64_t jobs = 0;             // held now
-  int64_t parked_pulls = 0;     // waiting on a gate now
+  int64_t jobs = 0;          // held now
+  int64_t parked_pulls = 0;  // waiting on a gate now
+  // Jobs being filled here (server/fill_journal.h), and the bytes of the pushes their journals
+  // keep until the fill is installed and caught up.
+  int64_t fill_journals = 0;
+  int64_t fill_journal_bytes = 0;
   int64_t bytes_pushed = 0;     // gradient bytes of pushes applied or staged (not duplicates)
   int64_t bytes_pulled = 0;     // weight bytes answered (pulls and PushPull weights)
   int64_t updates_applied = 0;  // optimizer applications

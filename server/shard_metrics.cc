@@ -93,6 +93,13 @@ class ShardCollectable final : public prometheus::Collectable {
                          MetricType::Gauge, s.jobs));
     out.push_back(Scalar("tessera_shard_parked_pulls", "Pulls waiting on a consistency gate now.",
                          MetricType::Gauge, s.parked_pulls));
+    out.push_back(Scalar("tessera_shard_fill_journals",
+                         "Jobs being filled here whose pushes a journal keeps until the fill is "
+                         "installed and caught up.",
+                         MetricType::Gauge, s.fill_journals));
+    out.push_back(Scalar("tessera_shard_fill_journal_bytes",
+                         "Bytes of pushes the fill journals keep now.", MetricType::Gauge,
+                         s.fill_journal_bytes));
     out.push_back(Scalar("tessera_shard_pushed_bytes_total",
                          "Gradient bytes of pushes applied or staged (duplicates excluded).",
                          MetricType::Counter, s.bytes_pushed));

@@ -3,6 +3,8 @@
 //
 //   tessera_shard_jobs                           gauge      jobs held
 //   tessera_shard_parked_pulls                   gauge      pulls waiting on a gate now
+//   tessera_shard_fill_journals                  gauge      jobs being filled here (fill_journal.h)
+//   tessera_shard_fill_journal_bytes             gauge      bytes of pushes their journals keep
 //   tessera_shard_pushed_bytes_total             counter    gradient bytes applied or staged
 //   tessera_shard_pulled_bytes_total             counter    weight bytes answered
 //   tessera_shard_updates_applied_total          counter    optimizer applications

@@ -109,6 +109,14 @@ TEST(ShardMetricsTest, RpcAndStoreFamiliesThroughTheRealService) {
     EXPECT_TRUE(reader->Finish().ok());
   }
 
+  // A job being filled here keeps its pushes in a journal (server/fill_journal.h).
+  v1::FillRequest open;
+  open.set_job_id("filled");
+  open.set_step(3);
+  open.set_open(true);
+  ASSERT_TRUE(store.Fill(open).ok());
+  ASSERT_TRUE(store.Push(Request("filled", 0, 1, 3, 9, {GradSlice("w", 0, {1, 2, 3, 4})})).ok());
+
   const std::string text = (*metrics)->Serialize();
   const std::string m = "/tessera.v1.ParameterService/";
   EXPECT_EQ(Sample(text, absl::StrCat("tessera_rpc_calls_total{method=\"", m, "PushPull\"}")), 1)
@@ -125,6 +133,8 @@ TEST(ShardMetricsTest, RpcAndStoreFamiliesThroughTheRealService) {
       Sample(text, absl::StrCat("tessera_rpc_latency_seconds_count{method=\"", m, "PushPull\"}")),
       0);
   EXPECT_EQ(Sample(text, "tessera_shard_jobs"), 1);
+  EXPECT_EQ(Sample(text, "tessera_shard_fill_journals"), 1);
+  EXPECT_GE(Sample(text, "tessera_shard_fill_journal_bytes"), 16);  // the gradient and the rest
   EXPECT_EQ(Sample(text, "tessera_shard_pushed_bytes_total"), 16);
   EXPECT_EQ(Sample(text, "tessera_shard_duplicate_pushes_total"), 1);
   EXPECT_EQ(Sample(text, "tessera_shard_updates_applied_total"), 1);
