@@ -244,8 +244,10 @@ class ParameterStore {
   // skipped_non_finite filled in. `done` runs exactly once: inline when nothing waits, later
   // (see ParameterStoreOptions::executor) otherwise. Validation errors fail before anything is
   // applied; a key pulled twice is INVALID_ARGUMENT and an answer over max_message_bytes is
-  // RESOURCE_EXHAUSTED, both before anything is applied. Once `cancelled` (optional) is set, a
-  // pull that still waits may finish with CANCELLED instead (the push stays applied).
+  // RESOURCE_EXHAUSTED, both before anything is applied. A BSP pull two steps past a partition's
+  // version is UNAVAILABLE (a copy that lags the shard the worker last read: try again), one
+  // further ahead INVALID_ARGUMENT. Once `cancelled` (optional) is set, a pull that still waits
+  // may finish with CANCELLED instead (the push stays applied).
   void PushPull(const v1::PushPullRequest& request, PushPullDone done,
                 std::shared_ptr<const std::atomic<bool>> cancelled = nullptr);
 

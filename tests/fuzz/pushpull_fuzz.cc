@@ -52,6 +52,9 @@ void CheckCode(const absl::Status& status) {
     case absl::StatusCode::kResourceExhausted:
     case absl::StatusCode::kCancelled:
     case absl::StatusCode::kAborted:
+    // A BSP push one step ahead or a pull two ahead: the answer of a copy that lags the shard the
+    // worker last heard from (consistency_gate.cc CheckPullStep), retried by the client.
+    case absl::StatusCode::kUnavailable:
       return;
     default:
       std::fprintf(stderr, "unexpected status: %s\n", status.ToString().c_str());
