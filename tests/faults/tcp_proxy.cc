@@ -127,6 +127,14 @@ void TcpProxy::Wake() const {
   [[maybe_unused]] ssize_t n = write(wake_write_fd_, &byte, 1);
 }
 
+void TcpProxy::SetRateLimit(int64_t bytes_per_second) {
+  {
+    absl::MutexLock lock(&mu_);
+    rate_bytes_per_second_ = std::max<int64_t>(bytes_per_second, 0);
+  }
+  Wake();
+}
+
 void TcpProxy::SetLatency(absl::Duration latency) {
   {
     absl::MutexLock lock(&mu_);
@@ -205,8 +213,12 @@ void TcpProxy::Run() {
   target.sin_port = htons(static_cast<uint16_t>(options_.target_port));
   inet_pton(AF_INET, options_.target_host.c_str(), &target.sin_addr);
 
+  // When each direction's emulated link is next free (SetRateLimit).
+  absl::Time link_free_up = absl::InfinitePast();
+  absl::Time link_free_down = absl::InfinitePast();
   for (;;) {
     absl::Duration latency;
+    int64_t rate = 0;
     double cut_p;
     bool blackhole, refuse;
     Counters delta;
@@ -280,6 +292,7 @@ void TcpProxy::Run() {
     {
       absl::MutexLock lock(&mu_);
       latency = latency_;
+      rate = rate_bytes_per_second_;
       cut_p = cut_probability_;
       blackhole = blackhole_;
       refuse = refuse_;
@@ -287,10 +300,18 @@ void TcpProxy::Run() {
     const absl::Time after = absl::Now();
 
     // Reads one chunk from `fd` into `d`; false when the connection must be reset.
-    auto read_into = [&](int fd, Connection::Direction& d) {
+    // Under a rate limit a chunk is sent over its direction's link after the chunks before it, of
+    // every connection, and arrives `latency` after its last byte went out.
+    auto read_into = [&](int fd, Connection::Direction& d, absl::Time* link_free) {
       const ssize_t n = recv(fd, buffer.data(), buffer.size(), 0);
       if (n > 0) {
-        d.queue.push_back({std::string(buffer.data(), n), 0, after + latency});
+        absl::Time sent = after;
+        if (rate > 0) {
+          *link_free = std::max(*link_free, after) +
+                       absl::Seconds(static_cast<double>(n) / static_cast<double>(rate));
+          sent = *link_free;
+        }
+        d.queue.push_back({std::string(buffer.data(), n), 0, sent + latency});
         d.queued_bytes += n;
         return true;
       }
@@ -342,8 +363,12 @@ void TcpProxy::Run() {
         continue;
       }
       bool ok = true;
-      if (client_rev & (POLLIN | POLLHUP | POLLERR)) ok = ok && read_into(c.client_fd, c.up);
-      if (target_rev & (POLLIN | POLLHUP | POLLERR)) ok = ok && read_into(c.target_fd, c.down);
+      if (client_rev & (POLLIN | POLLHUP | POLLERR)) {
+        ok = ok && read_into(c.client_fd, c.up, &link_free_up);
+      }
+      if (target_rev & (POLLIN | POLLHUP | POLLERR)) {
+        ok = ok && read_into(c.target_fd, c.down, &link_free_down);
+      }
       if (ok && (target_rev & (POLLOUT | POLLERR))) ok = write_from(c.target_fd, c.up, c, true);
       if (ok && !c.cut && (client_rev & (POLLOUT | POLLERR))) {
         ok = write_from(c.client_fd, c.down, c, false);

@@ -11,7 +11,10 @@
 //   - blackhole: nothing is read, written or accepted until healed, while the sockets stay open
 //     (a partition; TCP's buffers hold what was sent, as retransmission would, and it flows on
 //     once healed);
-//   - refuse: new connections are accepted and reset at once.
+//   - refuse: new connections are accepted and reset at once;
+//   - rate limit: each direction is a link of that many bytes per second, shared by every
+//     connection: a chunk goes out after the chunks read before it (on any connection) and
+//     arrives `latency` after its last byte (a 1 or 10 Gbit/s link emulated on loopback).
 // One thread runs a poll() loop over every socket; buffers are bounded (a side is not read while
 // the other side's queue holds max_buffered_bytes). Connections to the target are non-blocking.
 //
@@ -72,6 +75,8 @@ class TcpProxy {
 
   // Fault settings; each takes effect for what the loop does next (non-blocking).
   void SetLatency(absl::Duration latency);
+  // Bytes per second per direction; 0 (the default) is no limit.
+  void SetRateLimit(int64_t bytes_per_second);
   // p in [0, 1]; values outside are clamped.
   void SetCutProbability(double p);
   void SetBlackhole(bool on);
@@ -101,6 +106,7 @@ class TcpProxy {
   // Settings and requests from other threads, read by the loop under mu_.
   mutable absl::Mutex mu_;
   absl::Duration latency_ ABSL_GUARDED_BY(mu_) = absl::ZeroDuration();
+  int64_t rate_bytes_per_second_ ABSL_GUARDED_BY(mu_) = 0;
   double cut_probability_ ABSL_GUARDED_BY(mu_) = 0.0;
   bool blackhole_ ABSL_GUARDED_BY(mu_) = false;
   bool refuse_ ABSL_GUARDED_BY(mu_) = false;

@@ -184,6 +184,49 @@ TEST(TcpProxyTest, LatencyHoldsEveryChunk) {
   close(fd);
 }
 
+// Two connections echo 1 MiB each through a link of 8 MiB/s per direction: 2 MiB cross each
+// direction, so the whole takes at least 0.25 s (0.125 s if each connection had a link of its
+// own), and everything arrives intact.
+TEST(TcpProxyTest, RateLimitIsOneLinkSharedByEveryConnection) {
+  EchoServer echo;
+  auto proxy = StartProxy(echo.port());
+  ASSERT_NE(proxy, nullptr);
+  constexpr int64_t kRate = 8 << 20;
+  proxy->SetRateLimit(kRate);
+  const std::string data = Pattern(1 << 20);
+  const absl::Time start = absl::Now();
+  std::vector<std::thread> clients;
+  std::atomic<int> intact{0};
+  for (int k = 0; k < 2; ++k) {
+    clients.emplace_back([&] {
+      const int fd = Connect(proxy->port());
+      if (fd < 0) return;
+      std::thread writer([&] { SendAll(fd, data); });
+      const std::string back = RecvN(fd, data.size());
+      writer.join();
+      close(fd);
+      if (back == data) intact.fetch_add(1);
+    });
+  }
+  for (std::thread& t : clients) t.join();
+  const absl::Duration took = absl::Now() - start;
+  EXPECT_EQ(intact.load(), 2);
+  EXPECT_GE(took, absl::Seconds(2.0 * data.size() / kRate)) << took;
+  EXPECT_LT(took, absl::Seconds(5)) << took;
+  EXPECT_EQ(proxy->counters().bytes_to_target, 2 * static_cast<int64_t>(data.size()));
+
+  // Lifted: the same transfer on one connection is no longer held to the link's pace.
+  proxy->SetRateLimit(0);
+  const int fd = Connect(proxy->port());
+  ASSERT_GE(fd, 0);
+  const absl::Time again = absl::Now();
+  std::thread writer([&] { EXPECT_TRUE(SendAll(fd, data)); });
+  EXPECT_TRUE(RecvN(fd, data.size()) == data);
+  writer.join();
+  close(fd);
+  EXPECT_LT(absl::Now() - again, absl::Seconds(1.0 * data.size() / kRate));
+}
+
 TEST(TcpProxyTest, CutAllResetsOpenConnectionsAndNewOnesWork) {
   EchoServer echo;
   auto proxy = StartProxy(echo.port());
