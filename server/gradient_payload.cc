@@ -1,5 +1,7 @@
 #include "server/gradient_payload.h"
 
+#include "common/gradient_compression.h"
+
 namespace tessera::server {
 namespace {
 
@@ -47,6 +49,14 @@ bool HasNonFinite(v1::Encoding encoding, absl::string_view bytes) {
   return bad != 0;
 }
 
+absl::string_view Contiguous(const SliceView& slice, std::string* buffer) {
+  if (slice.pieces.empty()) return slice.data;
+  buffer->clear();
+  buffer->reserve(DataSize(slice));
+  for (absl::string_view piece : slice.pieces) buffer->append(piece.data(), piece.size());
+  return *buffer;
+}
+
 bool HasNonFinite(const SliceView& slice) {
   const size_t width = BytesPerValue(slice.encoding);
   bool bad = false;
@@ -64,6 +74,11 @@ size_t DataSize(const SliceView& slice) {
 }
 
 void DecodeSlice(const SliceView& slice, float* out, size_t n) {
+  if (IsCompressed(slice.encoding)) {
+    std::string buffer;
+    DecodeCompressed(slice.encoding, Contiguous(slice, &buffer), out, n);
+    return;
+  }
   const size_t width = BytesPerValue(slice.encoding);
   size_t at = 0;
   ForEachRun(slice, width, [&](const char* p, size_t bytes) {

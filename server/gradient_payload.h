@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "absl/strings/string_view.h"
@@ -28,13 +29,17 @@ struct SparseGrad {
 // True when any value in `bytes` (values of `encoding`, a known one) is NaN or Inf, checked on
 // the raw bits.
 bool HasNonFinite(v1::Encoding encoding, absl::string_view bytes);
-// The same over the slice's data, piece by piece. REQUIRES: a known encoding.
+// The same over the slice's data, piece by piece. REQUIRES: a known, uncompressed encoding.
 bool HasNonFinite(const SliceView& slice);
 
 // Bytes of the slice's data (see SliceView).
 size_t DataSize(const SliceView& slice);
 
-// Decodes the slice's n values into out[0, n). REQUIRES: the size and encoding were validated.
+// The slice's data in one piece: slice.data, or its pieces copied into *buffer.
+absl::string_view Contiguous(const SliceView& slice, std::string* buffer);
+
+// Decodes the slice's n values into out[0, n), compressed ones too. REQUIRES: the size and
+// encoding were validated (CheckCompressed for a compressed one).
 void DecodeSlice(const SliceView& slice, float* out, size_t n);
 
 // The slice's rows (slice.row_ids, dim values each) decoded, sorted by row id, with the values of
@@ -77,7 +82,8 @@ void ForEachRun(const SliceView& slice, size_t width, const Run& run) {
 // is aligned fp32 in one piece; for other fp32 data, apply_bytes over each run of whole values as
 // it lies in the pieces, at any alignment (the optimizer reads such bytes directly, so the
 // gradient is read once, in place; a value split between two pieces comes alone from a small
-// buffer); for bf16 and fp16, once with the whole gradient decoded into `scratch`.
+// buffer); for bf16, fp16 and the compressed encodings, once with the whole gradient decoded
+// into `scratch`.
 // REQUIRES: the size and encoding were validated.
 template <typename Apply, typename ApplyBytes>
 void ForEachGradientRun(const SliceView& slice, size_t n, std::vector<float>* scratch,

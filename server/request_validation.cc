@@ -7,6 +7,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "common/encoding.h"
+#include "common/gradient_compression.h"
 #include "common/status_macros.h"
 #include "server/checkpoint_file.h"
 #include "server/gradient_payload.h"
@@ -42,10 +43,36 @@ absl::Status CheckPusher(const JobState& job, const PushPullView& request) {
   return absl::OkStatus();
 }
 
-// The checks of push slice i to p (key name `key`); fills item's data_size and staleness.
+// The checks of a compressed push slice i to dense partition p; sets *non_finite.
+absl::Status CheckCompressedSlice(const SliceView& s, size_t i, const std::string& key,
+                                  const Partition& p, bool* non_finite) {
+  if (p.sparse) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "push[", i, "] key ", key, ": ", v1::Encoding_Name(s.encoding),
+        " is for dense partitions; a sparse table's rows travel in fp32, bf16 or fp16"));
+  }
+  std::string buffer;
+  const absl::Status valid = CheckCompressed(s.encoding, Contiguous(s, &buffer),
+                                             static_cast<size_t>(p.num_elements), non_finite);
+  if (!valid.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("push[", i, "] key ", key, ": ", valid.message()));
+  }
+  return absl::OkStatus();
+}
+
+// The checks of push slice i to p (key name `key`); fills item's data_size and staleness, and
+// sets *non_finite when the gradient holds NaN or Inf.
 absl::Status CheckPushSlice(const JobState& job, const PushPullView& request, size_t i,
-                            const std::string& key, const Partition& p, PushSlice* item) {
+                            const std::string& key, const Partition& p, PushSlice* item,
+                            bool* non_finite) {
   const SliceView& s = request.push[i];
+  if (IsCompressed(s.encoding)) {
+    TESSERA_RETURN_IF_ERROR(CheckCompressedSlice(s, i, key, p, non_finite));
+    TESSERA_RETURN_IF_ERROR(job.gate.AdmitSlice(key, p, request.step, &item->staleness));
+    item->data_size = DataSize(s);
+    return absl::OkStatus();
+  }
   const size_t width = BytesPerValue(s.encoding);
   if (width == 0) {
     return absl::InvalidArgumentError(absl::StrCat("push[", i, "] key ", key, ": unknown encoding ",
@@ -75,6 +102,7 @@ absl::Status CheckPushSlice(const JobState& job, const PushPullView& request, si
   }
   TESSERA_RETURN_IF_ERROR(job.gate.AdmitSlice(key, p, request.step, &item->staleness));
   item->data_size = data_size;
+  *non_finite = HasNonFinite(s);
   return absl::OkStatus();
 }
 
@@ -235,6 +263,11 @@ absl::Status ValidateJobRequest(const v1::CreateJobStateRequest& request,
 
 absl::Status CheckPullCaller(const JobState& job, uint32_t worker_id, v1::Encoding encoding,
                              absl::string_view encoding_field) {
+  if (IsCompressed(encoding)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        encoding_field, ": ", v1::Encoding_Name(encoding),
+        " compresses pushed gradients only; weights are pulled in fp32, bf16 or fp16"));
+  }
   if (BytesPerValue(encoding) == 0) {
     return absl::InvalidArgumentError(
         absl::StrCat(encoding_field, ": unknown encoding ", static_cast<int>(encoding)));
@@ -266,10 +299,11 @@ absl::Status ResolvePush(const JobState& job, const PushPullView& request,
     TESSERA_ASSIGN_OR_RETURN(std::shared_ptr<Partition> p, job.Find(s));
     const std::string key = KeyName(s);
     PushSlice item;
-    TESSERA_RETURN_IF_ERROR(CheckPushSlice(job, request, i, key, *p, &item));
+    bool non_finite = false;
+    TESSERA_RETURN_IF_ERROR(CheckPushSlice(job, request, i, key, *p, &item, &non_finite));
     item.slice = &s;
     item.partition = std::move(p);
-    if (HasNonFinite(s)) {
+    if (non_finite) {
       if (!skip_policy) {
         return absl::InvalidArgumentError(absl::StrCat(
             "push[", i, "] key ", key, ": gradient holds NaN or Inf (non_finite_policy REJECT)"));

@@ -6,6 +6,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "common/gradient_compression.h"
 #include "common/status_macros.h"
 #include "spec/dataset_spec.h"
 #include "spec/device_spec.h"
@@ -199,10 +200,20 @@ absl::Status ValidateDistributedFields(const v1::JobSpec& spec) {
                                                    "], got ", spec.partition_bytes()));
   }
   const std::string encoding = absl::AsciiStrToLower(spec.wire_encoding());
-  if (!encoding.empty() && encoding != "fp32" && encoding != "bf16" && encoding != "fp16") {
+  if (!encoding.empty() && encoding != "fp32" && encoding != "bf16" && encoding != "fp16" &&
+      encoding != "sign1" && encoding != "topk") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "wire_encoding: must be \"fp32\", \"bf16\", \"fp16\", \"sign1\" or \"topk\", got \"",
+        absl::CEscape(spec.wire_encoding()), "\""));
+  }
+  if (spec.topk_fraction() != 0 && encoding != "topk") {
     return absl::InvalidArgumentError(
-        absl::StrCat("wire_encoding: must be \"fp32\", \"bf16\" or \"fp16\", got \"",
-                     absl::CEscape(spec.wire_encoding()), "\""));
+        absl::StrCat("topk_fraction: set to ", spec.topk_fraction(), " but wire_encoding is \"",
+                     absl::CEscape(spec.wire_encoding()), "\"; it applies to \"topk\" only"));
+  }
+  if (!(spec.topk_fraction() >= 0 && spec.topk_fraction() <= 1)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "topk_fraction: must be in (0, 1] (or 0 for 0.01), got ", spec.topk_fraction()));
   }
   if (spec.checkpoint_every_steps() < 0) {
     return absl::InvalidArgumentError(
@@ -280,11 +291,22 @@ v1::JobConfig MakeJobConfig(const v1::JobSpec& spec) {
   return config;
 }
 
-v1::Encoding WireEncoding(const v1::JobSpec& spec) {
+v1::Encoding PushEncoding(const v1::JobSpec& spec) {
   const std::string e = absl::AsciiStrToLower(spec.wire_encoding());
   if (e == "bf16") return v1::ENCODING_BF16;
   if (e == "fp16") return v1::ENCODING_FP16;
+  if (e == "sign1") return v1::ENCODING_SIGN1;
+  if (e == "topk") return v1::ENCODING_TOPK;
   return v1::ENCODING_FP32;
+}
+
+v1::Encoding PullEncoding(const v1::JobSpec& spec) {
+  const v1::Encoding push = PushEncoding(spec);
+  return IsCompressed(push) ? v1::ENCODING_BF16 : push;
+}
+
+double TopKFraction(const v1::JobSpec& spec) {
+  return spec.topk_fraction() == 0 ? 0.01 : spec.topk_fraction();
 }
 
 int64_t PartitionBytes(const v1::JobSpec& spec) {

@@ -40,8 +40,13 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec, const ValidateOptions& opt
 // The shards' view of a distributed job: consistency (with its staleness), num_workers (0 -> 1),
 // optimizer, schedule. REQUIRES: ValidateJobSpec(spec, {.distributed = true}).ok().
 v1::JobConfig MakeJobConfig(const v1::JobSpec& spec);
-// spec.wire_encoding as the data plane's enum (empty -> FP32). REQUIRES: a validated spec.
-v1::Encoding WireEncoding(const v1::JobSpec& spec);
+// spec.wire_encoding as the data plane's enum for dense pushes (empty -> FP32). REQUIRES: a
+// validated spec.
+v1::Encoding PushEncoding(const v1::JobSpec& spec);
+// The same for pulled weights: a compressed push encoding pulls bf16.
+v1::Encoding PullEncoding(const v1::JobSpec& spec);
+// spec.topk_fraction, 0 -> 0.01.
+double TopKFraction(const v1::JobSpec& spec);
 // spec.partition_bytes, 0 -> 4 MiB.
 int64_t PartitionBytes(const v1::JobSpec& spec);
 // spec.num_workers, 0 -> 1 (standalone specs leave it unset).

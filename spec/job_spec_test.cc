@@ -332,7 +332,8 @@ INSTANTIATE_TEST_SUITE_P(
         BadSpec{"partition", [](v1::JobSpec* s) { s->set_partition_bytes(100); },
                 "partition_bytes: must be 0 (4 MiB) or in [1024, 1073741824], got 100"},
         BadSpec{"encoding", [](v1::JobSpec* s) { s->set_wire_encoding("int8"); },
-                "wire_encoding: must be \"fp32\", \"bf16\" or \"fp16\", got \"int8\""},
+                "wire_encoding: must be \"fp32\", \"bf16\", \"fp16\", \"sign1\" or \"topk\", got "
+                "\"int8\""},
         BadSpec{"checkpoint", [](v1::JobSpec* s) { s->set_checkpoint_every_steps(-1); },
                 "checkpoint_every_steps: must be >= 0, got -1"},
         BadSpec{"stall_timeout_short", [](v1::JobSpec* s) { s->set_stall_timeout_seconds(4); },
@@ -376,7 +377,8 @@ TEST(JobSpecTest, JobConfigFollowsTheSpec) {
   EXPECT_EQ(config.num_workers(), 2u);
   EXPECT_EQ(config.optimizer().kind(), spec.optimizer().kind());
   EXPECT_FLOAT_EQ(config.optimizer().learning_rate(), spec.optimizer().learning_rate());
-  EXPECT_EQ(WireEncoding(spec), v1::ENCODING_FP32);
+  EXPECT_EQ(PushEncoding(spec), v1::ENCODING_FP32);
+  EXPECT_EQ(PullEncoding(spec), v1::ENCODING_FP32);
   EXPECT_EQ(PartitionBytes(spec), 4 << 20);
 
   spec.set_consistency("SSP");
@@ -387,7 +389,8 @@ TEST(JobSpecTest, JobConfigFollowsTheSpec) {
   config = MakeJobConfig(spec);
   EXPECT_EQ(config.consistency(), v1::CONSISTENCY_SSP);
   EXPECT_EQ(config.staleness(), 3u);
-  EXPECT_EQ(WireEncoding(spec), v1::ENCODING_BF16);
+  EXPECT_EQ(PushEncoding(spec), v1::ENCODING_BF16);
+  EXPECT_EQ(PullEncoding(spec), v1::ENCODING_BF16);
   EXPECT_EQ(PartitionBytes(spec), 65536);
 
   spec.set_consistency("asp");
@@ -399,9 +402,38 @@ TEST(JobSpecTest, JobConfigFollowsTheSpec) {
   spec.set_staleness(3);
   EXPECT_EQ(MakeJobConfig(spec).consistency(), v1::CONSISTENCY_HYBRID);
   EXPECT_EQ(MakeJobConfig(spec).staleness(), 3u);
-  EXPECT_EQ(WireEncoding(spec), v1::ENCODING_FP16);
+  EXPECT_EQ(PushEncoding(spec), v1::ENCODING_FP16);
   spec.set_num_workers(0);
   EXPECT_EQ(NumWorkers(spec), 1);
+}
+
+TEST(JobSpecTest, CompressedEncodingsPushCompressedAndPullBf16) {
+  v1::JobSpec spec = DistributedMlp();
+  spec.set_wire_encoding("SIGN1");
+  ASSERT_TRUE(ValidateJobSpec(spec, Distributed()).ok());
+  EXPECT_EQ(PushEncoding(spec), v1::ENCODING_SIGN1);
+  EXPECT_EQ(PullEncoding(spec), v1::ENCODING_BF16);
+  spec.set_wire_encoding("topk");
+  ASSERT_TRUE(ValidateJobSpec(spec, Distributed()).ok());
+  EXPECT_EQ(PushEncoding(spec), v1::ENCODING_TOPK);
+  EXPECT_EQ(TopKFraction(spec), 0.01);
+  spec.set_topk_fraction(0.05);
+  ASSERT_TRUE(ValidateJobSpec(spec, Distributed()).ok());
+  EXPECT_EQ(TopKFraction(spec), 0.05);
+  for (const double bad : {-0.1, 1.5}) {
+    spec.set_topk_fraction(bad);
+    const absl::Status s = ValidateJobSpec(spec, Distributed());
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(s.message().find("topk_fraction"), std::string::npos) << s;
+  }
+  spec.set_topk_fraction(0.05);
+  spec.set_wire_encoding("sign1");
+  const absl::Status s = ValidateJobSpec(spec, Distributed());
+  EXPECT_NE(s.message().find("applies to \"topk\" only"), std::string::npos) << s;
+  spec.clear_topk_fraction();
+  spec.set_wire_encoding("int8");
+  EXPECT_NE(ValidateJobSpec(spec, Distributed()).message().find("\"sign1\" or \"topk\""),
+            std::string::npos);
 }
 
 TEST(JobSpecTest, FileChecksCanBeSkipped) {

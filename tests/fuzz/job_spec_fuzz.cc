@@ -65,7 +65,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     *request.mutable_config() = tessera::spec::MakeJobConfig(spec);
     const absl::Status created = store.CreateJobState(request).status();
     if (!created.ok()) Fail("a spec that validates gives a JobConfig the shard refuses", created);
-    (void)tessera::spec::WireEncoding(spec);
+    (void)tessera::spec::PushEncoding(spec);
+    (void)tessera::spec::PullEncoding(spec);
     (void)tessera::spec::PartitionBytes(spec);
   }
   return 0;

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/encoding.h"
+#include "common/gradient_compression.h"
 #include "common/grpc_status.h"
 #include "common/placement.h"
 #include "common/status_macros.h"
@@ -25,16 +26,6 @@ namespace {
 
 bool IsRetryable(absl::StatusCode code) {
   return code == absl::StatusCode::kUnavailable || code == absl::StatusCode::kDeadlineExceeded;
-}
-
-// The push data of values [in, in + n): lent from the caller's memory when fp32 (the wire format
-// is the caller's floats), else encoded into `slice`. Returns the lent view (empty: encoded).
-absl::string_view LendOrEncode(v1::Encoding encoding, const float* in, size_t n, v1::Slice* slice) {
-  if (BytesPerValue(encoding) == 4 && n > 0) {
-    return absl::string_view(reinterpret_cast<const char*>(in), n * sizeof(float));
-  }
-  internal::EncodeInto(encoding, in, n, slice->mutable_data());
-  return absl::string_view();
 }
 
 }  // namespace
@@ -104,13 +95,18 @@ absl::StatusOr<std::unique_ptr<ParameterClient>> ParameterClient::CreateWithShar
     return absl::InvalidArgumentError(
         absl::StrCat("partition_bytes must be >= 4, got ", options.partition_bytes));
   }
-  if (BytesPerValue(options.push_encoding) == 0) {
+  if (BytesPerValue(options.push_encoding) == 0 && !IsCompressed(options.push_encoding)) {
     return absl::InvalidArgumentError(
         absl::StrCat("push_encoding: unknown encoding ", options.push_encoding));
   }
   if (BytesPerValue(options.pull_encoding) == 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat("pull_encoding: unknown encoding ", options.pull_encoding));
+        absl::StrCat("pull_encoding: unknown encoding ", options.pull_encoding,
+                     IsCompressed(options.pull_encoding) ? " for weights (push only)" : ""));
+  }
+  if (!(options.topk_fraction > 0 && options.topk_fraction <= 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("topk_fraction: must be in (0, 1], got ", options.topk_fraction));
   }
   if (options.retry.max_attempts < 1) {
     return absl::InvalidArgumentError(
@@ -151,6 +147,7 @@ ParameterClient::ParameterClient(const Options& options,
       num_shards_(static_cast<int>(shards.size())),
       shards_(std::make_move_iterator(shards.begin()), std::make_move_iterator(shards.end())),
       routing_(num_shards_, options.replicas),
+      encoder_(options.push_encoding, options.topk_fraction),
       retry_timer_(std::make_unique<RetryTimer>()) {
   if (options_.replicas < 2) return;
   probes_ = std::make_unique<ShardProbes>(
@@ -698,8 +695,8 @@ void ParameterClient::PushPullAsync(absl::string_view name, int64_t step,
     slice->mutable_key()->set_index(p.index);
     slice->set_encoding(options_.push_encoding);
     slice->set_want_weights(want);
-    const absl::string_view lent = LendOrEncode(options_.push_encoding, gradient.data() + p.offset,
-                                                static_cast<size_t>(p.num_elements), slice);
+    const absl::string_view lent = encoder_.Encode(layout.name, p.index, gradient.data() + p.offset,
+                                                   static_cast<size_t>(p.num_elements), slice);
     // The copies: the same request (the same seq) without want_weights.
     for (size_t c = 1; c < copies[k].size(); ++c) {
       auto copy_request = std::make_shared<v1::PushPullRequest>(*request);
@@ -799,6 +796,9 @@ void ParameterClient::PushPullManyAsync(int64_t step, std::vector<TensorUpdate> 
         return done(absl::UnavailableError(absl::StrCat("PushPull tensor '", t.name, "' partition ",
                                                         p.index, ": every copy is down")));
       }
+      // Encoded once (a compressed push moves its residual on): the copies get the same bytes.
+      absl::string_view lent;
+      const v1::Slice* first = nullptr;
       for (size_t c = 0; c < copies.size(); ++c) {
         ShardPart& part = parts[copies[c]];
         if (part.request == nullptr) part.request = NewRequest(step);
@@ -808,9 +808,13 @@ void ParameterClient::PushPullManyAsync(int64_t step, std::vector<TensorUpdate> 
         slice->mutable_key()->set_index(p.index);
         slice->set_encoding(options_.push_encoding);
         slice->set_want_weights(want && c == 0);
-        const absl::string_view lent =
-            LendOrEncode(options_.push_encoding, t.gradient.data() + p.offset,
-                         static_cast<size_t>(p.num_elements), slice);
+        if (c == 0) {
+          lent = encoder_.Encode(layout.name, p.index, t.gradient.data() + p.offset,
+                                 static_cast<size_t>(p.num_elements), slice);
+          first = slice;
+        } else if (lent.empty()) {
+          *slice->mutable_data() = first->data();
+        }
         part.lent.push_back(lent);
         part.lends = part.lends || !lent.empty();
         part.bytes += lent.empty() ? slice->data().size() : lent.size();

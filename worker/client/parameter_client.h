@@ -51,6 +51,7 @@
 #include "absl/types/span.h"
 #include "common/security.h"
 #include "tessera/v1/parameter.pb.h"
+#include "worker/client/push_encoder.h"
 #include "worker/client/replica_routing.h"
 #include "worker/client/shard_client.h"
 #include "worker/client/tensor_layout.h"
@@ -108,6 +109,8 @@ class ParameterClient {
     int64_t partition_bytes = 4 << 20;
     v1::Encoding push_encoding = v1::ENCODING_FP32;
     v1::Encoding pull_encoding = v1::ENCODING_FP32;
+    // TOPK pushes: the fraction of each dense partition's values sent, in (0, 1].
+    double topk_fraction = 0.01;
     // Deadline of every call, counted from each attempt's start.
     absl::Duration call_timeout = absl::Seconds(30);
     RetryPolicy retry;
@@ -253,6 +256,8 @@ class ParameterClient {
 
   const Options& options() const { return options_; }
   const ReplicaRouting& routing() const { return routing_; }
+  // The dense pushes' encoder, with the error feedback of a compressed push_encoding.
+  PushEncoder& encoder() { return encoder_; }
   int num_shards() const { return num_shards_; }
 
  private:
@@ -308,6 +313,7 @@ class ParameterClient {
   // Replaced transports, kept until the client goes: a call may still hold one.
   std::vector<std::shared_ptr<ShardClient>> retired_ ABSL_GUARDED_BY(shards_mu_);
   ReplicaRouting routing_;
+  PushEncoder encoder_;
   std::atomic<uint64_t> next_seq_{1};
   std::unique_ptr<RetryTimer> retry_timer_;
 

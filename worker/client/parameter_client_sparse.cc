@@ -70,7 +70,7 @@ void ParameterClient::PushPullSparseAsync(absl::string_view table, int64_t step,
       homes[s].insert(home);
     }
   }
-  const size_t bpv = BytesPerValue(options_.push_encoding);
+  const size_t bpv = BytesPerValue(encoder_.sparse_encoding());
   for (const auto& pos : positions) {
     if (static_cast<int64_t>(pos.size() * dim * bpv) > options_.max_request_bytes) {
       return done(absl::InvalidArgumentError(absl::StrCat(
@@ -94,14 +94,14 @@ void ParameterClient::PushPullSparseAsync(absl::string_view table, int64_t step,
     v1::Slice* slice = request->add_push();
     slice->mutable_key()->set_tensor(t.name);
     slice->mutable_key()->set_index(0);
-    slice->set_encoding(options_.push_encoding);
+    slice->set_encoding(encoder_.sparse_encoding());
     slice->set_want_weights(want);
     std::vector<float> gathered(pos->size() * dim);
     for (size_t j = 0; j < pos->size(); ++j) {
       slice->add_row_ids(rows[(*pos)[j]]);
       std::copy_n(gradient.data() + (*pos)[j] * dim, dim, gathered.data() + j * dim);
     }
-    EncodeInto(options_.push_encoding, gathered.data(), gathered.size(), slice->mutable_data());
+    EncodeInto(encoder_.sparse_encoding(), gathered.data(), gathered.size(), slice->mutable_data());
     auto attempt = std::make_shared<Attempt>();
     attempt->op = op;
     attempt->shard = s;

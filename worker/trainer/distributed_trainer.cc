@@ -321,8 +321,9 @@ absl::Status DistributedTrainer::Connect() {
   o.worker_id = static_cast<uint32_t>(rank_);
   o.incarnation = options_.task.incarnation();
   o.partition_bytes = spec::PartitionBytes(spec);
-  o.push_encoding = spec::WireEncoding(spec);
-  o.pull_encoding = spec::WireEncoding(spec);
+  o.push_encoding = spec::PushEncoding(spec);
+  o.pull_encoding = spec::PullEncoding(spec);
+  o.topk_fraction = spec::TopKFraction(spec);
   o.call_timeout = options_.call_timeout;
   o.retry.max_attempts = options_.max_attempts;
   o.credentials = options_.credentials;

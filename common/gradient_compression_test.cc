@@ -1,0 +1,158 @@
+#include "common/gradient_compression.h"
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace tessera {
+namespace {
+
+std::vector<float> Decode(v1::Encoding e, const std::string& bytes, size_t n) {
+  EXPECT_TRUE(CheckCompressed(e, bytes, n).ok()) << CheckCompressed(e, bytes, n);
+  std::vector<float> out(n, 123.0f);
+  DecodeCompressed(e, bytes, out.data(), n);
+  return out;
+}
+
+TEST(GradientCompressionTest, Sign1KeepsTheSignsAndTheMeanMagnitude) {
+  const std::vector<float> x = {1.0f, -3.0f, 0.5f, -0.5f, 2.0f, -1.0f, 0.0f, 4.0f, -2.0f, 1.0f};
+  std::string bytes;
+  EncodeCompressed(v1::ENCODING_SIGN1, x.data(), x.size(), 0, &bytes);
+  ASSERT_EQ(bytes.size(), 4u + 2u);
+  EXPECT_EQ(Sign1Bytes(10), 6u);
+  float scale;
+  std::memcpy(&scale, bytes.data(), 4);
+  EXPECT_FLOAT_EQ(scale, 15.0f / 10.0f);
+  // Negative at 1, 3, 5, 8: byte 0 = 0b00101010, byte 1 = 0b01.
+  EXPECT_EQ(static_cast<unsigned char>(bytes[4]), 0x2a);
+  EXPECT_EQ(static_cast<unsigned char>(bytes[5]), 0x01);
+  const std::vector<float> out = Decode(v1::ENCODING_SIGN1, bytes, x.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    EXPECT_EQ(out[i], std::signbit(x[i]) ? -1.5f : 1.5f) << i;
+  }
+}
+
+TEST(GradientCompressionTest, TopKKeepsTheLargestMagnitudesInIndexOrder) {
+  const std::vector<float> x = {0.1f, -5.0f, 0.2f, 3.0f, -0.3f, 3.0f, 0.0f};
+  EXPECT_EQ(TopKCount(7, 0.4), 3u);
+  EXPECT_EQ(TopKCount(7, 1e-9), 1u);
+  EXPECT_EQ(TopKCount(0, 0.5), 0u);
+  std::string bytes;
+  EncodeCompressed(v1::ENCODING_TOPK, x.data(), x.size(), 3, &bytes);
+  ASSERT_EQ(bytes.size(), 24u);
+  uint32_t first;
+  std::memcpy(&first, bytes.data(), 4);
+  EXPECT_EQ(first, 1u);
+  const std::vector<float> out = Decode(v1::ENCODING_TOPK, bytes, x.size());
+  EXPECT_EQ(out, (std::vector<float>{0, -5.0f, 0, 3.0f, 0, 3.0f, 0}));
+  // All of them: the payload is the whole gradient.
+  EncodeCompressed(v1::ENCODING_TOPK, x.data(), x.size(), x.size(), &bytes);
+  EXPECT_EQ(Decode(v1::ENCODING_TOPK, bytes, x.size()), x);
+}
+
+TEST(GradientCompressionTest, MalformedPayloadsAreRefusedNamingTheProblem) {
+  std::string sign(Sign1Bytes(10), '\0');
+  EXPECT_TRUE(CheckCompressed(v1::ENCODING_SIGN1, sign, 10).ok());
+  EXPECT_NE(CheckCompressed(v1::ENCODING_SIGN1, sign, 20).message().find("expected 7 bytes"),
+            std::string::npos);
+  sign[5] = 0x04;  // bit 10 of 10 values
+  EXPECT_NE(CheckCompressed(v1::ENCODING_SIGN1, sign, 10).message().find("unused bits"),
+            std::string::npos);
+  sign[5] = 0;
+  const float negative = -1.0f;
+  std::memcpy(sign.data(), &negative, 4);
+  EXPECT_NE(CheckCompressed(v1::ENCODING_SIGN1, sign, 10).message().find("scale must be >= 0"),
+            std::string::npos);
+
+  auto pair = [](uint32_t index, float value) {
+    std::string p(8, '\0');
+    std::memcpy(p.data(), &index, 4);
+    std::memcpy(p.data() + 4, &value, 4);
+    return p;
+  };
+  EXPECT_TRUE(CheckCompressed(v1::ENCODING_TOPK, "", 4).ok());
+  EXPECT_TRUE(CheckCompressed(v1::ENCODING_TOPK, pair(0, 1) + pair(3, 2), 4).ok());
+  EXPECT_NE(CheckCompressed(v1::ENCODING_TOPK, pair(4, 1), 4).message().find("is not below 4"),
+            std::string::npos);
+  EXPECT_NE(
+      CheckCompressed(v1::ENCODING_TOPK, pair(2, 1) + pair(2, 1), 4).message().find("follow 2"),
+      std::string::npos);
+  EXPECT_NE(CheckCompressed(v1::ENCODING_TOPK, pair(0, 1).substr(0, 7), 4)
+                .message()
+                .find("multiple of 8"),
+            std::string::npos);
+  EXPECT_FALSE(
+      CheckCompressed(v1::ENCODING_TOPK, pair(0, 1) + pair(1, 1) + pair(2, 1), 2).ok());  // k > n
+
+  bool bad = false;
+  ASSERT_TRUE(CheckCompressed(v1::ENCODING_TOPK, pair(1, NAN), 4, &bad).ok());
+  EXPECT_TRUE(bad);
+  ASSERT_TRUE(CheckCompressed(v1::ENCODING_TOPK, pair(1, 2.0f), 4, &bad).ok());
+  EXPECT_FALSE(bad);
+  const float inf = INFINITY;
+  std::memcpy(sign.data(), &inf, 4);
+  ASSERT_TRUE(CheckCompressed(v1::ENCODING_SIGN1, sign, 10, &bad).ok());
+  EXPECT_TRUE(bad);
+}
+
+// Error feedback loses nothing: after T steps, what was sent plus what is kept equals what was
+// given, for both encodings; and the kept part stays bounded instead of growing with T.
+TEST(GradientCompressionTest, ErrorFeedbackSendsEverythingEventually) {
+  constexpr size_t n = 1000;
+  for (const v1::Encoding e : {v1::ENCODING_SIGN1, v1::ENCODING_TOPK}) {
+    std::mt19937 rng(7);
+    std::normal_distribution<float> normal(0.3f, 1.0f);
+    ErrorFeedback feedback;
+    std::vector<double> given(n, 0.0), sent(n, 0.0);
+    std::vector<float> g(n), decoded(n);
+    std::string bytes;
+    double residual_at_50 = 0;
+    for (int step = 0; step < 200; ++step) {
+      for (size_t i = 0; i < n; ++i) {
+        g[i] = normal(rng);
+        given[i] += g[i];
+      }
+      feedback.Encode(e, g.data(), n, TopKCount(n, 0.05), &bytes);
+      DecodeCompressed(e, bytes, decoded.data(), n);
+      for (size_t i = 0; i < n; ++i) sent[i] += decoded[i];
+      if (step == 49) residual_at_50 = feedback.ResidualL1();
+    }
+    ASSERT_EQ(feedback.residual().size(), n);
+    double worst = 0;
+    for (size_t i = 0; i < n; ++i) {
+      worst = std::max(worst, std::fabs(given[i] - sent[i] - feedback.residual()[i]));
+    }
+    EXPECT_LT(worst, 1e-2) << v1::Encoding_Name(e);
+    // Bounded: the residual after 200 steps is not 4x what it was after 50.
+    EXPECT_LT(feedback.ResidualL1(), 2.0 * residual_at_50) << v1::Encoding_Name(e);
+    // The mean drift of 0.3 per step arrives: on average the sent sum is near 200 * 0.3 = 60.
+    double mean_sent = 0;
+    for (double s : sent) mean_sent += s / n;
+    EXPECT_NEAR(mean_sent, 60.0, 3.0) << v1::Encoding_Name(e);
+  }
+}
+
+TEST(GradientCompressionTest, ANonFiniteGradientIsSentAndClearsTheResidual) {
+  ErrorFeedback feedback;
+  std::vector<float> g = {1.0f, -2.0f, 3.0f, 0.5f};
+  std::string bytes;
+  feedback.Encode(v1::ENCODING_TOPK, g.data(), g.size(), 1, &bytes);
+  EXPECT_GT(feedback.ResidualL1(), 0.0);
+  g[1] = NAN;
+  feedback.Encode(v1::ENCODING_TOPK, g.data(), g.size(), 1, &bytes);
+  bool bad = false;
+  ASSERT_TRUE(CheckCompressed(v1::ENCODING_TOPK, bytes, g.size(), &bad).ok());
+  EXPECT_TRUE(bad);  // the NaN ranks first, so the shard's policy sees it
+  EXPECT_EQ(feedback.ResidualL1(), 0.0);
+  feedback.Encode(v1::ENCODING_SIGN1, g.data(), g.size(), 0, &bytes);
+  ASSERT_TRUE(CheckCompressed(v1::ENCODING_SIGN1, bytes, g.size(), &bad).ok());
+  EXPECT_TRUE(bad);
+  EXPECT_EQ(feedback.ResidualL1(), 0.0);
+}
+
+}  // namespace
+}  // namespace tessera
