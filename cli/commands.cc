@@ -472,6 +472,13 @@ int RunLocal(const GlobalOptions& global, const LocalOptions& options) {
       args->insert(args->end(), {"--dataset_root", folder});
     }
   }
+  if (options.adjust_cluster) {
+    absl::Status adjusted = options.adjust_cluster(&cluster_options);
+    if (!adjusted.ok()) {
+      Fail(global, adjusted, "tessera local: the cluster's options");
+      return adjusted.code() == absl::StatusCode::kInvalidArgument ? kExitUsage : kExitUnavailable;
+    }
+  }
   std::fprintf(progress, "tessera local: starting a coordinator, %d shards and %d workers\n",
                options.shards, spec->num_workers());
   std::fflush(progress);

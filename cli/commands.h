@@ -15,9 +15,11 @@
 #ifndef TESSERA_CLI_COMMANDS_H_
 #define TESSERA_CLI_COMMANDS_H_
 
+#include <functional>
 #include <string>
 
 #include "absl/status/status.h"
+#include "cli/local_cluster.h"
 #include "common/security.h"
 
 namespace tessera::cli {
@@ -57,6 +59,10 @@ struct LocalOptions {
   int threads = 0;      // per worker (per replica with devices); 0: cores / (workers x replicas)
   std::string devices;  // each worker's --devices ("cpu:N"); empty: one device
   bool keep_dir = false;
+  // Called with the cluster's options before it starts (not from the command line): a benchmark
+  // puts an emulated link in front of each shard (bench/slow_link_bench.cc). An error is the
+  // command's (exit 64 for INVALID_ARGUMENT, else 69).
+  std::function<absl::Status(LocalCluster::Options*)> adjust_cluster;
 };
 
 struct CriteoDatagenFlags {

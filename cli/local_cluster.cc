@@ -100,9 +100,11 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const Options&
     shard.name = absl::StrCat("shard-", i);
     shard.log_path = absl::StrCat(dir, "/", shard.name, ".log");
     shard.port_file = absl::StrCat(dir, "/", shard.name, ".port");
+    const bool fixed_listen =
+        i < static_cast<int>(options.shard_listen.size()) && !options.shard_listen[i].empty();
     shard.argv = {bin + "/tessera-server",
                   "--listen",
-                  "127.0.0.1:0",
+                  fixed_listen ? options.shard_listen[i] : "127.0.0.1:0",
                   "--port_file",
                   shard.port_file,
                   "--shard_index",
@@ -114,6 +116,10 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const Options&
                   "--log_level",
                   options.log_level};
     shard.argv.insert(shard.argv.end(), options.server_args.begin(), options.server_args.end());
+    if (i < static_cast<int>(options.shard_args.size())) {
+      shard.argv.insert(shard.argv.end(), options.shard_args[i].begin(),
+                        options.shard_args[i].end());
+    }
     cluster->children_.push_back(std::move(shard));
     absl::Status spawned = cluster->Spawn(&cluster->children_.back());
     if (!spawned.ok()) return spawned;

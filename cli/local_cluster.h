@@ -57,6 +57,11 @@ class LocalCluster {
     std::vector<std::string> coordinator_args;
     std::vector<std::string> server_args;
     std::vector<std::string> worker_args;
+    // Per shard index, when there is an entry: the --listen address (default "127.0.0.1:0") and
+    // extra flags (after server_args). A benchmark puts an emulated link in front of a shard
+    // with them: a fixed port behind a proxy, and the proxy's address as --advertise_address.
+    std::vector<std::string> shard_listen;
+    std::vector<std::vector<std::string>> shard_args;
     // Extra environment of worker i (worker_env[i], when there is one): a failpoint
     // (common/failpoint.h) in a test, say.
     std::vector<std::map<std::string, std::string>> worker_env;

@@ -1,5 +1,6 @@
 #include "common/gradient_compression.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -52,6 +53,63 @@ TEST(GradientCompressionTest, TopKKeepsTheLargestMagnitudesInIndexOrder) {
   // All of them: the payload is the whole gradient.
   EncodeCompressed(v1::ENCODING_TOPK, x.data(), x.size(), x.size(), &bytes);
   EXPECT_EQ(Decode(v1::ENCODING_TOPK, bytes, x.size()), x);
+}
+
+// The vectorised encoders and decoder against the definitions, one value at a time, over sizes
+// on and off a multiple of 8, with ties, zeros, negative zeros and a NaN among the values.
+TEST(GradientCompressionTest, EncodersMatchTheDefinitionAtEverySize) {
+  std::mt19937 rng(7);
+  std::uniform_int_distribution<int> level(-4, 4);
+  for (size_t n : {1u, 7u, 8u, 9u, 63u, 64u, 65u, 1000u, 4099u}) {
+    std::vector<float> x(n);
+    for (float& v : x) v = 0.5f * static_cast<float>(level(rng));  // many ties
+    if (n > 2) x[1] = -0.0f;
+    if (n > 5) x[n / 2] = NAN;
+    // SIGN1: scale = mean |x| over the finite values' sum (NaN makes it NaN), bit = sign bit.
+    std::string bytes;
+    EncodeCompressed(v1::ENCODING_SIGN1, x.data(), n, 0, &bytes);
+    ASSERT_EQ(bytes.size(), Sign1Bytes(n));
+    double l1 = 0;
+    for (float v : x) l1 += std::fabs(v);
+    float scale;
+    std::memcpy(&scale, bytes.data(), 4);
+    if (std::isnan(l1)) {
+      EXPECT_TRUE(std::isnan(scale)) << n;
+    } else {
+      EXPECT_FLOAT_EQ(scale, static_cast<float>(l1 / n)) << n;
+      std::vector<float> out(n);
+      DecodeCompressed(v1::ENCODING_SIGN1, bytes, out.data(), n);
+      for (size_t i = 0; i < n; ++i) {
+        EXPECT_EQ(out[i], std::signbit(x[i]) ? -scale : scale) << n << " " << i;
+        EXPECT_EQ(std::signbit(out[i]), std::signbit(x[i])) << n << " " << i;
+      }
+    }
+    for (size_t i = 0; i < n; ++i) {
+      EXPECT_EQ((static_cast<unsigned char>(bytes[4 + i / 8]) >> (i % 8)) & 1u,
+                std::signbit(x[i]) ? 1u : 0u)
+          << n << " " << i;
+    }
+    // TOPK: the k of largest magnitude, NaN first, ties to the lower index, in index order.
+    for (size_t k : {size_t{1}, (n + 3) / 4, n}) {
+      std::vector<size_t> order(n);
+      for (size_t i = 0; i < n; ++i) order[i] = i;
+      auto rank = [](float v) { return std::isnan(v) ? INFINITY : std::fabs(v); };
+      std::stable_sort(order.begin(), order.end(),
+                       [&](size_t a, size_t b) { return rank(x[a]) > rank(x[b]); });
+      order.resize(k);
+      std::sort(order.begin(), order.end());
+      EncodeCompressed(v1::ENCODING_TOPK, x.data(), n, k, &bytes);
+      ASSERT_EQ(bytes.size(), 8 * k) << n << " " << k;
+      for (size_t j = 0; j < k; ++j) {
+        uint32_t index;
+        float value;
+        std::memcpy(&index, bytes.data() + 8 * j, 4);
+        std::memcpy(&value, bytes.data() + 8 * j + 4, 4);
+        EXPECT_EQ(index, order[j]) << n << " " << k << " " << j;
+        EXPECT_EQ(std::memcmp(&value, &x[order[j]], 4), 0) << n << " " << k << " " << j;
+      }
+    }
+  }
 }
 
 TEST(GradientCompressionTest, MalformedPayloadsAreRefusedNamingTheProblem) {
