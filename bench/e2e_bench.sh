@@ -43,36 +43,8 @@ spec() {  # spec MODE FILE: the example MLP with EPOCHS epochs in MODE
 }
 
 summarise_tessera() {  # summarise_tessera OUTPUT_FILE MODE SHARDS ROUND
-  "$PY" - "$@" "$TARGET" <<'EOF'
-import json, sys
-path, mode, shards, rnd, target = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5])
-events, record = [], None
-for line in open(path):
-    line = line.strip()
-    if not line.startswith("{"):
-        continue
-    d = json.loads(line)
-    if "event" in d:
-        events.append(d["event"])
-    else:
-        record = d
-start = int(record.get("start_time_ms", 0))
-to_target = None
-for e in events:
-    if e.get("evaluated") and e.get("test_accuracy", 0) >= target:
-        to_target = (int(e["time_ms"]) - start) / 1000.0
-        break
-evals = [round(e["test_accuracy"], 4) for e in events if e.get("evaluated")]
-st = record.get("step_times", {})
-print(json.dumps({
-    "system": "tessera", "round": rnd, "mode": mode, "shards": shards, "workers": 2,
-    "state": record.get("state_name"), "steps": record.get("steps"),
-    "samples_per_second": record.get("samples_per_second"),
-    "seconds": (int(record.get("end_time_ms", 0)) - start) / 1000.0,
-    "time_to_target": to_target, "test_accuracy": record.get("test_accuracy"),
-    "evaluations": evals,
-    "step_times": {k: st.get(k, 0.0) for k in ("compute", "exchange", "install", "data")}}))
-EOF
+  "$PY" bench/local_run_summary.py "$1" --target "$TARGET" --workers 2 --label system=tessera \
+    --label "round=$4" --label "mode=$2" --label "shards=$3" --label workers=2
 }
 
 results="$OUT/results.jsonl"

@@ -9,6 +9,11 @@
 #   bench/slow_link_bench.sh                               # RATE_MBIT=1000 EPOCHS=4 ROUNDS=1
 #   RATE_MBIT=10000 ROUNDS=2 ENCODINGS="fp32 sign1" bench/slow_link_bench.sh
 #   TOPK_FRACTION=0.05 bench/slow_link_bench.sh           # topk's fraction (default the spec's 0.01)
+#   ENCODINGS="fp32 topk:delta_topk" PULL_TOPK_FRACTION=0.1 bench/slow_link_bench.sh
+#
+# An encoding WIRE:PULL sets the spec's wire_encoding to WIRE and its pull_encoding to PULL
+# ("delta_topk": weight deltas with the shard's error feedback; PULL_TOPK_FRACTION, default the
+# spec's 0.1, sets their pull_topk_fraction).
 #
 # Prints one JSON line per run and a Markdown table: seconds from the job's start to the first
 # evaluation at or above TARGET (0.85) test accuracy, the final test accuracy, training samples
@@ -28,50 +33,25 @@ mkdir -p "$OUT"
 export OMP_WAIT_POLICY=passive
 [ -x "$BUILD_DIR/bin/slow_link_benchmark" ] ||
   { echo "build first: $BUILD_DIR/bin/slow_link_benchmark is missing" >&2; exit 64; }
-spec() {  # spec ENCODING FILE
+spec() {  # spec WIRE[:PULL] FILE
+  local wire=${1%%:*} pull=
+  [ "$wire" = "$1" ] || pull=${1#*:}
   sed -e "s/^epochs: .*/epochs: $EPOCHS/" examples/fashion_mlp.textproto > "$2"
   grep -q '^num_workers:' "$2" || echo "num_workers: 2" >> "$2"
-  printf 'eval { every_epochs: 1 }\nwire_encoding: "%s"\n' "$1" >> "$2"
-  if [ "$1" = topk ] && [ -n "${TOPK_FRACTION:-}" ]; then
+  printf 'eval { every_epochs: 1 }\nwire_encoding: "%s"\n' "$wire" >> "$2"
+  if [ "$wire" = topk ] && [ -n "${TOPK_FRACTION:-}" ]; then
     echo "topk_fraction: $TOPK_FRACTION" >> "$2"
+  fi
+  if [ -n "$pull" ]; then
+    echo "pull_encoding: \"$pull\"" >> "$2"
+    if [ "$pull" = delta_topk ] && [ -n "${PULL_TOPK_FRACTION:-}" ]; then
+      echo "pull_topk_fraction: $PULL_TOPK_FRACTION" >> "$2"
+    fi
   fi
 }
 summarise() {  # summarise OUTPUT_FILE ENCODING ROUND
-  "$PY" - "$@" "$TARGET" <<'EOF'
-import json, sys
-path, encoding, rnd, target = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
-events, record, link = [], None, None
-for line in open(path):
-    line = line.strip()
-    if not line.startswith("{"):
-        continue
-    d = json.loads(line)
-    if "event" in d:
-        events.append(d["event"])
-    elif "link" in d:
-        link = d["link"]
-    elif "id" in d:
-        record = d
-start = int(record.get("start_time_ms", 0))
-to_target, evals = None, []
-for e in events:
-    if not e.get("evaluated"):
-        continue
-    if not evals or evals[-1] != round(e["test_accuracy"], 4):
-        evals.append(round(e["test_accuracy"], 4))
-    if to_target is None and e["test_accuracy"] >= target:
-        to_target = (int(e["time_ms"]) - start) / 1000.0
-steps = int(record.get("steps", 0)) * 2  # worker steps, both workers
-print(json.dumps({
-    "encoding": encoding, "round": rnd, "state": record.get("state_name"),
-    "samples_per_second": record.get("samples_per_second"),
-    "seconds": (int(record.get("end_time_ms", 0)) - start) / 1000.0,
-    "time_to_target": to_target, "test_accuracy": record.get("test_accuracy"),
-    "evaluations": evals,
-    "bytes_to_shards_per_step": link["bytes_to_shards"] / max(steps, 1),
-    "bytes_from_shards_per_step": link["bytes_from_shards"] / max(steps, 1),
-    "rate_mbit": link["rate_mbit"]}))
-EOF
+  "$PY" bench/local_run_summary.py "$1" --target "$TARGET" --workers 2 --label "encoding=$2" \
+    --label "round=$3"
 }
 results="$OUT/results.jsonl"
 : > "$results"

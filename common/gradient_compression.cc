@@ -110,6 +110,12 @@ void DecodeCompressed(v1::Encoding encoding, absl::string_view bytes, float* out
   }
 }
 
+void AddTopK(absl::string_view bytes, float* out) {
+  for (size_t i = 0; i + 8 <= bytes.size(); i += 8) {
+    out[ReadU32(bytes.data() + i)] += ReadFloat(bytes.data() + i + 4);
+  }
+}
+
 void EncodeCompressed(v1::Encoding encoding, const float* x, size_t n, size_t top_k,
                       std::string* out) {
   if (encoding == v1::ENCODING_SIGN1) {

@@ -43,6 +43,10 @@ absl::Status CheckCompressed(v1::Encoding encoding, absl::string_view bytes, siz
 // Decodes a payload that CheckCompressed accepted into out[0, n).
 void DecodeCompressed(v1::Encoding encoding, absl::string_view bytes, float* out, size_t n);
 
+// Adds a TOPK payload that CheckCompressed accepted to out[0, n): out[index] += value per pair
+// (weight deltas, server/published_weights.h; both ends add the same floats the same way).
+void AddTopK(absl::string_view bytes, float* out);
+
 // Replaces *out with the payload of x[0, n): SIGN1 (top_k ignored), or TOPK keeping the top_k
 // values of largest magnitude (ties: the lower index). REQUIRES: IsCompressed(encoding),
 // top_k <= n.

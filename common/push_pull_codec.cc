@@ -73,6 +73,7 @@ size_t SliceMetaSize(const SliceMessage& s, size_t* packed) {
   if (s.row_ids_size() > 0) n += LengthDelimitedSize(SliceMessage::kRowIdsFieldNumber, *packed);
   n += VarintFieldSize(SliceMessage::kWantWeightsFieldNumber, s.want_weights() ? 1 : 0);
   n += VarintFieldSize(SliceMessage::kVersionFieldNumber, static_cast<uint64_t>(s.version()));
+  n += VarintFieldSize(SliceMessage::kWeightsIdFieldNumber, s.weights_id());
   return n;
 }
 
@@ -91,6 +92,7 @@ void AppendSliceHead(int field, const SliceMessage& s, size_t n, std::string* ou
   }
   AppendVarintField(SliceMessage::kWantWeightsFieldNumber, s.want_weights() ? 1 : 0, out);
   AppendVarintField(SliceMessage::kVersionFieldNumber, static_cast<uint64_t>(s.version()), out);
+  AppendVarintField(SliceMessage::kWeightsIdFieldNumber, s.weights_id(), out);
   if (n > 0) AppendLengthPrefix(SliceMessage::kDataFieldNumber, n, out);
 }
 
@@ -246,6 +248,10 @@ absl::Status DecodeSlice(Cursor* in, size_t limit, bool keep_pieces, DecodedSlic
         TESSERA_RETURN_IF_ERROR(in->ReadVarintField(limit, field, wire_type, "version", at, &v));
         out->version = static_cast<int64_t>(v);
         break;
+      case SliceMessage::kWeightsIdFieldNumber:
+        TESSERA_RETURN_IF_ERROR(
+            in->ReadVarintField(limit, field, wire_type, "weights_id", at, &out->weights_id));
+        break;
       default:
         TESSERA_RETURN_IF_ERROR(in->SkipField(limit, wire_type));
     }
@@ -369,6 +375,7 @@ PushPullView DecodedPushPullRequest::View() const {
     v.pieces = absl::MakeConstSpan(s.pieces);
     v.row_ids = absl::MakeConstSpan(s.row_ids);
     v.want_weights = s.want_weights;
+    v.weights_id = s.weights_id;
     return v;
   };
   view.push.reserve(push.size());
@@ -579,6 +586,7 @@ v1::PushPullResponse TakePushPullResponse(DecodedPushPullResponse* decoded,
     w->mutable_row_ids()->Add(s.row_ids.begin(), s.row_ids.end());
     w->set_want_weights(s.want_weights);
     w->set_version(s.version);
+    w->set_weights_id(s.weights_id);
   }
   decoded->weights.clear();
   return response;

@@ -93,6 +93,7 @@ struct DecodedSlice {
   std::vector<int64_t> row_ids;
   bool want_weights = false;
   int64_t version = 0;
+  uint64_t weights_id = 0;
 };
 
 // A v1::PushPullRequest read from the wire. It holds the received slices that its views point

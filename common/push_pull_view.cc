@@ -18,6 +18,7 @@ PushPullView ViewOf(const v1::PushPullRequest& request) {
     v.data = s.data();
     v.row_ids = absl::MakeConstSpan(s.row_ids().data(), s.row_ids().size());
     v.want_weights = s.want_weights();
+    v.weights_id = s.weights_id();
     return v;
   };
   view.push.reserve(request.push_size());

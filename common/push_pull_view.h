@@ -25,7 +25,8 @@ struct SliceView {
   absl::Span<const absl::string_view> pieces;
   absl::Span<const int64_t> row_ids;
   bool want_weights = false;
-  bool all_rows = false;  // Pull only (v1::Slice.all_rows)
+  bool all_rows = false;    // Pull only (v1::Slice.all_rows)
+  uint64_t weights_id = 0;  // the weights the puller holds (weight-delta pulls, v1::Slice)
 };
 
 // A v1::PushPullRequest by reference (see SliceView). Valid only while what it points into lives

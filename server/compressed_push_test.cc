@@ -95,7 +95,7 @@ TEST(CompressedPushTest, MalformedSparseOrPulledCompressionIsInvalidArgumentNami
   v1::PullRequest pull;
   pull.set_job_id("m");
   pull.set_step(-1);
-  pull.set_encoding(v1::ENCODING_TOPK);
+  pull.set_encoding(v1::ENCODING_SIGN1);
   *pull.add_keys() = PullKey("w", 0);
   std::optional<absl::StatusOr<std::vector<v1::Slice>>> answer;
   store.Pull(pull, [&](absl::StatusOr<std::vector<v1::Slice>> r) { answer = std::move(r); });

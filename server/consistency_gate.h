@@ -46,6 +46,7 @@
 #include <list>
 #include <memory>
 #include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -65,6 +66,13 @@ namespace tessera::server {
 // server/request_validation.h), then admitted under the partition's lock.
 struct PushSlice {
   const SliceView* slice = nullptr;
+  // A compressed payload that arrived in pieces, joined once to be checked: `slice` then points
+  // at joined->view, whose data is joined->bytes, so that decoding it does not join it again.
+  struct Joined {
+    std::string bytes;
+    SliceView view;
+  };
+  std::unique_ptr<Joined> joined;
   std::shared_ptr<Partition> partition;
   size_t data_size = 0;
   bool skip = false;          // non-finite under NON_FINITE_POLICY_SKIP

@@ -32,6 +32,7 @@ class MemoryBudget {
   // For growth that was checked beforehand (sparse rows created when a BSP step completes).
   void ForceReserve(int64_t bytes) { used_.fetch_add(bytes, std::memory_order_relaxed); }
   void Release(int64_t bytes) { used_.fetch_sub(bytes, std::memory_order_relaxed); }
+  int64_t used() const { return used_.load(std::memory_order_relaxed); }
 
   // RESOURCE_EXHAUSTED: `what` needs `bytes` more bytes (the message names the limit).
   absl::Status Exhausted(absl::string_view what, int64_t bytes) const;

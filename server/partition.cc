@@ -53,6 +53,7 @@ std::shared_ptr<Partition> Partition::Dense(const v1::DensePartitionDecl& decl,
   p->num_elements = decl.num_elements();
   p->average = decl.update() == v1::DENSE_UPDATE_AVERAGE;
   if (p->average) p->num_slots = 0;
+  p->published = std::make_unique<PublishedWeights>(setup.budget);
   absl::MutexLock lock(&p->mu);
   p->last_applied.resize(setup.workers);
   p->staging.contributed.assign(setup.workers, 0);

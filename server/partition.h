@@ -32,6 +32,7 @@
 #include "kernels/sparse_rows.h"
 #include "server/gradient_payload.h"
 #include "server/memory_budget.h"
+#include "server/published_weights.h"
 #include "server/shard_counters.h"
 #include "server/shared_weights.h"
 #include "tessera/v1/parameter.pb.h"
@@ -173,6 +174,10 @@ struct Partition {
   kernels::OptimizerParams params;
   int num_slots = 0;
   v1::LearningRateSchedule schedule;  // the job's
+
+  // Dense: the weights its workers hold under weight-delta pulls (pull encoding TOPK), with a
+  // lock of its own, taken without mu. Set at creation.
+  std::unique_ptr<PublishedWeights> published;
 
   // Written under mu; read without it by parked pulls.
   std::atomic<int64_t> version{0};

@@ -49,11 +49,32 @@ int64_t ReadItems(const std::vector<PullItem>& items, v1::Encoding encoding,
   int64_t bytes = 0;
   // Dense fp32 answers to a sink share the partition's weights instead of copying them.
   const bool share = sink != nullptr && BytesPerValue(encoding) == 4;
+  // Weight deltas are for dense partitions; a table's rows go in fp32.
+  const bool deltas = encoding == v1::ENCODING_TOPK;
+  const v1::Encoding rows_encoding = deltas ? v1::ENCODING_FP32 : encoding;
   for (size_t i = 0; i < items.size(); ++i) {
     const Partition& p = *items[i].partition;
     v1::Slice& slice = (*slices)[i];
     *slice.mutable_key() = items[i].key;
-    if (share && !p.sparse) {
+    const bool shared = share && !p.sparse;
+    if (sink != nullptr && sink->take_buffer && !shared && !items[i].all_rows) {
+      std::string buffer = sink->take_buffer();
+      buffer.clear();
+      slice.mutable_data()->swap(buffer);
+    }
+    if (deltas && !p.sparse) {
+      SharedWeights weights;
+      int64_t version = 0;
+      {
+        absl::ReaderMutexLock lock(&p.mu);
+        version = p.version.load(std::memory_order_relaxed);
+        weights = p.weights;
+      }
+      p.published->Answer(weights, version, items[i].held_weights, items[i].delta_fraction, &slice);
+      bytes += static_cast<int64_t>(slice.data().size());
+      continue;
+    }
+    if (shared) {
       SharedWeights weights;
       {
         absl::ReaderMutexLock lock(&p.mu);
@@ -66,16 +87,11 @@ int64_t ReadItems(const std::vector<PullItem>& items, v1::Encoding encoding,
       continue;
     }
     if (items[i].all_rows) {
-      bytes += ReadAllRows(items[i], encoding, &slice, slices);
+      bytes += ReadAllRows(items[i], rows_encoding, &slice, slices);
       continue;
     }
-    if (sink != nullptr && sink->take_buffer) {
-      std::string buffer = sink->take_buffer();
-      buffer.clear();
-      slice.mutable_data()->swap(buffer);
-    }
     absl::ReaderMutexLock lock(&p.mu);
-    p.ReadInto(items[i].row_ids, encoding, &slice);
+    p.ReadInto(items[i].row_ids, rows_encoding, &slice);
     bytes += static_cast<int64_t>(slice.data().size());
   }
   return bytes;

@@ -43,17 +43,25 @@ absl::Status CheckPusher(const JobState& job, const PushPullView& request) {
   return absl::OkStatus();
 }
 
-// The checks of a compressed push slice i to dense partition p; sets *non_finite.
+// The checks of a compressed push slice i to dense partition p; sets *non_finite. A payload in
+// pieces is joined into item->joined, which the apply then reads.
 absl::Status CheckCompressedSlice(const SliceView& s, size_t i, const std::string& key,
-                                  const Partition& p, bool* non_finite) {
+                                  const Partition& p, PushSlice* item, bool* non_finite) {
   if (p.sparse) {
     return absl::InvalidArgumentError(absl::StrCat(
         "push[", i, "] key ", key, ": ", v1::Encoding_Name(s.encoding),
         " is for dense partitions; a sparse table's rows travel in fp32, bf16 or fp16"));
   }
-  std::string buffer;
-  const absl::Status valid = CheckCompressed(s.encoding, Contiguous(s, &buffer),
-                                             static_cast<size_t>(p.num_elements), non_finite);
+  absl::string_view bytes = s.data;
+  if (!s.pieces.empty()) {
+    item->joined = std::make_unique<PushSlice::Joined>();
+    bytes = Contiguous(s, &item->joined->bytes);
+    item->joined->view = s;
+    item->joined->view.data = bytes;
+    item->joined->view.pieces = {};
+  }
+  const absl::Status valid =
+      CheckCompressed(s.encoding, bytes, static_cast<size_t>(p.num_elements), non_finite);
   if (!valid.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat("push[", i, "] key ", key, ": ", valid.message()));
@@ -68,7 +76,7 @@ absl::Status CheckPushSlice(const JobState& job, const PushPullView& request, si
                             bool* non_finite) {
   const SliceView& s = request.push[i];
   if (IsCompressed(s.encoding)) {
-    TESSERA_RETURN_IF_ERROR(CheckCompressedSlice(s, i, key, p, non_finite));
+    TESSERA_RETURN_IF_ERROR(CheckCompressedSlice(s, i, key, p, item, non_finite));
     TESSERA_RETURN_IF_ERROR(job.gate.AdmitSlice(key, p, request.step, &item->staleness));
     item->data_size = DataSize(s);
     return absl::OkStatus();
@@ -256,6 +264,11 @@ absl::Status ValidateJobRequest(const v1::CreateJobStateRequest& request,
                                                    kMaxStep, "], got ",
                                                    config.checkpoint_every_steps()));
   }
+  if (!(config.pull_topk_fraction() >= 0 && config.pull_topk_fraction() <= 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("config.pull_topk_fraction: must be in (0, 1] (or 0 for ",
+                     kDefaultPullTopKFraction, "), got ", config.pull_topk_fraction()));
+  }
   *dense_params_out = std::move(dense_params);
   *table_params_out = std::move(table_params);
   return absl::OkStatus();
@@ -263,12 +276,13 @@ absl::Status ValidateJobRequest(const v1::CreateJobStateRequest& request,
 
 absl::Status CheckPullCaller(const JobState& job, uint32_t worker_id, v1::Encoding encoding,
                              absl::string_view encoding_field) {
-  if (IsCompressed(encoding)) {
+  if (encoding == v1::ENCODING_SIGN1) {
     return absl::InvalidArgumentError(absl::StrCat(
         encoding_field, ": ", v1::Encoding_Name(encoding),
-        " compresses pushed gradients only; weights are pulled in fp32, bf16 or fp16"));
+        " compresses pushed gradients only; weights are pulled in fp32, bf16, fp16 or as TOPK "
+        "deltas"));
   }
-  if (BytesPerValue(encoding) == 0) {
+  if (BytesPerValue(encoding) == 0 && encoding != v1::ENCODING_TOPK) {
     return absl::InvalidArgumentError(
         absl::StrCat(encoding_field, ": unknown encoding ", static_cast<int>(encoding)));
   }
@@ -301,7 +315,7 @@ absl::Status ResolvePush(const JobState& job, const PushPullView& request,
     PushSlice item;
     bool non_finite = false;
     TESSERA_RETURN_IF_ERROR(CheckPushSlice(job, request, i, key, *p, &item, &non_finite));
-    item.slice = &s;
+    item.slice = item.joined != nullptr ? &item.joined->view : &s;
     item.partition = std::move(p);
     if (non_finite) {
       if (!skip_policy) {
@@ -322,7 +336,9 @@ absl::Status ResolvePush(const JobState& job, const PushPullView& request,
 absl::Status ResolvePulls(const JobState& job, const PushPullView& request, bool one_message,
                           size_t max_message_bytes, std::vector<PullItem>* items) {
   const int64_t step = request.step;
-  const size_t width = BytesPerValue(request.pull_encoding);
+  // A weight delta (TOPK) is never larger than the weights in FP32 (server/published_weights.h).
+  const bool deltas = request.pull_encoding == v1::ENCODING_TOPK;
+  const size_t width = deltas ? sizeof(float) : BytesPerValue(request.pull_encoding);
   const size_t limit = max_message_bytes;
   size_t total = 0;
   absl::flat_hash_set<const Partition*> pulled;
@@ -373,6 +389,11 @@ absl::Status ResolvePulls(const JobState& job, const PushPullView& request, bool
     item.row_ids.assign(s.row_ids.begin(), s.row_ids.end());
     item.all_rows = s.all_rows;
     item.gate_step = gate_step;
+    if (deltas && !item.partition->sparse) {
+      item.held_weights = s.weights_id;
+      item.delta_fraction = job.config.pull_topk_fraction() == 0 ? kDefaultPullTopKFraction
+                                                                 : job.config.pull_topk_fraction();
+    }
     items->push_back(std::move(item));
     return absl::OkStatus();
   };

@@ -49,7 +49,14 @@ struct PullItem {
   std::vector<int64_t> row_ids;
   bool all_rows = false;  // every row of a sparse table (Pull only)
   int64_t gate_step = -1;
+  // Weight-delta pulls (pull encoding TOPK) of a dense partition: the weights_id the puller holds
+  // and the share of values a delta sends (JobConfig.pull_topk_fraction); 0 otherwise.
+  uint64_t held_weights = 0;
+  double delta_fraction = 0;
 };
+
+// JobConfig.pull_topk_fraction when 0.
+inline constexpr double kDefaultPullTopKFraction = 0.1;
 
 // Resolves the pull slices of `request` (gated for request.step) and then its push slices with
 // want_weights (gated for step + 1) into *items, in that order. Each answered slice must fit

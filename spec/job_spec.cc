@@ -215,6 +215,28 @@ absl::Status ValidateDistributedFields(const v1::JobSpec& spec) {
     return absl::InvalidArgumentError(absl::StrCat(
         "topk_fraction: must be in (0, 1] (or 0 for 0.01), got ", spec.topk_fraction()));
   }
+  const std::string pull = absl::AsciiStrToLower(spec.pull_encoding());
+  if (!pull.empty() && pull != "fp32" && pull != "bf16" && pull != "fp16" && pull != "delta_topk") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "pull_encoding: must be \"fp32\", \"bf16\", \"fp16\" or \"delta_topk\", got \"",
+        absl::CEscape(spec.pull_encoding()), "\""));
+  }
+  if (pull == "delta_topk" && !mode.empty() && mode != "bsp" && mode != "hybrid") {
+    // A delta is of the weights every worker holds, which they share only when they pull in
+    // step: under SSP and ASP most pulls would fall back to whole weights.
+    return absl::InvalidArgumentError(absl::StrCat(
+        "pull_encoding: \"delta_topk\" needs consistency \"bsp\" or \"hybrid\", got \"",
+        absl::CEscape(spec.consistency()), "\""));
+  }
+  if (spec.pull_topk_fraction() != 0 && pull != "delta_topk") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "pull_topk_fraction: set to ", spec.pull_topk_fraction(), " but pull_encoding is \"",
+        absl::CEscape(spec.pull_encoding()), "\"; it applies to \"delta_topk\" only"));
+  }
+  if (!(spec.pull_topk_fraction() >= 0 && spec.pull_topk_fraction() <= 1)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "pull_topk_fraction: must be in (0, 1] (or 0 for 0.1), got ", spec.pull_topk_fraction()));
+  }
   if (spec.checkpoint_every_steps() < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("checkpoint_every_steps: must be >= 0, got ", spec.checkpoint_every_steps()));
@@ -288,6 +310,8 @@ v1::JobConfig MakeJobConfig(const v1::JobSpec& spec) {
   *config.mutable_optimizer() = spec.optimizer();
   *config.mutable_schedule() = spec.schedule();
   config.set_checkpoint_every_steps(spec.checkpoint_every_steps());
+  if (PullEncoding(spec) == v1::ENCODING_TOPK)
+    config.set_pull_topk_fraction(PullTopKFraction(spec));
   return config;
 }
 
@@ -301,8 +325,17 @@ v1::Encoding PushEncoding(const v1::JobSpec& spec) {
 }
 
 v1::Encoding PullEncoding(const v1::JobSpec& spec) {
+  const std::string e = absl::AsciiStrToLower(spec.pull_encoding());
+  if (e == "fp32") return v1::ENCODING_FP32;
+  if (e == "bf16") return v1::ENCODING_BF16;
+  if (e == "fp16") return v1::ENCODING_FP16;
+  if (e == "delta_topk") return v1::ENCODING_TOPK;
   const v1::Encoding push = PushEncoding(spec);
   return IsCompressed(push) ? v1::ENCODING_BF16 : push;
+}
+
+double PullTopKFraction(const v1::JobSpec& spec) {
+  return spec.pull_topk_fraction() == 0 ? 0.1 : spec.pull_topk_fraction();
 }
 
 double TopKFraction(const v1::JobSpec& spec) {

@@ -43,8 +43,11 @@ v1::JobConfig MakeJobConfig(const v1::JobSpec& spec);
 // spec.wire_encoding as the data plane's enum for dense pushes (empty -> FP32). REQUIRES: a
 // validated spec.
 v1::Encoding PushEncoding(const v1::JobSpec& spec);
-// The same for pulled weights: a compressed push encoding pulls bf16.
+// The same for pulled weights: spec.pull_encoding when set ("delta_topk": TOPK, weight deltas);
+// otherwise the push encoding, or bf16 under a compressed one.
 v1::Encoding PullEncoding(const v1::JobSpec& spec);
+// spec.pull_topk_fraction, 0 -> 0.1.
+double PullTopKFraction(const v1::JobSpec& spec);
 // spec.topk_fraction, 0 -> 0.01.
 double TopKFraction(const v1::JobSpec& spec);
 // spec.partition_bytes, 0 -> 4 MiB.

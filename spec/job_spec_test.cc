@@ -436,6 +436,53 @@ TEST(JobSpecTest, CompressedEncodingsPushCompressedAndPullBf16) {
             std::string::npos);
 }
 
+TEST(JobSpecTest, PullEncodingDeltaTopkNeedsBspOrHybridAndAFraction) {
+  v1::JobSpec spec = DistributedMlp();
+  spec.set_wire_encoding("topk");
+  spec.set_pull_encoding("delta_topk");
+  ASSERT_TRUE(ValidateJobSpec(spec, Distributed()).ok());
+  EXPECT_EQ(PullEncoding(spec), v1::ENCODING_TOPK);
+  EXPECT_EQ(PullTopKFraction(spec), 0.1);
+  EXPECT_EQ(MakeJobConfig(spec).pull_topk_fraction(), 0.1);
+  spec.set_pull_topk_fraction(0.2);
+  ASSERT_TRUE(ValidateJobSpec(spec, Distributed()).ok());
+  EXPECT_EQ(MakeJobConfig(spec).pull_topk_fraction(), 0.2);
+  spec.set_pull_encoding("BF16");  // the pull encoding wins over wire_encoding's bf16 default
+  spec.clear_pull_topk_fraction();
+  EXPECT_EQ(PullEncoding(spec), v1::ENCODING_BF16);
+  EXPECT_EQ(MakeJobConfig(spec).pull_topk_fraction(), 0.0);
+  spec.set_pull_encoding("fp32");
+  EXPECT_EQ(PullEncoding(spec), v1::ENCODING_FP32);
+
+  struct Bad {
+    std::function<void(v1::JobSpec*)> edit;
+    std::string message;
+  };
+  for (const Bad& bad : std::vector<Bad>{
+           {[](v1::JobSpec* s) { s->set_pull_encoding("topk"); },
+            "pull_encoding: must be \"fp32\", \"bf16\", \"fp16\" or \"delta_topk\", got \"topk\""},
+           {[](v1::JobSpec* s) {
+              s->set_pull_encoding("delta_topk");
+              s->set_consistency("ssp");
+              s->set_staleness(2);
+            },
+            "pull_encoding: \"delta_topk\" needs consistency \"bsp\" or \"hybrid\", got \"ssp\""},
+           {[](v1::JobSpec* s) { s->set_pull_topk_fraction(0.5); },
+            "pull_topk_fraction: set to 0.5 but pull_encoding is \"\""},
+           {[](v1::JobSpec* s) {
+              s->set_pull_encoding("delta_topk");
+              s->set_pull_topk_fraction(2);
+            },
+            "pull_topk_fraction: must be in (0, 1]"},
+       }) {
+    v1::JobSpec broken = DistributedMlp();
+    bad.edit(&broken);
+    const absl::Status s = ValidateJobSpec(broken, Distributed());
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << bad.message;
+    EXPECT_NE(s.message().find(bad.message), std::string::npos) << s << "\nwant: " << bad.message;
+  }
+}
+
 TEST(JobSpecTest, FileChecksCanBeSkipped) {
   v1::JobSpec spec = Mlp();
   spec.mutable_dataset()->set_train_images("/elsewhere/images.gz");

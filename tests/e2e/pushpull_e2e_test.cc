@@ -96,6 +96,7 @@ class PushPullE2eTest : public ::testing::Test {
     o.retry.max_attempts = 10;
     o.retry.initial_backoff = absl::Milliseconds(5);
     o.retry.max_backoff = absl::Milliseconds(100);
+    o.pull_encoding = pull_encoding_;
     return o;
   }
 
@@ -120,8 +121,10 @@ class PushPullE2eTest : public ::testing::Test {
   }
 
   // Declares the job through a separate client, as a coordinator would.
-  void DeclareJob(const std::string& job, v1::Consistency mode, uint32_t staleness) {
+  void DeclareJob(const std::string& job, v1::Consistency mode, uint32_t staleness,
+                  double pull_topk_fraction = 0) {
     v1::JobConfig config;
+    config.set_pull_topk_fraction(pull_topk_fraction);
     config.set_consistency(mode);
     config.set_staleness(staleness);
     config.set_num_workers(kWorkers);
@@ -232,12 +235,14 @@ class PushPullE2eTest : public ::testing::Test {
         waited = true;
         if (started->Block()) delete started;
         std::vector<std::vector<float>> grads(Tensors().size()), weights(Tensors().size());
-        for (int step = 0; step < kSteps; ++step) {
+        for (int step = 0; step < kSteps + zero_steps_; ++step) {
           std::vector<std::future<absl::StatusOr<client::PushPullResult>>> futures;
           for (size_t t = 0; t < Tensors().size(); ++t) {
             grads[t].resize(Tensors()[t].size);
             weights[t].assign(Tensors()[t].size, std::nanf(""));
-            for (int64_t i = 0; i < Tensors()[t].size; ++i) grads[t][i] = Gradient(w, step, t, i);
+            for (int64_t i = 0; i < Tensors()[t].size; ++i) {
+              grads[t][i] = step < kSteps ? Gradient(w, step, t, i) : 0.0f;
+            }
             futures.push_back(
                 pc.PushPull(Tensors()[t].name, step, grads[t], absl::MakeSpan(weights[t])));
           }
@@ -262,6 +267,9 @@ class PushPullE2eTest : public ::testing::Test {
   }
 
   std::unique_ptr<LocalShards> shards_;
+  // The workers' pull encoding, and the steps with zero gradients they run after kSteps.
+  v1::Encoding pull_encoding_ = v1::ENCODING_FP32;
+  int zero_steps_ = 0;
   absl::Mutex initial_mu_;
   std::vector<std::vector<float>> initial_;  // filled once by Specs(), then read only
   int64_t retries_ = 0;
@@ -298,6 +306,61 @@ TEST_F(PushPullE2eTest, BspAveragesEachStepOnceAndMatchesTheReferenceExactly) {
   });
   EXPECT_EQ(bad, 0);
   ExpectFinalWeights("bsp", kLearningRate / kWorkers);
+}
+
+// Weight deltas (pull encoding TOPK, server/published_weights.h): every worker holds the same
+// published weights after every step, bit for bit, whatever the injected duplicates and lost
+// responses; the pushes apply as with whole weights; and once the gradients stop, the shards'
+// error feedback sends what the deltas left out: 1 / fraction steps later the workers hold the
+// shards' weights exactly.
+TEST_F(PushPullE2eTest, BspWeightDeltasGiveEveryWorkerTheSameWeightsAndCatchUp) {
+  constexpr double kFraction = 0.25;  // 16 of each partition's 64 values per delta
+  for (const bool faults : {false, true}) {
+    SCOPED_TRACE(faults ? "with duplicates and lost responses" : "without faults");
+    const std::string job = faults ? "delta-faults" : "delta";
+    pull_encoding_ = v1::ENCODING_TOPK;
+    zero_steps_ = 4;
+    DeclareJob(job, v1::CONSISTENCY_BSP, 0, kFraction);
+    std::vector<std::vector<double>> final_ref;
+    for (size_t t = 0; t < Tensors().size(); ++t) {
+      final_ref.push_back(Reference(t, kSteps, kLearningRate / kWorkers));
+    }
+    absl::Mutex mu;
+    std::map<std::pair<int, int>, std::vector<float>> first;  // (step, tensor): first answer
+    int differ = 0, behind = 0, caught_up = 0;
+    RunWorkers(
+        job,
+        [&](int w, int step, int t, const std::vector<float>& weights,
+            const client::PushPullResult& r) {
+          EXPECT_EQ(r.min_version, step + 1) << "worker " << w << " step " << step;
+          absl::MutexLock lock(&mu);
+          auto [it, fresh] = first.emplace(std::make_pair(step, t), weights);
+          if (!fresh && it->second != weights && ++differ <= 3) {
+            ADD_FAILURE() << "worker " << w << " step " << step << " " << Tensors()[t].name
+                          << ": other weights than another worker's";
+          }
+          int off = 0;
+          for (size_t i = 0; i < weights.size(); ++i) {
+            off += static_cast<double>(weights[i]) != final_ref[t][i] ? 1 : 0;
+          }
+          if (step == kSteps - 1 && off > 0) ++behind;
+          if (step == kSteps + zero_steps_ - 1) {
+            EXPECT_EQ(off, 0) << "worker " << w << " " << Tensors()[t].name;
+            ++caught_up;
+          }
+        },
+        faults ? 5 : 0, faults ? 5 : 0);
+    EXPECT_EQ(differ, 0);
+    // At the last gradient step the workers trail the shards (deltas carry a quarter of the
+    // values), and every worker caught up with every tensor.
+    EXPECT_EQ(behind, kWorkers * static_cast<int>(Tensors().size()));
+    EXPECT_EQ(caught_up, kWorkers * static_cast<int>(Tensors().size()));
+    ExpectFinalWeights(job, kLearningRate / kWorkers);
+    if (faults) {
+      EXPECT_GT(injected_drops_, 0);
+      EXPECT_GT(injected_duplicates_, 0);
+    }
+  }
 }
 
 TEST_F(PushPullE2eTest, SspServesNothingStalerThanKAndEndsExact) {

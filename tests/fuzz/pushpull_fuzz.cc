@@ -208,7 +208,7 @@ void FuzzHandParser(const uint8_t* data, size_t size) {
     if (h.tensor != p.key().tensor() || h.index != p.key().index() ||
         h.encoding != static_cast<int32_t>(p.encoding()) || joined != p.data() ||
         h.row_ids != std::vector<int64_t>(p.row_ids().begin(), p.row_ids().end()) ||
-        h.want_weights != p.want_weights()) {
+        h.want_weights != p.want_weights() || h.weights_id != p.weights_id()) {
       Fail("the hand parser read another push slice than protobuf");
     }
   }

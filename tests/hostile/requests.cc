@@ -310,7 +310,11 @@ std::string InvalidEdit(int m, Rng& rng, const Targets& t, pb::Message* msg) {
         return "duplicate pull key";
       }
       default:
-        r->set_pull_encoding(static_cast<v1::Encoding>(4 + rng.Uniform(100)));
+        // SIGN1 (4) or past the last encoding; TOPK (5) pulls weight deltas.
+        {
+          const uint32_t e = rng.Uniform(100);
+          r->set_pull_encoding(static_cast<v1::Encoding>(e == 0 ? 4 : 5 + e));
+        }
         if (r->pull_size() == 0) r->add_pull()->mutable_key()->set_tensor(valid_job ? "v" : "w");
         return "unknown pull_encoding";
     }
@@ -329,8 +333,10 @@ std::string InvalidEdit(int m, Rng& rng, const Targets& t, pb::Message* msg) {
       case 2:
         *r->add_keys() = r->keys(0);
         return "duplicate key";
-      case 3:
-        r->set_encoding(static_cast<v1::Encoding>(4 + rng.Uniform(100)));
+      case 3: {  // SIGN1 (4) or past the last encoding; TOPK (5) pulls weight deltas.
+        const uint32_t e = rng.Uniform(100);
+        r->set_encoding(static_cast<v1::Encoding>(e == 0 ? 4 : 5 + e));
+      }
         return "unknown encoding";
       case 4:
         r->set_worker_id(Targets::kAspWorkers + static_cast<uint32_t>(rng.Uniform(1000)));

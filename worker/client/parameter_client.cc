@@ -99,7 +99,7 @@ absl::StatusOr<std::unique_ptr<ParameterClient>> ParameterClient::CreateWithShar
     return absl::InvalidArgumentError(
         absl::StrCat("push_encoding: unknown encoding ", options.push_encoding));
   }
-  if (BytesPerValue(options.pull_encoding) == 0) {
+  if (BytesPerValue(options.pull_encoding) == 0 && options.pull_encoding != v1::ENCODING_TOPK) {
     return absl::InvalidArgumentError(
         absl::StrCat("pull_encoding: unknown encoding ", options.pull_encoding,
                      IsCompressed(options.pull_encoding) ? " for weights (push only)" : ""));
@@ -695,12 +695,15 @@ void ParameterClient::PushPullAsync(absl::string_view name, int64_t step,
     slice->mutable_key()->set_index(p.index);
     slice->set_encoding(options_.push_encoding);
     slice->set_want_weights(want);
+    const uint64_t held = want && DeltaPulls() ? held_.Id(layout.name, p.index) : 0;
+    slice->set_weights_id(held);
     const absl::string_view lent = encoder_.Encode(layout.name, p.index, gradient.data() + p.offset,
                                                    static_cast<size_t>(p.num_elements), slice);
     // The copies: the same request (the same seq) without want_weights.
     for (size_t c = 1; c < copies[k].size(); ++c) {
       auto copy_request = std::make_shared<v1::PushPullRequest>(*request);
       copy_request->mutable_push(0)->set_want_weights(false);
+      copy_request->mutable_push(0)->set_weights_id(0);
       auto copy = std::make_shared<Attempt>();
       if (!lent.empty()) copy->call.lent.push_back(lent);
       copy->op = op;
@@ -721,7 +724,20 @@ void ParameterClient::PushPullAsync(absl::string_view name, int64_t step,
     attempt->call.request = std::move(request);
     attempt->what = absl::StrCat("PushPull tensor '", name, "' partition ", p.index, " step ", step,
                                  " on shard ", attempt->shard);
-    if (want) {
+    if (want && DeltaPulls()) {
+      float* out = weights_out.data() + p.offset;
+      const size_t count = static_cast<size_t>(p.num_elements);
+      const uint32_t index = p.index;
+      const std::string* tensor = &layout.name;
+      attempt->accept = [this, out, count, index, tensor, held](const v1::PushPullResponse& r) {
+        for (const v1::Slice& w : r.weights()) {
+          if (w.key().index() != index || w.key().tensor() != *tensor) continue;
+          return held_.Accept(*tensor, index, held, w, out, count);
+        }
+        return absl::InternalError(
+            absl::StrCat("response has no weights for tensor '", *tensor, "' partition ", index));
+      };
+    } else if (want) {
       float* out = weights_out.data() + p.offset;
       const size_t count = static_cast<size_t>(p.num_elements);
       const uint32_t index = p.index;
@@ -738,140 +754,6 @@ void ParameterClient::PushPullAsync(absl::string_view name, int64_t step,
         }
         return absl::InternalError(
             absl::StrCat("response has no weights for tensor '", *tensor, "' partition ", index));
-      };
-    }
-    Send(std::move(attempt));
-  }
-}
-
-void ParameterClient::PushPullManyAsync(int64_t step, std::vector<TensorUpdate> tensors,
-                                        PushPullCallback done) {
-  if (step < 0) {
-    return done(absl::InvalidArgumentError(
-        absl::StrCat("PushPull of ", tensors.size(), " tensors: step must be >= 0, got ", step)));
-  }
-  // Per shard: its request and, for each pushed slice that wants weights, where they go.
-  struct Target {
-    std::string tensor;
-    uint32_t index = 0;
-    float* out = nullptr;
-    size_t count = 0;
-  };
-  struct ShardPart {
-    std::shared_ptr<v1::PushPullRequest> request;
-    std::vector<absl::string_view> lent;  // per push slice, as PushPullCall::lent
-    bool lends = false;
-    std::vector<Target> targets;
-    std::vector<std::string> names;
-    std::set<int> homes;       // the home shards of its partitions
-    std::set<int> want_homes;  // ... and of those it asks weights for
-    size_t bytes = 0;
-  };
-  std::map<int, ShardPart> parts;
-  std::set<std::string, std::less<>> seen;
-  for (const TensorUpdate& t : tensors) {
-    absl::StatusOr<const DenseLayout*> found = Layout(t.name);
-    if (!found.ok()) return done(found.status());
-    const DenseLayout& layout = **found;
-    if (!seen.insert(t.name).second) {
-      return done(absl::InvalidArgumentError(
-          absl::StrCat("PushPull of ", tensors.size(), " tensors: '", t.name, "' appears twice")));
-    }
-    if (static_cast<int64_t>(t.gradient.size()) != layout.num_elements) {
-      return done(absl::InvalidArgumentError(
-          absl::StrCat("PushPull tensor '", t.name, "': gradient has ", t.gradient.size(),
-                       " values, the tensor has ", layout.num_elements)));
-    }
-    if (!t.weights_out.empty() &&
-        static_cast<int64_t>(t.weights_out.size()) != layout.num_elements) {
-      return done(absl::InvalidArgumentError(
-          absl::StrCat("PushPull tensor '", t.name, "': weights_out has ", t.weights_out.size(),
-                       " values, the tensor has ", layout.num_elements)));
-    }
-    const bool want = !t.weights_out.empty();
-    for (const PartitionSpan& p : layout.partitions) {
-      // Every live copy gets the slice; the first (acting) one alone is asked for weights.
-      const std::vector<int> copies = routing_.WriteCopies(p.shard, step);
-      if (copies.empty() || routing_.IsDown(copies.front())) {
-        return done(absl::UnavailableError(absl::StrCat("PushPull tensor '", t.name, "' partition ",
-                                                        p.index, ": every copy is down")));
-      }
-      // Encoded once (a compressed push moves its residual on): the copies get the same bytes.
-      absl::string_view lent;
-      const v1::Slice* first = nullptr;
-      for (size_t c = 0; c < copies.size(); ++c) {
-        ShardPart& part = parts[copies[c]];
-        if (part.request == nullptr) part.request = NewRequest(step);
-        part.homes.insert(p.shard);
-        v1::Slice* slice = part.request->add_push();
-        slice->mutable_key()->set_tensor(layout.name);
-        slice->mutable_key()->set_index(p.index);
-        slice->set_encoding(options_.push_encoding);
-        slice->set_want_weights(want && c == 0);
-        if (c == 0) {
-          lent = encoder_.Encode(layout.name, p.index, t.gradient.data() + p.offset,
-                                 static_cast<size_t>(p.num_elements), slice);
-          first = slice;
-        } else if (lent.empty()) {
-          *slice->mutable_data() = first->data();
-        }
-        part.lent.push_back(lent);
-        part.lends = part.lends || !lent.empty();
-        part.bytes += lent.empty() ? slice->data().size() : lent.size();
-        if (want && c == 0) {
-          part.want_homes.insert(p.shard);
-          part.targets.push_back(Target{layout.name, p.index, t.weights_out.data() + p.offset,
-                                        static_cast<size_t>(p.num_elements)});
-        }
-        if (part.names.empty() || part.names.back() != t.name) part.names.push_back(t.name);
-      }
-    }
-  }
-  for (const auto& [shard, part] : parts) {
-    if (static_cast<int64_t>(part.bytes) > options_.max_request_bytes) {
-      return done(absl::InvalidArgumentError(
-          absl::StrCat("PushPull of ", tensors.size(), " tensors: ", part.bytes,
-                       " bytes for shard ", shard, " exceed max_request_bytes ",
-                       options_.max_request_bytes, "; push large tensors with PushPullAsync")));
-    }
-  }
-  if (parts.empty()) return done(PushPullResult{});
-  auto op = std::make_shared<Op>();
-  op->done = std::move(done);
-  op->remaining.store(static_cast<int>(parts.size()));
-  {
-    absl::MutexLock lock(&op->mu);
-    op->result.requests = static_cast<uint32_t>(parts.size());
-  }
-  OpStarted();
-  for (auto& [shard, part] : parts) {
-    auto attempt = std::make_shared<Attempt>();
-    attempt->op = op;
-    attempt->shard = shard;
-    attempt->fill_write = routing_.IsDown(shard);
-    attempt->homes.assign(part.homes.begin(), part.homes.end());
-    attempt->want_homes.assign(part.want_homes.begin(), part.want_homes.end());
-    attempt->call.request = std::move(part.request);
-    if (part.lends) attempt->call.lent = std::move(part.lent);
-    attempt->what = absl::StrCat("PushPull of tensors ", absl::StrJoin(part.names, ", "), " step ",
-                                 step, " on shard ", shard);
-    if (!part.targets.empty()) {
-      attempt->accept = [targets = std::move(part.targets)](const v1::PushPullResponse& r) {
-        for (const Target& t : targets) {
-          const v1::Slice* found = nullptr;
-          for (const v1::Slice& w : r.weights()) {
-            if (w.key().index() == t.index && w.key().tensor() == t.tensor) {
-              found = &w;
-              break;
-            }
-          }
-          if (found == nullptr) {
-            return absl::InternalError(absl::StrCat("response has no weights for tensor '",
-                                                    t.tensor, "' partition ", t.index));
-          }
-          TESSERA_RETURN_IF_ERROR(DecodeValues(found->encoding(), found->data(), t.out, t.count));
-        }
-        return absl::OkStatus();
       };
     }
     Send(std::move(attempt));
@@ -961,7 +843,8 @@ absl::Status ParameterClient::PullOnce(absl::string_view name, int64_t step, abs
     r.set_job_id(options_.job_id);
     r.set_worker_id(options_.worker_id);
     r.set_step(step);
-    r.set_encoding(options_.pull_encoding);
+    // A blocking pull (initial weights, evaluation, export) wants the shard's own weights.
+    r.set_encoding(DeltaPulls() ? v1::ENCODING_FP32 : options_.pull_encoding);
     std::vector<v1::Slice> slices;
     TESSERA_RETURN_IF_ERROR(CallWithRetries(s, [&](absl::Time deadline) -> absl::Status {
       TESSERA_ASSIGN_OR_RETURN(slices, Shard(s)->Pull(r, deadline));

@@ -51,6 +51,7 @@
 #include "absl/types/span.h"
 #include "common/security.h"
 #include "tessera/v1/parameter.pb.h"
+#include "worker/client/held_weights.h"
 #include "worker/client/push_encoder.h"
 #include "worker/client/replica_routing.h"
 #include "worker/client/shard_client.h"
@@ -108,6 +109,9 @@ class ParameterClient {
     uint64_t incarnation = 0;
     int64_t partition_bytes = 4 << 20;
     v1::Encoding push_encoding = v1::ENCODING_FP32;
+    // Weights of PushPull answers: FP32, BF16, FP16, or TOPK for weight deltas (dense partitions
+    // only; the shard keeps what the deltas leave out, server/published_weights.h, and sparse
+    // rows come in FP32).
     v1::Encoding pull_encoding = v1::ENCODING_FP32;
     // TOPK pushes: the fraction of each dense partition's values sent, in (0, 1].
     double topk_fraction = 0.01;
@@ -255,6 +259,9 @@ class ParameterClient {
   absl::Status DropJob();
 
   const Options& options() const { return options_; }
+  // Weights come back from PushPull as deltas (pull_encoding TOPK, held_weights.h); blocking
+  // pulls get them in FP32.
+  bool DeltaPulls() const { return options_.pull_encoding == v1::ENCODING_TOPK; }
   const ReplicaRouting& routing() const { return routing_; }
   // The dense pushes' encoder, with the error feedback of a compressed push_encoding.
   PushEncoder& encoder() { return encoder_; }
@@ -314,6 +321,7 @@ class ParameterClient {
   std::vector<std::shared_ptr<ShardClient>> retired_ ABSL_GUARDED_BY(shards_mu_);
   ReplicaRouting routing_;
   PushEncoder encoder_;
+  HeldWeights held_;
   std::atomic<uint64_t> next_seq_{1};
   std::unique_ptr<RetryTimer> retry_timer_;
 

@@ -1,0 +1,83 @@
+// A worker's copies under weight-delta pulls (worker/client/held_weights.h): FP32 answers replace
+// a copy, TOPK deltas add to the copy they are from, and an answer that does not fit is INTERNAL
+// and drops the copy, so that the next request asks for whole weights.
+#include "worker/client/held_weights.h"
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "common/gradient_compression.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace tessera::client {
+namespace {
+
+using ::testing::HasSubstr;
+
+v1::Slice Whole(const std::vector<float>& w, uint64_t id) {
+  v1::Slice s;
+  s.set_encoding(v1::ENCODING_FP32);
+  s.mutable_data()->assign(reinterpret_cast<const char*>(w.data()), w.size() * 4);
+  s.set_weights_id(id);
+  return s;
+}
+
+v1::Slice Delta(const std::vector<float>& change, size_t k, uint64_t id) {
+  v1::Slice s;
+  s.set_encoding(v1::ENCODING_TOPK);
+  EncodeCompressed(v1::ENCODING_TOPK, change.data(), change.size(), k, s.mutable_data());
+  s.set_weights_id(id);
+  return s;
+}
+
+TEST(HeldWeightsTest, WholeWeightsThenDeltasOfTheCopyTheyAreFrom) {
+  HeldWeights held;
+  EXPECT_EQ(held.Id("w", 0), 0u);
+  std::vector<float> out(4);
+  ASSERT_TRUE(held.Accept("w", 0, 0, Whole({1, 2, 3, 4}, 7), out.data(), 4).ok());
+  EXPECT_EQ(out, (std::vector<float>{1, 2, 3, 4}));
+  EXPECT_EQ(held.Id("w", 0), 7u);
+  EXPECT_EQ(held.Id("w", 1), 0u);  // another partition holds nothing
+  ASSERT_TRUE(held.Accept("w", 0, 7, Delta({0, 0.5f, 0, -8}, 2, 9), out.data(), 4).ok());
+  EXPECT_EQ(out, (std::vector<float>{1, 2.5f, 3, -4}));
+  EXPECT_EQ(held.Id("w", 0), 9u);
+  // An empty delta: the copy as it is.
+  std::vector<float> again(4, -1.0f);
+  ASSERT_TRUE(held.Accept("w", 0, 9, Delta({0, 0, 0, 0}, 0, 9), again.data(), 4).ok());
+  EXPECT_EQ(again, out);
+}
+
+TEST(HeldWeightsTest, ADeltaThatDoesNotFitIsInternalAndDropsTheCopy) {
+  HeldWeights held;
+  std::vector<float> out(4);
+  // A delta with nothing held.
+  absl::Status s = held.Accept("w", 0, 0, Delta({1, 0, 0, 0}, 1, 3), out.data(), 4);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInternal);
+  EXPECT_THAT(s.message(), HasSubstr("tensor 'w' partition 0"));
+  ASSERT_TRUE(held.Accept("w", 0, 0, Whole({1, 2, 3, 4}, 7), out.data(), 4).ok());
+  // A delta from other weights than the request named.
+  s = held.Accept("w", 0, 5, Delta({1, 0, 0, 0}, 1, 8), out.data(), 4);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInternal);
+  EXPECT_EQ(held.Id("w", 0), 0u);
+  // A malformed delta (an index past the partition).
+  ASSERT_TRUE(held.Accept("w", 0, 0, Whole({1, 2, 3, 4}, 7), out.data(), 4).ok());
+  v1::Slice bad = Delta({1, 0, 0, 0}, 1, 8);
+  const uint32_t four = 4;
+  std::memcpy(bad.mutable_data()->data(), &four, 4);
+  s = held.Accept("w", 0, 7, bad, out.data(), 4);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInternal);
+  EXPECT_THAT(s.message(), HasSubstr("index 4"));
+  EXPECT_EQ(held.Id("w", 0), 0u);
+  // Whole weights of another size, or another encoding.
+  s = held.Accept("w", 0, 0, Whole({1, 2, 3}, 7), out.data(), 4);
+  EXPECT_THAT(s.message(), HasSubstr("expected 4 fp32 values"));
+  v1::Slice bf16 = Whole({1, 2}, 7);
+  bf16.set_encoding(v1::ENCODING_BF16);
+  s = held.Accept("w", 0, 0, bf16, out.data(), 4);
+  EXPECT_THAT(s.message(), HasSubstr("ENCODING_BF16"));
+}
+
+}  // namespace
+}  // namespace tessera::client
