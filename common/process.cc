@@ -127,6 +127,10 @@ void ConfigureDaemonAllocator() {
   mallopt(M_ARENA_MAX, 1);
 }
 
+void ConfigureReleaseMutexes() {
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+}
+
 namespace {
 
 // MutexResponds helpers still running (WaitForMutexProbes).

@@ -61,6 +61,13 @@ void ReleaseFreeMemory();
 // Call first thing in a daemon's main(), before any thread exists.
 void ConfigureDaemonAllocator();
 
+// Turns off Abseil's mutex deadlock detection (absl::OnDeadlockCycle::kIgnore). Debian's Abseil is
+// built without NDEBUG, so by default every absl::Mutex acquisition also records the lock-order
+// graph (GraphCycles): 3% of all CPU in a 32-worker BSP run here (docs/benchmarks.md "Scale").
+// The tests keep the detection on, so a lock-order inversion still fails them. Call first thing in
+// a binary's main(), before any thread exists.
+void ConfigureReleaseMutexes();
+
 // OK when `mu` can be taken (shared) within `within`; DEADLINE_EXCEEDED naming `what` otherwise.
 // The daemons' liveness probe for their central lock (systemd::SystemdWatchdog::Start). The lock
 // is taken on a detached helper thread, which goes on waiting after a timeout.

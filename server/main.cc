@@ -126,6 +126,7 @@ class ShardDaemon final : public tessera::Daemon {
 int main(int argc, char** argv) {
   tessera::ExecWithPassiveOpenMpWait(argv);
   tessera::ConfigureDaemonAllocator();
+  tessera::ConfigureReleaseMutexes();
   tessera::BlockDaemonSignals();
   tessera::InstallCrashReporter(argv[0]);
   // Partitions are 4 MiB: keep freed message buffers in the heap for reuse instead of returning

@@ -299,6 +299,7 @@ int RunWorkerDaemon(const WorkerFlags& flags, const tessera::LayeredConfig& conf
 
 int main(int argc, char** argv) {
   tessera::ExecWithPassiveOpenMpWait(argv);
+  tessera::ConfigureReleaseMutexes();
   WorkerFlags flags;
   CLI::App app{
       "tessera-worker: the training worker.\n"

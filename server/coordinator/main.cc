@@ -98,6 +98,7 @@ class CoordinatorDaemon final : public tessera::Daemon {
 
 int main(int argc, char** argv) {
   tessera::ConfigureDaemonAllocator();
+  tessera::ConfigureReleaseMutexes();
   tessera::BlockDaemonSignals();
   tessera::InstallCrashReporter(argv[0]);
   Flags flags;
