@@ -35,6 +35,12 @@ over its hosts. bench/scaling_model.py fits per-message and per-byte costs to th
 
   bench/scale_bench.py --workers 1,2,4,8,16,32 --features 32,4096 > /tmp/scale.jsonl
 
+As a test (ctest tessera_scale_test): 16 and 32 workers, each job must succeed with its steps
+and reach the planted model's test accuracy less 0.03:
+
+  bench/scale_bench.py --workers 16,32 --features 32 --first_steps 300 --seconds 3 \
+      --pushpull_bytes "" --check_accuracy 0.03
+
 Needs the built binaries (build/bin). Python 3 standard library only.
 """
 import argparse
@@ -323,6 +329,9 @@ def main():
     ap.add_argument("--bin", default="build/bin")
     ap.add_argument("--timeout", type=int, default=1200, help="seconds per run at most")
     ap.add_argument("--keep_logs", action="store_true")
+    ap.add_argument("--check_accuracy", type=float, default=None,
+                    help="as a test: exit 1 unless every run's test accuracy is at least the "
+                         "planted model's less this (ctest tessera_scale_test)")
     args = ap.parse_args()
     counts = [int(n) for n in args.workers.split(",")]
     widths = [int(d) for d in args.features.split(",")]
@@ -330,6 +339,7 @@ def main():
         raise SystemExit("--workers in [1, 64], --features >= 1, --first_steps >= 100")
     rows = args.rows or 4 * args.batch * max(counts)
     data_root = tempfile.mkdtemp(prefix="tessera-scale-data-")
+    failures = []
     try:
         for d in widths:
             data = os.path.join(data_root, f"d{d}")
@@ -344,6 +354,13 @@ def main():
                                          (prev["step_ms"] * n)))
                 line = prev = run_one(args, data, d, n, steps, planted)
                 line["standalone_step_ms"] = round(alone_ms, 4)
+                if args.check_accuracy is not None and line["steps"] != steps:
+                    failures.append(f"N={n}: {line['steps']} steps, not {steps}")
+                if args.check_accuracy is not None and (line["test_accuracy"] or 0.0) < \
+                        planted - args.check_accuracy:
+                    failures.append(f"N={n}, {d} features: test accuracy "
+                                    f"{line['test_accuracy']} below the planted model's "
+                                    f"{planted:.4f} less {args.check_accuracy}")
                 if base is None:
                     base = line["cpu_per_sample_us"]
                 line["cpu_efficiency"] = round(base / line["cpu_per_sample_us"], 3)
@@ -352,6 +369,8 @@ def main():
             print(json.dumps(pushpull_costs(args, size)), flush=True)
     finally:
         shutil.rmtree(data_root, ignore_errors=True)
+    if failures:
+        raise SystemExit("FAILED: " + "; ".join(failures))
 
 
 if __name__ == "__main__":
