@@ -16,11 +16,9 @@ prints one JSON line per run:
                         report (each rank every 0.5 s) and heartbeat, not per step
   worker_cpu_ms         CPU milliseconds of the N workers together per step
   bytes_per_step        gradient bytes pushed plus weight bytes pulled at the shards per step
-  calls_per_step        gRPC calls the shards served per step (tessera_rpc_calls_total; a
-                        worker's PushPull stream is one call, so this is about 0)
   shards_used           shards that hold a partition of the model (placement by hash)
   cpu_per_sample_us     all of the above CPU per training example
-  cpu_efficiency        cpu_per_sample_us at N = 1 over cpu_per_sample_us at N: 1.0 when the
+  cpu_efficiency        cpu_per_sample_us at the first worker count over that at N: 1.0 when the
                         system's cost per example does not grow with the worker count
   test_accuracy         the final record's, beside the planted model's own on the test split
   standalone_step_ms    the same model's step in one process with no cluster (its compute)
@@ -48,37 +46,16 @@ import json
 import math
 import os
 import random
-import re
 import shutil
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-import urllib.request
+
+from hand_cluster import metrics, wait_file
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def wait_file(path, seconds=60):
-    end = time.time() + seconds
-    while time.time() < end:
-        if os.path.exists(path) and os.path.getsize(path) > 0:
-            with open(path) as f:
-                return f.read().strip()
-        time.sleep(0.05)
-    raise SystemExit(f"{path} did not appear within {seconds} s")
-
-
-def metrics(port):
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
-        text = r.read().decode()
-    out = {}
-    for line in text.splitlines():
-        m = re.match(r"^([a-z_]+)(\{[^}]*\})?\s+([0-9.eE+-]+)$", line)
-        if m:
-            out[m.group(1)] = out.get(m.group(1), 0.0) + float(m.group(3))
-    return out
 
 
 def cpu_seconds(pid):
@@ -176,7 +153,7 @@ def run_one(args, data, features, workers, steps, planted_accuracy):
             f"{args.bin}/tessera-coordinator", "--listen", "127.0.0.1:0", "--port_file",
             f"{tmp}/coordinator.port", "--data_dir", f"{tmp}/coordinator", "--num_shards",
             str(args.shards), root])
-        coordinator = "127.0.0.1:" + wait_file(f"{tmp}/coordinator.port")
+        coordinator = "127.0.0.1:" + wait_file(f"{tmp}/coordinator.port", 60)
         shards, metric_ports = [], []
         for i in range(args.shards):
             shards.append(start(f"shard-{i}", [
@@ -184,7 +161,7 @@ def run_one(args, data, features, workers, steps, planted_accuracy):
                 f"{tmp}/shard-{i}.port", "--coordinator", coordinator, "--shard_index", str(i),
                 "--metrics_listen", "127.0.0.1:0", "--metrics_port_file",
                 f"{tmp}/shard-{i}.metrics"]))
-            metric_ports.append(wait_file(f"{tmp}/shard-{i}.metrics"))
+            metric_ports.append(wait_file(f"{tmp}/shard-{i}.metrics", 60))
         worker_procs = [start(f"worker-{i}", [
             f"{args.bin}/tessera-worker", "--coordinator", coordinator, "--threads", "1",
             "--hostname", f"scale-{i}", root]) for i in range(workers)]
@@ -241,7 +218,6 @@ def run_one(args, data, features, workers, steps, planted_accuracy):
                                                 (hi[0] - lo[0]), 4),
             "worker_cpu_ms": round(per_step["workers"], 3),
             "bytes_per_step": round(moved / steps),
-            "calls_per_step": round(totals.get("tessera_rpc_calls_total", 0.0) / steps, 2),
             "partition_updates_per_step": round(updates_per_step, 2),
             "shards_used": shards_used,
             "cpu_per_sample_us": round(1000.0 * cpu_ms / (workers * args.batch), 2),

@@ -76,7 +76,6 @@ def fit(lines, fit_max):
             "standalone_step_ms": one.get("standalone_step_ms"),
             # The step at N = 1 beyond its CPU: the round trip nothing else hides.
             "step1_ms": one["step_ms"] if one["workers"] == 1 else None,
-            "worker1_ms": one["worker_cpu_ms"] / one["workers"],
         }
     return widths, fits
 
