@@ -49,9 +49,11 @@ class PushPullReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, g
 
   void OnReadDone(bool ok) override {
     std::unique_ptr<Pending> request;
+    size_t bytes = 0;
     if (ok) {
       request = std::make_unique<Pending>();
       request->bytes = read_buffer_.Length();
+      bytes = request->bytes;
       if (!read_buffer_.Dump(&request->slices).ok()) request->slices.clear();
       read_buffer_.Clear();
       stats_->requests_read.fetch_add(1, std::memory_order_relaxed);
@@ -82,9 +84,17 @@ class PushPullReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, g
         }
       }
     }
-    if (schedule) pool_->Schedule([this] { DrainOne(); });
+    if (schedule && !RunsInline(bytes)) {
+      pool_->Schedule([this] { DrainOne(); });
+      schedule = false;
+    }
     if (read_again) StartReadAndMaybeFinish();
     if (finish) Finish(finish_with);
+    // Last: DrainOne may delete this reactor.
+    if (schedule) {
+      stats_->requests_inline.fetch_add(1, std::memory_order_relaxed);
+      DrainOne();
+    }
   }
 
   void OnWriteDone(bool ok) override {
@@ -154,8 +164,15 @@ class PushPullReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, g
     size_t bytes = 0;
   };
 
-  // Runs on the pool: parses and processes the oldest pending request, then hands the stream back
-  // to the pool if more are waiting, so streams share the pool fairly.
+  // Whether a request of `bytes` that finds its stream idle is run on the gRPC thread that read
+  // it (see kInlineRequestBytes) rather than handed to the pool.
+  static bool RunsInline(size_t bytes) {
+    return bytes <= GrpcParameterService::kInlineRequestBytes;
+  }
+
+  // Parses and processes the oldest pending request, then hands the stream to the pool if more
+  // are waiting, so streams share the pool fairly. Runs on the pool, or on the gRPC thread that
+  // read a request of at most kInlineRequestBytes into an idle stream.
   void DrainOne() {
     std::unique_ptr<Pending> pending;
     {
@@ -637,6 +654,7 @@ grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* GrpcParameterServic
 PushPullStreamStats GrpcParameterService::stream_stats() const {
   PushPullStreamStats out;
   out.requests_read = stats_->requests_read.load(std::memory_order_relaxed);
+  out.requests_inline = stats_->requests_inline.load(std::memory_order_relaxed);
   out.peak_queued = stats_->peak_queued.load(std::memory_order_relaxed);
   out.peak_queued_bytes = stats_->peak_queued_bytes.load(std::memory_order_relaxed);
   out.pieced_request_bytes = stats_->pieced_request_bytes.load(std::memory_order_relaxed);

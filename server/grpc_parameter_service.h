@@ -1,10 +1,12 @@
 // GrpcParameterService: the ParameterService of proto/tessera/v1/parameter.proto over gRPC's
 // callback API, adapting a ParameterStore (DESIGN.md §3).
 //
-// Reactors only move requests onto a bounded thread pool; the store's work (parsing, decoding, the
-// optimizer, encoding the answer) runs there. PushPull keeps one stream per worker-shard pair:
-// requests of a stream are applied in the order they arrive (so a worker's sequence numbers reach
-// each partition in order), one at a time on the pool; a pull that waits on the consistency gate
+// Reactors move requests onto a bounded thread pool, where the store's work (parsing, decoding,
+// the optimizer, encoding the answer) runs; a PushPull request of at most kInlineRequestBytes that
+// finds its stream idle is processed on the gRPC thread that read it instead (one thread hand-off
+// less per round trip). PushPull keeps one stream per worker-shard pair: requests of a stream are
+// applied in the order they arrive (so a worker's sequence numbers reach each partition in order),
+// one at a time; a pull that waits on the consistency gate
 // parks without holding the stream, and later requests go on. Responses carry the request's seq
 // and can leave out of order; a failed request is answered in PushPullResponse.status and the
 // stream stays open. Writes are queued so that at most one is outstanding.
@@ -56,6 +58,9 @@ using ParameterCallbackServiceBase = v1::ParameterService::WithRawCallbackMethod
 // Counters of the PushPull streams, over all streams since the service was made. Thread-safe.
 struct PushPullStreamStats {
   int64_t requests_read = 0;
+  // Of those, the requests processed on the gRPC thread that read them
+  // (GrpcParameterService::kInlineRequestBytes); the rest went to the pool.
+  int64_t requests_inline = 0;
   // Largest number of one stream's requests read but not answered plus responses not yet written.
   int64_t peak_queued = 0;
   // Largest number of bytes those held (requests until applied, responses until written).
@@ -90,6 +95,14 @@ class GrpcParameterService final : public ParameterCallbackServiceBase {
   // reading.
   static constexpr int kMaxQueuedPerStream = 64;
   static constexpr size_t kDefaultMaxQueuedBytes = size_t{64} << 20;
+  // A PushPull request of at most this many bytes that reaches an idle stream is processed on the
+  // gRPC thread that read it, not handed to the pool: the hand-off (a futex wake and a switch to
+  // another thread) cost 20-30% of the push/pull goodput at 64 KiB to 16 MiB on 2 cores
+  // (docs/benchmarks.md, "Against a ZeroMQ parameter server"). The store's work never waits for
+  // another request to arrive (a gated pull parks instead), so the thread is held for the decode,
+  // the check and the optimizer of one request: at most 2 default partitions. Larger requests, and
+  // every request that queues behind another on its stream, go to the pool.
+  static constexpr size_t kInlineRequestBytes = size_t{8} << 20;
 
   // `store` and `pool` must outlive the service and every call it serves. Answers larger than
   // max_message_bytes are split (Pull) or refused with RESOURCE_EXHAUSTED (PushPull). A PushPull
@@ -133,6 +146,7 @@ class GrpcParameterService final : public ParameterCallbackServiceBase {
   // Shared with the streams, which may outlive a call to the service's methods.
   struct StatsCounters {
     std::atomic<int64_t> requests_read{0};
+    std::atomic<int64_t> requests_inline{0};
     std::atomic<int64_t> peak_queued{0};
     std::atomic<int64_t> peak_queued_bytes{0};
     std::atomic<int64_t> pieced_request_bytes{0};

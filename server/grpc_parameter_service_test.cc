@@ -1132,5 +1132,71 @@ TEST(PushPullFlowControlTest, ClientThatNeverReadsCannotMakeTheShardQueueWithout
             int64_t{GrpcParameterService::kMaxQueuedPerStream} * (kElements * 4 + 1024));
 }
 
+// A request that reaches an idle stream is processed on the gRPC thread that read it when it is
+// at most kInlineRequestBytes, and on the pool when larger; both answer the same way.
+TEST(PushPullInlineTest, SmallRequestsRunOnTheReadingThreadAndLargeOnesOnThePool) {
+  constexpr int kSmall = 1000;
+  // One float more than kInlineRequestBytes holds: the request is over it with any framing.
+  constexpr int kLarge = static_cast<int>(GrpcParameterService::kInlineRequestBytes / 4) + 1;
+  ParameterStore store;
+  ThreadPool pool(2);
+  GrpcParameterService service(&store, &pool, 64 << 20);
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.SetMaxReceiveMessageSize(64 << 20);
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  ASSERT_NE(server, nullptr);
+
+  v1::CreateJobStateRequest job;
+  job.set_job_id("inline");
+  *job.mutable_config() = Config(v1::CONSISTENCY_ASP, 1, 0.5f);
+  *job.add_partitions() = Dense("small", 0, kSmall);
+  *job.add_partitions() = Dense("large", 0, kLarge);
+  ASSERT_TRUE(store.CreateJobState(job).ok());
+
+  grpc::ChannelArguments args;
+  args.SetMaxSendMessageSize(-1);
+  args.SetMaxReceiveMessageSize(-1);
+  auto channel = grpc::CreateCustomChannel(absl::StrCat("127.0.0.1:", port),
+                                           grpc::InsecureChannelCredentials(), args);
+  auto stub = v1::ParameterService::NewStub(channel);
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  auto stream = stub->PushPull(&context);
+
+  // One at a time: each request finds the stream idle.
+  uint64_t seq = 0;
+  auto round_trip = [&](const std::string& name, int n, float g, int64_t version) {
+    SCOPED_TRACE(name);
+    ASSERT_TRUE(stream->Write(
+        Request("inline", 0, 1, 0, ++seq, {GradSlice(name, 0, std::vector<float>(n, g), true)})));
+    v1::PushPullResponse response;
+    ASSERT_TRUE(stream->Read(&response));
+    EXPECT_EQ(response.seq(), seq);
+    ASSERT_EQ(response.status().code(), 0) << response.status().message();
+    ASSERT_EQ(response.weights_size(), 1);
+    EXPECT_EQ(response.weights(0).version(), version);
+    const std::vector<float> w = Floats(response.weights(0));
+    ASSERT_EQ(w.size(), static_cast<size_t>(n));
+    EXPECT_EQ(w.front(), -0.5f * g * static_cast<float>(version));
+    EXPECT_EQ(w.back(), -0.5f * g * static_cast<float>(version));
+  };
+  for (int i = 1; i <= 3; ++i) round_trip("small", kSmall, 2.0f, i);
+  PushPullStreamStats stats = service.stream_stats();
+  EXPECT_EQ(stats.requests_read, 3);
+  EXPECT_EQ(stats.requests_inline, 3);
+
+  round_trip("large", kLarge, 4.0f, 1);
+  stats = service.stream_stats();
+  EXPECT_EQ(stats.requests_read, 4);
+  EXPECT_EQ(stats.requests_inline, 3);  // the large one went to the pool
+
+  stream->WritesDone();
+  EXPECT_TRUE(stream->Finish().ok());
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+}
+
 }  // namespace
 }  // namespace tessera::server
