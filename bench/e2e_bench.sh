@@ -18,8 +18,8 @@
 #   MODES=bsp SHARDS=2 bench/e2e_bench.sh       # only some Tessera configurations
 #
 # Prints one JSON line per run and a Markdown table: samples per second (training, all workers),
-# the ratios to the PyTorch parameter server's and to DDP's, seconds from the job's start to the first evaluation at or above 0.85
-# test accuracy (evaluations run at every epoch end), the final test accuracy, and rank 0's mean
+# the ratios to the PyTorch parameter server's and to DDP's, seconds from the job's start to the
+# first evaluation at or above 0.85 test accuracy (evaluations run at every epoch end), the final test accuracy, and rank 0's mean
 # seconds per step in compute, exchange (push, gate wait and pull after backward), install, data.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -36,8 +36,9 @@ export OMP_WAIT_POLICY=passive
 [ -x "$BUILD_DIR/bin/tessera" ] || { echo "build first: $BUILD_DIR/bin/tessera is missing" >&2; exit 64; }
 "$PY" -c 'import torch.distributed.rpc' 2>/dev/null ||
   { echo "needs Debian's python3-torch (apt-get install python3-torch)" >&2; exit 69; }
-if ! "$PY" -c 'import torch, sys; sys.exit("OpenBLAS" not in torch.__config__.show() and
-    not any("openblas" in l for l in open("/proc/self/maps")))' 2>/dev/null; then
+# Debian's torch calls whichever libblas.so.3 is installed; its build config does not say which.
+if ! "$PY" -c 'import torch, sys; sys.exit(not any("openblas" in l for l in open("/proc/self/maps")))' \
+    2>/dev/null; then
   echo "warning: PyTorch is not on OpenBLAS (apt-get install libopenblas0-pthread):" \
     "the references run several times slower than they should" >&2
 fi
@@ -51,6 +52,13 @@ spec() {  # spec MODE FILE: the example MLP with EPOCHS epochs in MODE
   grep -q '^num_workers:' "$2" || echo "num_workers: 2" >> "$2"
   if [ -n "${PARTITION_BYTES:-}" ]; then echo "partition_bytes: $PARTITION_BYTES" >> "$2"; fi
   printf 'eval { every_epochs: 1 }\n' >> "$2"
+}
+
+reference() {  # reference SCRIPT ROUND: one PyTorch reference run, its JSON line tagged with ROUND
+  "$PY" "bench/$1.py" --epochs "$EPOCHS" --trainers 2 --target "$TARGET" 2> "$OUT/$1-$2.err" |
+    tail -n 1 |
+    "$PY" -c 'import json,sys; d=json.loads(sys.stdin.read()); d["round"]='"$2"'; print(json.dumps(d))' |
+    tee -a "$results"
 }
 
 summarise_tessera() {  # summarise_tessera OUTPUT_FILE MODE SHARDS ROUND
@@ -72,15 +80,9 @@ for round in $(seq 1 "$ROUNDS"); do
     done
   done
   echo "round $round: pytorch rpc parameter server, 2 trainers, $EPOCHS epochs" >&2
-  "$PY" bench/pytorch_rpc_ps.py --epochs "$EPOCHS" --trainers 2 --target "$TARGET" \
-    2> "$OUT/pytorch-$round.err" | tail -n 1 |
-    "$PY" -c 'import json,sys; d=json.loads(sys.stdin.read()); d["round"]='"$round"'; print(json.dumps(d))' |
-    tee -a "$results"
+  reference pytorch_rpc_ps "$round"
   echo "round $round: pytorch distributeddataparallel (gloo), 2 processes, $EPOCHS epochs" >&2
-  "$PY" bench/pytorch_ddp.py --epochs "$EPOCHS" --trainers 2 --target "$TARGET" \
-    2> "$OUT/pytorch-ddp-$round.err" | tail -n 1 |
-    "$PY" -c 'import json,sys; d=json.loads(sys.stdin.read()); d["round"]='"$round"'; print(json.dumps(d))' |
-    tee -a "$results"
+  reference pytorch_ddp "$round"
 done
 
 "$PY" - "$results" "$TARGET" <<'EOF'

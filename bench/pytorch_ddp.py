@@ -17,10 +17,8 @@ all-reduce included, since DDP overlaps it with backward) and in the optimizer s
 
 Benchmark reference only: nothing in Tessera depends on PyTorch.
 """
-import argparse
 import json
 import os
-import socket
 import sys
 import time
 
@@ -31,7 +29,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from pytorch_rpc_ps import load, make_model  # noqa: E402
+from pytorch_rpc_ps import arguments, free_port, load, make_model  # noqa: E402
 
 
 def run(rank, world, args, port, out_path):
@@ -93,21 +91,8 @@ def run(rank, world, args, port, out_path):
     dist.destroy_process_group()
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def main():
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--trainers", type=int, default=2)
-    p.add_argument("--epochs", type=int, default=2)
-    p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--threads", type=int, default=1, help="torch threads per process")
-    p.add_argument("--target", type=float, default=0.85)
-    p.add_argument("--seed", type=int, default=1)
+    p = arguments(__doc__.split("\n")[0])
     args = p.parse_args()
     if args.trainers < 1 or args.epochs < 1 or args.batch_size < 1 or args.threads < 1:
         p.error("--trainers, --epochs, --batch-size and --threads must be at least 1")

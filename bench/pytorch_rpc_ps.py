@@ -190,8 +190,9 @@ def free_port():
         return s.getsockname()[1]
 
 
-def main():
-    p = argparse.ArgumentParser()
+def arguments(description=None):
+    """The options both PyTorch references take (this one and bench/pytorch_ddp.py)."""
+    p = argparse.ArgumentParser(description=description)
     p.add_argument("--trainers", type=int, default=2)
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--batch-size", type=int, default=64)
@@ -199,7 +200,11 @@ def main():
     p.add_argument("--threads", type=int, default=1, help="torch threads per process")
     p.add_argument("--target", type=float, default=0.85)
     p.add_argument("--seed", type=int, default=1)
-    args = p.parse_args()
+    return p
+
+
+def main():
+    args = arguments().parse_args()
     os.environ.setdefault("TP_SOCKET_IFNAME", "lo")
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     out_path = f"/tmp/pytorch_rpc_ps.{os.getpid()}.json"

@@ -52,8 +52,8 @@ class PushPullReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, g
     size_t bytes = 0;
     if (ok) {
       request = std::make_unique<Pending>();
-      request->bytes = read_buffer_.Length();
-      bytes = request->bytes;
+      bytes = read_buffer_.Length();
+      request->bytes = bytes;
       if (!read_buffer_.Dump(&request->slices).ok()) request->slices.clear();
       read_buffer_.Clear();
       stats_->requests_read.fetch_add(1, std::memory_order_relaxed);

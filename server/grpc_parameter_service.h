@@ -96,12 +96,12 @@ class GrpcParameterService final : public ParameterCallbackServiceBase {
   static constexpr int kMaxQueuedPerStream = 64;
   static constexpr size_t kDefaultMaxQueuedBytes = size_t{64} << 20;
   // A PushPull request of at most this many bytes that reaches an idle stream is processed on the
-  // gRPC thread that read it, not handed to the pool: the hand-off (a futex wake and a switch to
-  // another thread) cost 20-30% of the push/pull goodput at 64 KiB to 16 MiB on 2 cores
-  // (docs/benchmarks.md, "Against a ZeroMQ parameter server"). The store's work never waits for
-  // another request to arrive (a gated pull parks instead), so the thread is held for the decode,
-  // the check and the optimizer of one request: at most 2 default partitions. Larger requests, and
-  // every request that queues behind another on its stream, go to the pool.
+  // gRPC thread that read it, not handed to the pool: without the hand-off (a futex wake and a
+  // switch to another thread) the push/pull goodput rose 2-44% at 64 KiB to 16 MiB on 2 cores
+  // (docs/benchmarks.md, "One thread hand-off less per round trip"). The store's work never waits
+  // for another request to arrive (a gated pull parks instead), so the thread is held for the
+  // decode, the check and the optimizer of one request: at most 2 default partitions. Larger
+  // requests, and every request that queues behind another on its stream, go to the pool.
   static constexpr size_t kInlineRequestBytes = size_t{8} << 20;
 
   // `store` and `pool` must outlive the service and every call it serves. Answers larger than
