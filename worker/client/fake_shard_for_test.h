@@ -109,6 +109,11 @@ class FakeShard final : public ShardClient {
     for (PushPullCallback& done : held) done(absl::CancelledError(address_ + ": cancelled"));
   }
 
+  // Per PushPull call, in order: whether it was marked urgent.
+  std::vector<bool> urgent() {
+    absl::MutexLock lock(&mu_);
+    return urgent_;
+  }
   std::vector<std::vector<absl::string_view>> lent() {
     absl::MutexLock lock(&mu_);
     return lent_;
@@ -121,6 +126,7 @@ class FakeShard final : public ShardClient {
     {
       absl::MutexLock lock(&mu_);
       lent_.push_back(call.lent);
+      urgent_.push_back(call.urgent);
       dead = dead_;
     }
     if (dead) {
@@ -334,6 +340,7 @@ class FakeShard final : public ShardClient {
   int cancel_pending_calls_ ABSL_GUARDED_BY(mu_) = 0;
   Tally* tally_ = nullptr;
   std::vector<std::vector<absl::string_view>> lent_ ABSL_GUARDED_BY(mu_);
+  std::vector<bool> urgent_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace testing_fakes

@@ -303,7 +303,7 @@ GrpcShardClient::GrpcShardClient(const Options& options, std::shared_ptr<grpc::C
       channel_(std::move(channel)),
       stub_(v1::ParameterService::NewStub(channel_)),
       generic_stub_(std::make_unique<grpc::GenericStub>(channel_)),
-      streams_(static_cast<size_t>(options.streams)) {
+      streams_(static_cast<size_t>(options.streams) + 1) {
   sweeper_ = std::thread([this] { SweepDeadlines(); });
 }
 
@@ -384,8 +384,10 @@ void GrpcShardClient::PushPull(PushPullCall call, absl::Time deadline, PushPullC
     absl::MutexLock lock(&mu_);
     if (!stopping_) {
       // A retry has the same seq, so it takes the same stream as its first attempt.
-      stream = CurrentStreamLocked(SlotOf(seq), &start);
+      const int slot = SlotOf(seq, call.urgent);
+      stream = CurrentStreamLocked(slot, &start);
       Pending p;
+      p.stream_slot = slot;
       p.loan = loan;
       p.deadline = deadline;
       p.done = std::move(done);
@@ -525,7 +527,7 @@ void GrpcShardClient::CancelPending() {
   // stream (its other requests, if any, are written again on a new one).
   for (auto& [seq, p] : cancelled) {
     if (p.loan != nullptr && p.loan->Outstanding()) {
-      CancelStream(SlotOf(seq), p.stream_generation);
+      CancelStream(p.stream_slot, p.stream_generation);
     }
   }
   // Out of pending_, so a late answer is dropped (Deliver) and never written to a target.
@@ -571,6 +573,7 @@ void GrpcShardClient::ExpireDeadlines() {
     PushPullCallback done;
     std::shared_ptr<Loan> loan;
     uint64_t generation;
+    int slot;
   };
   std::vector<Expired> expired;
   {
@@ -580,7 +583,7 @@ void GrpcShardClient::ExpireDeadlines() {
     for (auto it = pending_.begin(); it != pending_.end();) {
       if (it->second.deadline <= now) {
         expired.push_back(Expired{it->first, std::move(it->second.done), std::move(it->second.loan),
-                                  it->second.stream_generation});
+                                  it->second.stream_generation, it->second.stream_slot});
         it = pending_.erase(it);
       } else {
         ++it;
@@ -590,7 +593,7 @@ void GrpcShardClient::ExpireDeadlines() {
   for (Expired& e : expired) {
     // Bytes still queued on a stalled stream are given back only when the stream ends.
     if (e.loan != nullptr && e.loan->Outstanding()) {
-      CancelStream(SlotOf(e.seq), e.generation);
+      CancelStream(e.slot, e.generation);
     }
     Finish(e.loan, std::move(e.done),
            absl::DeadlineExceededError(

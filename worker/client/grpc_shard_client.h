@@ -2,7 +2,8 @@
 // per shard (one by default), driven by the callback API.
 //
 // Request path. PushPull() encodes the request (common/push_pull_codec.h), records it in
-// `pending_` under its seq and hands it to a stream's write queue (stream seq % streams); the
+// `pending_` under its seq and hands it to a stream's write queue (stream seq % streams, or the
+// extra urgent stream for PushPullCall::urgent); the
 // stream writes one message at a time (ClientBidiReactor allows one outstanding write) and keeps
 // one read outstanding. The stream carries raw bytes (grpc::GenericStub): the bytes of each large
 // push slice go out as a gRPC slice pointing into the shared request or into the caller's lent
@@ -69,7 +70,10 @@ class GrpcShardClient final : public ShardClient {
     // enforces its own --max_message_bytes).
     int max_receive_message_bytes = -1;
     // PushPull streams on the connection; request seq % streams picks one. The shard works on
-    // each stream's requests in order, so more than one lets it work on several at once.
+    // each stream's requests in order, so more than one lets it work on several at once. One
+    // more stream, opened on first use, carries the urgent requests (PushPullCall::urgent):
+    // HTTP/2 interleaves its frames with the others', so a small urgent request does not wait
+    // behind a large one, in either direction.
     int streams = 1;
     // Send the bytes of large push slices without copying them into a serialised message: they
     // travel as their own gRPC slices, pointing into the shared request or into the caller's lent
@@ -116,6 +120,7 @@ class GrpcShardClient final : public ShardClient {
     PushPullCallback done;
     WeightsTarget target;
     uint64_t stream_generation = 0;
+    int stream_slot = 0;
   };
 
   GrpcShardClient(const Options& options, std::shared_ptr<grpc::Channel> channel);
@@ -140,8 +145,10 @@ class GrpcShardClient final : public ShardClient {
               absl::StatusOr<v1::PushPullResponse> result);
   // Queues a deferred callback for the sweeper thread (any thread, no lock held).
   void PostReady(std::function<void()> fn);
-  // The stream slot of a request: seq % streams, so that a retry takes its first attempt's stream.
-  int SlotOf(uint64_t seq) const {
+  // The stream slot of a request: seq % streams, so that a retry takes its first attempt's
+  // stream; the extra slot `streams` for an urgent one.
+  int SlotOf(uint64_t seq, bool urgent) const {
+    if (urgent) return options_.streams;
     return static_cast<int>(seq % static_cast<uint64_t>(options_.streams));
   }
   // Cancels the stream in `slot` when it is still of `generation` (no lock held).
@@ -154,7 +161,7 @@ class GrpcShardClient final : public ShardClient {
 
   absl::Mutex mu_;
   std::multimap<uint64_t, Pending> pending_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::shared_ptr<Stream>> streams_ ABSL_GUARDED_BY(mu_);  // by slot
+  std::vector<std::shared_ptr<Stream>> streams_ ABSL_GUARDED_BY(mu_);  // by slot (+1: urgent)
   uint64_t next_generation_ ABSL_GUARDED_BY(mu_) = 1;
   int live_streams_ ABSL_GUARDED_BY(mu_) = 0;  // Stream objects not yet destroyed
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;

@@ -492,6 +492,46 @@ TEST_F(GrpcShardClientTest, DeadlineOnAStalledStreamRunsTheCallbackAfterTheLentB
   EXPECT_EQ(next->weights(0).data(), "after");
 }
 
+// An urgent request takes a stream of its own: it is answered while a bulk request's bytes are
+// stuck on the stream the shard does not read, where a second bulk request waits too.
+TEST_F(GrpcShardClientTest, UrgentRequestIsNotQueuedBehindABulkOneOnAStalledStream) {
+  absl::Notification hold;
+  service_.hold_reads = &hold;
+  Start();
+  // Over any flow-control window, under the scripted server's 4 MiB receive limit.
+  std::vector<float> big(3 << 18, 1.0f);
+  LentOutcome bulk;
+  SendLent(client_.get(), 31, big, &bulk, absl::Seconds(30));
+  absl::SleepFor(absl::Milliseconds(100));
+
+  absl::Notification second_done;
+  client_->PushPull({Request(32, "second")}, absl::Now() + absl::Seconds(30),
+                    [&](absl::StatusOr<v1::PushPullResponse>) { second_done.Notify(); });
+  ShardClient::PushPullCall urgent(Request(33, "urgent"));
+  urgent.urgent = true;
+  absl::Notification urgent_done;
+  absl::StatusOr<v1::PushPullResponse> answer;
+  client_->PushPull(std::move(urgent), absl::Now() + absl::Seconds(10),
+                    [&](absl::StatusOr<v1::PushPullResponse> r) {
+                      answer = std::move(r);
+                      urgent_done.Notify();
+                    });
+  ASSERT_TRUE(urgent_done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  ASSERT_TRUE(answer.ok()) << answer.status();
+  EXPECT_EQ(answer->weights(0).data(), "urgent");
+  EXPECT_FALSE(bulk.done.HasBeenNotified()) << "the bulk stream is still stalled";
+  EXPECT_FALSE(second_done.HasBeenNotified()) << "a bulk request queues behind the stuck one";
+
+  hold.Notify();
+  ASSERT_TRUE(bulk.done.WaitForNotificationWithTimeout(absl::Seconds(20)));
+  EXPECT_TRUE(bulk.status.ok()) << bulk.status;
+  ASSERT_TRUE(second_done.WaitForNotificationWithTimeout(absl::Seconds(20)));
+  std::map<uint64_t, int> stream_of;
+  for (const auto& [stream, seq] : service_.seen()) stream_of[seq] = stream;
+  EXPECT_EQ(stream_of[31], stream_of[32]);
+  EXPECT_NE(stream_of[31], stream_of[33]);
+}
+
 // CancelPending gives lent bytes stuck on a stalled stream back before it runs the callback, and
 // returns only after the callback ran.
 TEST_F(GrpcShardClientTest, CancelPendingReleasesLentBytesOfAStalledStreamFirst) {

@@ -649,7 +649,7 @@ std::vector<int> ParameterClient::TakeUnreachableShards() {
 
 void ParameterClient::PushPullAsync(absl::string_view name, int64_t step,
                                     absl::Span<const float> gradient, absl::Span<float> weights_out,
-                                    PushPullCallback done) {
+                                    PushPullCallback done, bool urgent) {
   absl::StatusOr<const DenseLayout*> found = Layout(name);
   if (!found.ok()) return done(found.status());
   const DenseLayout& layout = **found;
@@ -711,6 +711,7 @@ void ParameterClient::PushPullAsync(absl::string_view name, int64_t step,
       copy->fill_write = routing_.IsDown(copy->shard);
       copy->homes = {p.shard};
       copy->call.request = std::move(copy_request);
+      copy->call.urgent = urgent;
       copy->what = absl::StrCat("PushPull tensor '", name, "' partition ", p.index, " step ", step,
                                 " on shard ", copy->shard, " (a copy)");
       Send(std::move(copy));
@@ -722,6 +723,7 @@ void ParameterClient::PushPullAsync(absl::string_view name, int64_t step,
     attempt->homes = {p.shard};
     if (want) attempt->want_homes = {p.shard};
     attempt->call.request = std::move(request);
+    attempt->call.urgent = urgent;
     attempt->what = absl::StrCat("PushPull tensor '", name, "' partition ", p.index, " step ", step,
                                  " on shard ", attempt->shard);
     if (want && DeltaPulls()) {

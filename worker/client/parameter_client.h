@@ -177,9 +177,10 @@ class ParameterClient {
   // not empty, writes the fresh weights there once the shards' consistency gate for step + 1
   // opens. Does not block. `done` runs once, on an internal thread.
   // REQUIRES: gradient and weights_out stay valid and untouched until `done` runs; their sizes
-  // equal the tensor's element count (weights_out may be empty).
+  // equal the tensor's element count (weights_out may be empty). `urgent` marks its requests
+  // (ShardClient::PushPullCall::urgent); a tensor must be urgent at every step or at none.
   void PushPullAsync(absl::string_view name, int64_t step, absl::Span<const float> gradient,
-                     absl::Span<float> weights_out, PushPullCallback done);
+                     absl::Span<float> weights_out, PushPullCallback done, bool urgent = false);
   std::future<absl::StatusOr<PushPullResult>> PushPull(absl::string_view name, int64_t step,
                                                        absl::Span<const float> gradient,
                                                        absl::Span<float> weights_out);
@@ -195,7 +196,8 @@ class ParameterClient {
   // where one round trip per tensor costs more than the bytes. INVALID_ARGUMENT (through `done`)
   // for an unknown tensor, a size mismatch, a tensor named twice, or a shard's share over
   // options.max_request_bytes. Same REQUIREs as PushPullAsync, for every tensor.
-  void PushPullManyAsync(int64_t step, std::vector<TensorUpdate> tensors, PushPullCallback done);
+  void PushPullManyAsync(int64_t step, std::vector<TensorUpdate> tensors, PushPullCallback done,
+                         bool urgent = false);
 
   // Blocking pull of the whole tensor into `out`, gated as for `step` (negative: not gated, for
   // initial weights, evaluation and export). With `min_version`, the smallest version of the

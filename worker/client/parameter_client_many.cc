@@ -18,7 +18,7 @@ namespace tessera {
 namespace client {
 
 void ParameterClient::PushPullManyAsync(int64_t step, std::vector<TensorUpdate> tensors,
-                                        PushPullCallback done) {
+                                        PushPullCallback done, bool urgent) {
   if (step < 0) {
     return done(absl::InvalidArgumentError(
         absl::StrCat("PushPull of ", tensors.size(), " tensors: step must be >= 0, got ", step)));
@@ -128,6 +128,7 @@ void ParameterClient::PushPullManyAsync(int64_t step, std::vector<TensorUpdate> 
     attempt->homes.assign(part.homes.begin(), part.homes.end());
     attempt->want_homes.assign(part.want_homes.begin(), part.want_homes.end());
     attempt->call.request = std::move(part.request);
+    attempt->call.urgent = urgent;
     if (part.lends) attempt->call.lent = std::move(part.lent);
     attempt->what = absl::StrCat("PushPull of tensors ", absl::StrJoin(part.names, ", "), " step ",
                                  step, " on shard ", shard);

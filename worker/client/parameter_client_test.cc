@@ -111,6 +111,44 @@ TEST_F(ParameterClientTest, SeqIncreasesPerRequestAndCarriesIdentity) {
   EXPECT_EQ(fakes_[0]->seqs(), (std::vector<uint64_t>{1, 2, 3, 4, 5, 6}));
 }
 
+// `urgent` reaches every request of the call, one tensor's partitions and a batch's alike, and
+// only those.
+TEST_F(ParameterClientTest, UrgentMarksEveryRequestOfTheCall) {
+  MakeClient(2, 16);
+  DeclareW(10);  // 4 elements per partition: 3 partitions
+  std::vector<float> grad(10, 1.0f), out(10);
+  const auto run = [&](bool many, bool urgent) {
+    std::promise<absl::Status> done;
+    const auto callback = [&](absl::StatusOr<PushPullResult> r) { done.set_value(r.status()); };
+    if (many) {
+      client_->PushPullManyAsync(0, {{"w", grad, absl::MakeSpan(out)}}, callback, urgent);
+    } else {
+      client_->PushPullAsync("w", 0, grad, absl::MakeSpan(out), callback, urgent);
+    }
+    return done.get_future().get();
+  };
+  // The marks of the requests the shards got since the last call.
+  std::vector<size_t> read(fakes_.size(), 0);
+  const auto marks = [&] {
+    std::vector<bool> fresh;
+    for (size_t i = 0; i < fakes_.size(); ++i) {
+      const std::vector<bool> u = fakes_[i]->urgent();
+      fresh.insert(fresh.end(), u.begin() + static_cast<std::ptrdiff_t>(read[i]), u.end());
+      read[i] = u.size();
+    }
+    return fresh;
+  };
+  ASSERT_TRUE(run(false, true).ok());
+  EXPECT_EQ(marks(), std::vector<bool>(3, true)) << "one request per partition, all urgent";
+  ASSERT_TRUE(run(true, false).ok());
+  const std::vector<bool> bulk = marks();
+  ASSERT_FALSE(bulk.empty());
+  EXPECT_EQ(bulk, std::vector<bool>(bulk.size(), false)) << "a plain batch is bulk";
+  ASSERT_TRUE(run(true, true).ok());
+  const std::vector<bool> urgent = marks();
+  EXPECT_EQ(urgent, std::vector<bool>(bulk.size(), true)) << "one request per shard, all urgent";
+}
+
 TEST_F(ParameterClientTest, DeclareJobBatchesUnderTheRequestLimit) {
   ParameterClient::Options o;
   o.job_id = "job";

@@ -71,6 +71,12 @@ class ShardClient {
     // Optional (target.out == nullptr: none). A transport that does not decode in place ignores it
     // and returns the weights in the response.
     WeightsTarget target;
+    // Wanted first: the trainer marks the requests whose weights the next forward pass reads
+    // before the large tensors' (ParameterClient's `urgent`). GrpcShardClient sends them on a
+    // stream of their own, so they do not queue behind bulk transfers; a transport may ignore it.
+    // A partition's next push leaves only after its answer, so moving a request to another
+    // stream never reorders one partition's pushes.
+    bool urgent = false;
   };
 
   // Sends `call` on the shard's long-lived PushPull stream and returns without blocking on the
