@@ -76,6 +76,12 @@ absl::Status Model::Build(const v1::ModelSpec& spec) {
   TESSERA_RETURN_IF_ERROR(
       AddLayerParameters(layers_, layer_infos_, /*trainable=*/false, &layer_parameters_, &index));
   BindLayers(layers_, index);
+  forward_position_.assign(parameters_.size(), 0);
+  for (size_t i = 0; i < index.size(); ++i) {
+    for (int position : index[i]) {
+      if (position >= 0) forward_position_[position] = static_cast<int>(i);
+    }
+  }
   TESSERA_ASSIGN_OR_RETURN(metrics_, backend_->Allocate({2}));
   host_metrics_.assign(2, 0.0f);
   return absl::OkStatus();
@@ -410,29 +416,40 @@ absl::Status Model::LoadBatch(const BatchView& batch, bool need_labels, Activati
   return backend_->CopyToDevice(batch.targets.data(), a->labels);
 }
 
-absl::Status Model::RunForward(Activations* a, bool training) {
-  if (multi_input_) TESSERA_RETURN_IF_ERROR(ForwardMultiInput(a, training));
+absl::Status Model::RunForward(Activations* a, bool training, const BeforeLayer& before_layer) {
+  if (multi_input_) {
+    if (before_layer) TESSERA_RETURN_IF_ERROR(before_layer(0));
+    TESSERA_RETURN_IF_ERROR(ForwardMultiInput(a, training));
+  }
   TESSERA_RETURN_IF_ERROR(internal::ForwardChain(backend_, layers_, a->n, a->input, a->top,
-                                                 &a->sparse, training, dropout_seed_, 0));
+                                                 &a->sparse, training, dropout_seed_, 0,
+                                                 multi_input_ ? BeforeLayer() : before_layer));
   return multi_input_ ? AddWide(a) : absl::OkStatus();
 }
 
 absl::StatusOr<StepResult> Model::TrainStep(const BatchView& batch,
-                                            const std::function<void(int)>& on_grad_ready) {
-  absl::StatusOr<StepResult> r = TrainSlot(0, batch, 1.0f, on_grad_ready, nullptr);
+                                            const std::function<void(int)>& on_grad_ready,
+                                            const BeforeLayer& before_layer) {
+  absl::StatusOr<StepResult> r = TrainSlot(0, batch, 1.0f, on_grad_ready, nullptr, before_layer);
   if (r.ok()) dropout_seed_ = Mix(dropout_seed_, 0xd20);
   return r;
 }
 
+int Model::ForwardPosition(int parameter) const {
+  if (parameter < 0 || static_cast<size_t>(parameter) >= forward_position_.size()) return 0;
+  return forward_position_[parameter];
+}
+
 absl::StatusOr<StepResult> Model::TrainSlot(int slot, const BatchView& batch, float weight,
                                             const std::function<void(int)>& on_grad_ready,
-                                            std::vector<float>* input_grad) {
+                                            std::vector<float>* input_grad,
+                                            const BeforeLayer& before_layer) {
   if (batch.size <= 0) {
     return absl::InvalidArgumentError(absl::StrCat("batch.size: must be > 0, got ", batch.size));
   }
   TESSERA_ASSIGN_OR_RETURN(Activations * a, ActivationsFor(slot, batch.size));
   TESSERA_RETURN_IF_ERROR(LoadBatch(batch, /*need_labels=*/true, a));
-  TESSERA_RETURN_IF_ERROR(RunForward(a, /*training=*/true));
+  TESSERA_RETURN_IF_ERROR(RunForward(a, /*training=*/true, before_layer));
   TESSERA_RETURN_IF_ERROR(backend_->LossForwardBackward(loss_, a->top.y.back(), a->labels,
                                                         &a->top.dy.back(), metrics_));
   if (weight != 1.0f) TESSERA_RETURN_IF_ERROR(backend_->Scale(weight, a->top.dy.back()));

@@ -156,8 +156,20 @@ class Model {
   // values are ready once the stream reaches that point, e.g. after a CopyToHost). Synchronises
   // once, to read the loss. INVALID_ARGUMENT when the batch does not fit the model (sizes, label
   // or id ranges).
+  //
+  // `before_layer` (may be empty) lets the caller install fresh weights while the forward pass
+  // runs (the trainer's overlap of pulls with forward): it is called with position i before the
+  // i-th step of the forward pass, and parameter p is first read after the call with
+  // ForwardPosition(p). A single-input model calls it before each of layers(), in order; a
+  // multi-input model once, with 0, before anything runs. An error from it ends the step with
+  // that error.
+  using BeforeLayer = std::function<absl::Status(int position)>;
   absl::StatusOr<StepResult> TrainStep(const BatchView& batch,
-                                       const std::function<void(int)>& on_grad_ready = {});
+                                       const std::function<void(int)>& on_grad_ready = {},
+                                       const BeforeLayer& before_layer = {});
+  // The position of TrainStep's before_layer call after which parameter p (an index into
+  // parameters()) is first read: its layer's index, or 0 in a multi-input model.
+  int ForwardPosition(int parameter) const;
 
   // Forward in evaluation mode and the loss; no gradients. With `outputs`, the last layer's
   // outputs ([size, output_dim], before the loss) are copied there too.
@@ -255,7 +267,8 @@ class Model {
   // Forward, loss and backward of `batch` in `slot` (TrainStep, StageTrain).
   absl::StatusOr<StepResult> TrainSlot(int slot, const BatchView& batch, float weight,
                                        const std::function<void(int)>& on_grad_ready,
-                                       std::vector<float>* input_grad);
+                                       std::vector<float>* input_grad,
+                                       const BeforeLayer& before_layer = {});
   // Swaps parameter i's grad with accumulated_[i], rebinding its layer.
   void SwapAccumulated(size_t i);
   // Backward from a->top.dy.back(); with `input_grad`, the stage input's gradient copied there.
@@ -264,7 +277,7 @@ class Model {
   // An estimate of the bytes ActivationsFor(n) allocates (saturating at the int64 maximum).
   int64_t ActivationBytes(int64_t n) const;
   absl::Status LoadBatch(const BatchView& batch, bool need_labels, Activations* acts);
-  absl::Status RunForward(Activations* acts, bool training);
+  absl::Status RunForward(Activations* acts, bool training, const BeforeLayer& before_layer = {});
 
   kernels::Backend* backend_;
   uint64_t seed_;
@@ -300,6 +313,8 @@ class Model {
   std::vector<kernels::Tensor> accumulated_;  // AccumulateGrads, per parameter (or empty)
   // Per parameter: the layer its tensors are bound to, and their position there.
   std::vector<std::pair<Layer*, size_t>> bindings_;
+  // Per parameter: ForwardPosition (single-input models; empty for multi-input ones).
+  std::vector<int> forward_position_;
   // Between AccumulateGrads(first) and UseAccumulatedGrads: the other layers' buffers are
   // swapped, and the layers that AccumulatesGrads add theirs.
   bool accumulating_ = false;

@@ -314,6 +314,59 @@ TEST(ModelTest, BatchNormStateComesAfterTrainableParameters) {
             absl::StatusCode::kFailedPrecondition);
 }
 
+// before_layer runs before each layer, in order; a weight installed there is the one that layer
+// computes with; its error ends the step. ForwardPosition names the layer that reads a parameter,
+// BatchNorm's state included.
+TEST(ModelTest, TrainStepCallsBeforeLayerBeforeEachLayer) {
+  const v1::ModelSpec spec = Parse(R"pb(input_shape: [ 4 ]
+                                        layers { dense { units: 3 } }
+                                        layers {
+                                          name: "bn"
+                                          batch_norm {}
+                                        }
+                                        layers { dense { units: 2 } }
+                                        loss: LOSS_SOFTMAX_CROSS_ENTROPY)pb");
+  auto backend = CpuBackend();
+  auto a = Model::Create(spec, backend.get(), 7);
+  auto b = Model::Create(spec, backend.get(), 7);
+  ASSERT_TRUE(a.ok() && b.ok());
+  std::vector<int> positions;
+  for (int i = 0; i < static_cast<int>((*a)->parameters().size()); ++i) {
+    positions.push_back((*a)->ForwardPosition(i));
+  }
+  EXPECT_THAT(positions, ElementsAre(0, 0, 1, 1, 2, 2, 1, 1));
+
+  const std::vector<float> features = {0.5f, -1, 2, 0.25f, 1, 1, -0.5f, 3};
+  const std::vector<int32_t> labels = {1, 0};
+  BatchView batch;
+  batch.size = 2;
+  batch.features = features;
+  batch.labels = labels;
+  const std::vector<float> kernel = {0.1f, -0.2f, 0.3f, 0.4f, -0.5f, 0.6f};
+  ASSERT_TRUE((*a)->CopyValueFromHost("dense_2/kernel", kernel).ok());
+  auto want = (*a)->TrainStep(batch);
+  ASSERT_TRUE(want.ok()) << want.status();
+
+  std::vector<int> calls;
+  auto got = (*b)->TrainStep(batch, {}, [&](int position) {
+    calls.push_back(position);
+    return position == 2 ? (*b)->CopyValueFromHost("dense_2/kernel", kernel) : absl::OkStatus();
+  });
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_THAT(calls, ElementsAre(0, 1, 2));
+  EXPECT_EQ(got->loss, want->loss) << "the last layer computed with the weight installed before it";
+  std::vector<float> ga, gb;
+  ASSERT_TRUE((*a)->CopyGradToHost("dense_1/kernel", &ga).ok());
+  ASSERT_TRUE((*b)->CopyGradToHost("dense_1/kernel", &gb).ok());
+  EXPECT_EQ(ga, gb);
+
+  auto failed = (*b)->TrainStep(batch, {}, [](int position) {
+    return position == 1 ? absl::UnavailableError("weights lost") : absl::OkStatus();
+  });
+  EXPECT_EQ(failed.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(failed.status().message(), HasSubstr("weights lost"));
+}
+
 TEST(ModelTest, SeededInitialization) {
   auto backend = CpuBackend();
   auto a = Model::Create(Parse(kFashionMlp), backend.get(), 42);

@@ -239,6 +239,27 @@ absl::Status DistributedTrainer::Init() {
     grads_.emplace_back(n);
     weights_.emplace_back(n);
   }
+  // Overlap needs the one device's forward pass (replicas and pipeline stages install the
+  // weights together) and no rows (their fetch for the step is gated on their own push).
+  overlap_ = devices_ == nullptr && model_->sparse_tables().empty();
+  awaited_.assign(dense_.size(), false);
+  {
+    absl::MutexLock lock(&exchange_mu_);
+    arrived_.assign(dense_.size(), false);
+  }
+  read_at_.assign(std::max<size_t>(model_->layers().size(), 1), {});
+  size_t first = read_at_.size();
+  for (size_t k = 0; k < dense_.size(); ++k) {
+    const size_t position =
+        std::min(static_cast<size_t>(model_->ForwardPosition(dense_[k])), read_at_.size() - 1);
+    read_at_[position].push_back(k);
+    first = std::min(first, position);
+  }
+  urgent_.assign(dense_.size(), false);
+  // Urgent only when some tensor is read later (a multi-input model reads all at position 0).
+  if (overlap_ && first < read_at_.size() && read_at_[first].size() < dense_.size()) {
+    for (size_t k : read_at_[first]) urgent_[k] = true;
+  }
 
   // Every rank runs the same number of steps (see the header).
   const int64_t n_train = train_->total_examples();
@@ -501,6 +522,57 @@ bool DistributedTrainer::ExchangeDone() const {
   return pending_ == 0 || !exchange_error_.ok();
 }
 
+client::ParameterClient::PushPullCallback DistributedTrainer::ExchangeDoneFor(
+    std::vector<size_t> slots) {
+  {
+    absl::MutexLock lock(&exchange_mu_);
+    ++pending_;
+  }
+  if (!overlap_) slots.clear();
+  for (size_t k : slots) awaited_[k] = true;
+  return [this, slots = std::move(slots)](absl::StatusOr<client::PushPullResult> r) {
+    absl::MutexLock lock(&exchange_mu_);
+    if (!r.ok() && exchange_error_.ok()) exchange_error_ = r.status();
+    if (r.ok()) {
+      for (size_t k : slots) arrived_[k] = true;
+    }
+    --pending_;
+  };
+}
+
+absl::Status DistributedTrainer::AwaitWeights(int position) {
+  if (position < 0 || static_cast<size_t>(position) >= read_at_.size()) return absl::OkStatus();
+  const std::vector<engine::Parameter>& params = model_->parameters();
+  for (size_t k : read_at_[position]) {
+    if (!awaited_[k]) continue;
+    const Clock::time_point t0 = Clock::now();
+    {
+      absl::MutexLock lock(&exchange_mu_);
+      const auto here = [this, k]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(exchange_mu_) {
+        return arrived_[k] || !exchange_error_.ok();
+      };
+      while (!exchange_mu_.AwaitWithTimeout(absl::Condition(&here), absl::Milliseconds(20))) {
+        if (cancelled()) return absl::CancelledError("cancelled");
+      }
+      if (!exchange_error_.ok()) return ShardStatus(exchange_error_);
+      arrived_[k] = false;
+    }
+    const Clock::time_point t1 = Clock::now();
+    awaited_[k] = false;
+    TESSERA_RETURN_IF_ERROR(model_->CopyValueFromHost(params[dense_[k]].name, weights_[k]));
+    forward_wait_ += Seconds(t1 - t0);
+    forward_install_ += Seconds(Clock::now() - t1);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DistributedTrainer::AwaitAllWeights() {
+  for (size_t position = 0; position < read_at_.size(); ++position) {
+    TESSERA_RETURN_IF_ERROR(AwaitWeights(static_cast<int>(position)));
+  }
+  return absl::OkStatus();
+}
+
 namespace {
 // Gradients that fit in one partition are batched, and a batch leaves once it holds this many
 // bytes (or at the end of backward).
@@ -514,17 +586,7 @@ absl::StatusOr<engine::StepResult> DistributedTrainer::Step(const engine::BatchV
   const v1::JobSpec& spec = options_.task.spec();
   const bool clip = spec.clipping().max_global_norm() > 0;
   const std::vector<engine::Parameter>& params = model_->parameters();
-  {
-    absl::MutexLock lock(&exchange_mu_);
-    pending_ = 0;
-    exchange_error_ = absl::OkStatus();
-  }
   absl::Status copy_error;
-  const auto on_done = [this](absl::StatusOr<client::PushPullResult> r) {
-    absl::MutexLock lock(&exchange_mu_);
-    if (!r.ok() && exchange_error_.ok()) exchange_error_ = r.status();
-    --pending_;
-  };
   // A round trip per tensor costs more than the bytes of most of them (measured: sending every
   // MLP gradient in one request per shard gave 5 to 15% more samples per second than one request
   // per tensor), so gradients that fit in one partition (and in kBatchBytes) are batched, one
@@ -533,30 +595,30 @@ absl::StatusOr<engine::StepResult> DistributedTrainer::Step(const engine::BatchV
   const size_t batch_values = std::min(
       static_cast<size_t>(spec::PartitionBytes(spec) / sizeof(float)), kBatchBytes / sizeof(float));
   std::vector<client::ParameterClient::TensorUpdate> small;
+  std::vector<size_t> small_slots;
   size_t small_bytes = 0;
+  bool small_urgent = false;
   const auto push_small = [&] {
     if (small.empty()) return;
-    {
-      absl::MutexLock lock(&exchange_mu_);
-      ++pending_;
-    }
-    client_->PushPullManyAsync(step, std::move(small), on_done);
+    client_->PushPullManyAsync(step, std::move(small), ExchangeDoneFor(std::move(small_slots)),
+                               small_urgent);
     small.clear();
+    small_slots.clear();
     small_bytes = 0;
+    small_urgent = false;
   };
   const auto push = [&](size_t k) {
     const std::string& name = params[dense_[k]].name;
     if (grads_[k].size() <= batch_values) {
       small.push_back({name, grads_[k], absl::MakeSpan(weights_[k])});
+      small_slots.push_back(k);
+      small_urgent = small_urgent || urgent_[k];
       small_bytes += grads_[k].size() * sizeof(float);
       if (small_bytes >= kBatchBytes) push_small();
       return;
     }
-    {
-      absl::MutexLock lock(&exchange_mu_);
-      ++pending_;
-    }
-    client_->PushPullAsync(name, step, grads_[k], absl::MakeSpan(weights_[k]), on_done);
+    client_->PushPullAsync(name, step, grads_[k], absl::MakeSpan(weights_[k]), ExchangeDoneFor({k}),
+                           urgent_[k]);
   };
   const auto on_grad_ready = [&](int p) {
     if (!copy_error.ok() || p < 0 || static_cast<size_t>(p) >= slot_of_.size()) return;
@@ -567,11 +629,19 @@ absl::StatusOr<engine::StepResult> DistributedTrainer::Step(const engine::BatchV
   };
   if (devices_ != nullptr) return DevicesStep(batch, push, push_small);
   tuner_->BeforeStep();
-  const absl::Time compute_start = absl::Now();
-  absl::StatusOr<engine::StepResult> r = model_->TrainStep(batch, on_grad_ready);
+  forward_wait_ = 0;
+  forward_install_ = 0;
+  const Clock::time_point compute_start = Clock::now();
+  // Overlap: the last step's weights are installed layer by layer as this forward pass reaches
+  // them; without it they were all installed before this step.
+  absl::StatusOr<engine::StepResult> r = model_->TrainStep(
+      batch, on_grad_ready,
+      overlap_ ? engine::Model::BeforeLayer([this](int position) { return AwaitWeights(position); })
+               : engine::Model::BeforeLayer());
   if (r.ok()) {
+    // The thread count is chosen on compute alone, not on the time spent waiting for weights.
     std::optional<std::string> note =
-        tuner_->AfterStep(absl::ToDoubleSeconds(absl::Now() - compute_start));
+        tuner_->AfterStep(Seconds(Clock::now() - compute_start) - forward_wait_ - forward_install_);
     if (note.has_value() && options_.on_note) options_.on_note(*note);
   }
   if (!r.ok() || !copy_error.ok()) {
@@ -608,13 +678,7 @@ absl::StatusOr<engine::StepResult> DistributedTrainer::Step(const engine::BatchV
     for (size_t k = 0; k < grads_.size(); ++k) push(k);
   }
   push_small();
-  if (rows_ != nullptr) {
-    {
-      absl::MutexLock lock(&exchange_mu_);
-      ++pending_;
-    }
-    rows_->Push(step, scale, on_done);
-  }
+  if (rows_ != nullptr) rows_->Push(step, scale, ExchangeDoneFor({}));
   return r;
 }
 
@@ -711,6 +775,8 @@ absl::StatusOr<v1::ProgressReport> DistributedTrainer::Run() {
   Clock::time_point last_report = run_start;
   const auto progress_interval = absl::ToChronoNanoseconds(options_.progress_interval);
 
+  // Steps this run trained (the step times' divisor).
+  int64_t ran = 0;
   const auto make_report = [&](int64_t step, int epoch, int epochs_done) {
     v1::ProgressReport p;
     p.set_rank(rank_);
@@ -734,8 +800,7 @@ absl::StatusOr<v1::ProgressReport> DistributedTrainer::Run() {
     const double elapsed = Seconds(Clock::now() - run_start);
     if (elapsed > 0) p.set_samples_per_second(static_cast<double>(samples) / elapsed);
     // The means over the steps this run trained (a resumed run starts at start_step_).
-    SetStepTimes(t_compute, t_exchange, t_install, t_data, step - start_step_,
-                 p.mutable_step_times());
+    SetStepTimes(t_compute, t_exchange, t_install, t_data, ran, p.mutable_step_times());
     interval_loss = 0;
     interval_correct = 0;
     interval_seen = 0;
@@ -816,27 +881,46 @@ absl::StatusOr<v1::ProgressReport> DistributedTrainer::Run() {
             "training diverged: the loss is ", r->loss, " at step ", step + 1, " on rank ", rank_,
             "; lower optimizer.learning_rate or set clipping.max_global_norm"));
       }
-      TESSERA_RETURN_IF_ERROR(WaitExchange());
+      // Overlap: the next forward pass installs this step's weights as it reaches them.
+      if (!overlap_) TESSERA_RETURN_IF_ERROR(WaitExchange());
       const Clock::time_point t3 = Clock::now();
-      TESSERA_RETURN_IF_ERROR(InstallWeights());
+      if (!overlap_) TESSERA_RETURN_IF_ERROR(InstallWeights());
       const Clock::time_point t4 = Clock::now();
       t_data += Seconds(t1 - t0);
-      t_compute += Seconds(t2 - t1);
-      t_exchange += Seconds(t3 - t2);
-      t_install += Seconds(t4 - t3);
+      t_compute += Seconds(t2 - t1) - forward_wait_ - forward_install_;
+      t_exchange += Seconds(t3 - t2) + forward_wait_;
+      t_install += Seconds(t4 - t3) + forward_install_;
       batches->Recycle(std::move(*b));
       ++step;
       ++step_in_epoch;
-      steps_done_.store(step, std::memory_order_release);
+      ++ran;
+      // A step counts once every rank's push of it is in, which its answers say (the coordinator
+      // hands a lost rank's place on from the ranks' smallest step, so a step reported done must
+      // need nobody else's push): with the overlap that is the step before, whose every weight
+      // this step's forward pass has installed.
+      const int64_t exchanged = overlap_ ? step - 1 : step;
+      steps_done_.store(exchanged, std::memory_order_release);
       samples += r->examples;
       interval_loss += r->loss * static_cast<double>(r->examples);
       interval_correct += r->correct;
       interval_seen += r->examples;
-      if (options_.on_progress && Clock::now() - last_report >= progress_interval) {
-        options_.on_progress(make_report(step, epoch + 1, epochs_done));
+      if (options_.on_progress && exchanged > start_step_ &&
+          Clock::now() - last_report >= progress_interval) {
+        options_.on_progress(make_report(exchanged, epoch + 1, epochs_done));
       }
     }
     batches.reset();
+    if (overlap_) {
+      // The epoch's last weights, before an evaluation or the end.
+      const Clock::time_point t0 = Clock::now();
+      forward_wait_ = 0;
+      forward_install_ = 0;
+      TESSERA_RETURN_IF_ERROR(AwaitAllWeights());
+      TESSERA_RETURN_IF_ERROR(WaitExchange());
+      t_exchange += Seconds(Clock::now() - t0) - forward_install_;
+      t_install += forward_install_;
+      steps_done_.store(step, std::memory_order_release);
+    }
     epochs_done = epoch + 1;
     const bool last = epochs_done == epochs_ || step >= total_steps_;
     v1::ProgressReport p = make_report(step, epochs_done, epochs_done);

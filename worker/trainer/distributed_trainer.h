@@ -4,10 +4,14 @@
 // Every rank builds the model from the spec's seed, so all ranks start from identical weights;
 // DeclareJob (additive and idempotent on the shards) then Pull(step -1) make every rank start
 // from the shards' state. Each step pushes every trainable parameter's gradient as soon as
-// backward produces it (PushPullAsync), waits for every fresh weight the shards' consistency
-// gate releases, and installs them; the shards average and apply the job's optimizer and
-// schedule, the worker never applies an optimizer itself. With spec.clipping.max_global_norm > 0
-// the pushes wait until backward is done, so the whole gradient can be clipped by its global norm.
+// backward produces it (PushPullAsync) and gets back the fresh weight the shards' consistency
+// gate releases; the shards average and apply the job's optimizer and schedule, the worker never
+// applies an optimizer itself. On one device with no sparse tables the step ends once its pushes
+// are out, and the next step's forward pass installs each fresh weight just before the first
+// layer that reads it, waiting only for those still on their way (the pulls overlap the forward
+// pass; DESIGN.md §5); otherwise the step waits for every weight and installs them all. With
+// spec.clipping.max_global_norm > 0 the pushes wait until backward is done, so the whole gradient
+// can be clipped by its global norm.
 //
 // Every rank runs exactly total_steps steps: steps_per_epoch = ceil(floor(N / world) / batch)
 // with N the training split's example count, so no rank ever holds up a BSP step by running
@@ -201,7 +205,8 @@ class DistributedTrainer {
   std::string devices_description() const {
     return devices_ != nullptr ? devices_->Describe() : std::string();
   }
-  // Steps Run() has completed (pushed and installed).
+  // Steps Run() has completed: pushed, and their weights received and installed (with the
+  // overlap, installed as the next step's forward pass reaches each layer).
   int64_t steps_done() const { return steps_done_.load(std::memory_order_acquire); }
   const engine::Model& model() const { return *model_; }
   const kernels::Backend& backend() const { return *backend_; }
@@ -215,9 +220,17 @@ class DistributedTrainer {
   absl::Status Connect();
   // One training step: TrainStep with pipelined pushes, wait for every weight, install.
   absl::StatusOr<engine::StepResult> Step(const engine::BatchView& batch, int64_t step);
-  // Waits until every PushPull of the step has answered; CANCELLED on Cancel().
+  // Waits until every PushPull in flight has answered; CANCELLED on Cancel().
   absl::Status WaitExchange();
   bool ExchangeDone() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(exchange_mu_);
+  // The callback of a PushPull that carries dense_ entries `slots` (none: the rows').
+  client::ParameterClient::PushPullCallback ExchangeDoneFor(std::vector<size_t> slots);
+  // Overlap: installs the fresh weights that the forward pass reads first at `position`
+  // (Model::ForwardPosition), each as soon as its PushPull has answered; CANCELLED on Cancel(),
+  // the exchange's first error.
+  absl::Status AwaitWeights(int position);
+  // Overlap: AwaitWeights for every position (before an evaluation, the final pull, an error).
+  absl::Status AwaitAllWeights();
   // Rank 0: reports TRAINING_DONE until all_workers_done.
   absl::Status WaitAllWorkersDone(const v1::ProgressReport& done);
   // Ungated pull of every dense tensor (initial and final weights), installed in the model.
@@ -276,10 +289,26 @@ class DistributedTrainer {
   std::vector<std::vector<float>> grads_;
   std::vector<std::vector<float>> weights_;
 
-  // The step's exchange: PushPulls that have not answered yet, and the first error.
+  // The exchange: PushPulls that have not answered yet, and the first error (which ends Run()).
   absl::Mutex exchange_mu_;
   int pending_ ABSL_GUARDED_BY(exchange_mu_) = 0;
   absl::Status exchange_error_ ABSL_GUARDED_BY(exchange_mu_);
+
+  // Overlap of the pulls with the next forward pass (one device, no sparse tables; DESIGN.md
+  // §5): a step ends once its pushes are out, and the next step's forward pass installs each
+  // fresh weight just before the first layer that reads it, waiting only for those that have not
+  // arrived yet. Per forward position, the dense_ entries first read there.
+  bool overlap_ = false;
+  std::vector<std::vector<size_t>> read_at_;
+  // Per dense_ entry: read by the forward pass's first layer with parameters, so its requests
+  // are urgent (ShardClient::PushPullCall::urgent) and do not queue behind larger ones.
+  std::vector<bool> urgent_;
+  // Per dense_ entry: pushed, its fresh weight not installed yet (the training thread's).
+  std::vector<bool> awaited_;
+  // Per dense_ entry: its PushPull answered, so weights_ holds the fresh weight.
+  std::vector<bool> arrived_ ABSL_GUARDED_BY(exchange_mu_);
+  // The step's time in the forward pass spent waiting for weights and installing them.
+  double forward_wait_ = 0, forward_install_ = 0;
 
   // The sparse tables' rows (null for a dense model); outlives client_, whose calls fill it.
   std::unique_ptr<internal::RowExchange> rows_;

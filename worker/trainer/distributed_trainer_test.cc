@@ -19,6 +19,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/text_format.h"
 #include "gtest/gtest.h"
@@ -65,10 +66,10 @@ class DistributedTrainerTest : public ShardsTest {
     return RankOptions(job_id, spec, rank, shards.empty() ? shards_->addresses() : shards);
   }
 
-  // Sparse BSP against a single-process reference (defined below, by its tests).
-  absl::StatusOr<v1::ProgressReport> CheckSparseBspAgainstAReference(const std::string& job,
-                                                                     const v1::JobSpec& spec,
-                                                                     size_t expected_tables);
+  // BSP against a single-process reference, sparse tables or none (defined below).
+  absl::StatusOr<v1::ProgressReport> CheckBspAgainstAReference(const std::string& job,
+                                                               const v1::JobSpec& spec,
+                                                               size_t expected_tables);
 
   static std::unique_ptr<DistributedTrainer> Make(DistributedOptions o) {
     auto t = DistributedTrainer::Create(std::move(o));
@@ -177,6 +178,55 @@ TEST_F(DistributedTrainerTest, BspRanksEndWithIdenticalWeightsEqualToTheShards) 
     EXPECT_EQ(last, 2 * kStepsPerEpoch);
     EXPECT_EQ(evaluated, r == 0 ? 1 : 0);
   }
+  DropJob(job);
+}
+
+// With the overlap a step returns before its answers are in; it still counts as done only once
+// they are, that is once every rank has pushed it (the coordinator hands a lost rank's place on
+// from the ranks' smallest step). Rank 1 stops before its step 5: rank 0 trains step 5 and then
+// waits in step 6's forward pass, and must say 5 steps are done, not 6.
+TEST_F(DistributedTrainerTest, AStepCountsAsDoneOnlyOnceEveryRankPushedIt) {
+  const std::string job = "bsp-steps-done";
+  const v1::JobSpec spec = Spec(2, 1);
+  FakeCoordinator coordinator(2);
+  absl::Notification reached, release;
+  absl::Mutex mu;
+  int64_t reported = -1;
+  std::vector<std::unique_ptr<DistributedTrainer>> ranks;
+  for (int r = 0; r < 2; ++r) {
+    DistributedOptions o = Options(job, spec, r);
+    if (r == 0) {
+      o.report = [&coordinator](const v1::ProgressReport& p) { return coordinator.Report(p); };
+      o.on_progress = [&](const v1::ProgressReport& p) {
+        absl::MutexLock lock(&mu);
+        reported = std::max<int64_t>(reported, p.step());
+      };
+    } else {
+      o.on_batch = [&](int64_t step, const data::Batch&) {
+        if (step != 5) return;
+        reached.Notify();
+        release.WaitForNotificationWithTimeout(absl::Seconds(20));
+      };
+    }
+    ranks.push_back(Make(std::move(o)));
+    ASSERT_NE(ranks.back(), nullptr);
+  }
+  std::vector<absl::StatusOr<v1::ProgressReport>> results;
+  std::thread run([&] { results = RunAll(ranks, &coordinator); });
+  ASSERT_TRUE(reached.WaitForNotificationWithTimeout(absl::Seconds(20)));
+  absl::SleepFor(absl::Milliseconds(500));  // rank 0 runs on until it needs rank 1's step 5
+  {
+    absl::MutexLock lock(&mu);
+    EXPECT_EQ(reported, 5);
+  }
+  EXPECT_EQ(ranks[0]->steps_done(), 5);
+  release.Notify();
+  run.join();
+  ASSERT_EQ(results.size(), 2u);
+  ASSERT_TRUE(results[0].ok()) << results[0].status();
+  ASSERT_TRUE(results[1].ok()) << results[1].status();
+  EXPECT_EQ(ranks[0]->steps_done(), kStepsPerEpoch);
+  EXPECT_EQ(results[0]->step(), kStepsPerEpoch);
   DropJob(job);
 }
 
@@ -575,11 +625,11 @@ void WriteSmallCriteo(const std::string& path, int rows, uint32_t seed) {
   }
 }
 
-// Sparse BSP with 2 ranks and 2 shards against a single-process reference that replays the same
+// BSP with 2 ranks and 2 shards against a single-process reference that replays the same
 // batches: each step, both ranks' gradients at the same weights, averaged as the shards do
 // (dense: the mean; rows: each row's sum over the ranks over 2, one update per row and step),
-// for every sparse table of the model. Returns rank 0's final report.
-absl::StatusOr<v1::ProgressReport> DistributedTrainerTest::CheckSparseBspAgainstAReference(
+// for every sparse table of the model (none for a dense one). Returns rank 0's final report.
+absl::StatusOr<v1::ProgressReport> DistributedTrainerTest::CheckBspAgainstAReference(
     const std::string& job, const v1::JobSpec& spec, size_t expected_tables) {
   FakeCoordinator coordinator(2);
   std::vector<std::unique_ptr<DistributedTrainer>> ranks;
@@ -622,14 +672,18 @@ absl::StatusOr<v1::ProgressReport> DistributedTrainerTest::CheckSparseBspAgainst
                       decls[k].lifecycle());
   }
   std::vector<int> dense;
-  std::vector<std::vector<float>> weights, slots;
+  std::vector<std::vector<float>> weights;
+  std::vector<std::vector<std::vector<float>>> slots;  // per dense tensor, its optimizer's slots
   for (int i = 0; i < static_cast<int>(m.parameters().size()); ++i) {
     const engine::Parameter& p = m.parameters()[i];
     if (!p.trainable || p.sparse) continue;
     dense.push_back(i);
     weights.emplace_back();
     EXPECT_TRUE(m.CopyValueToHost(p.name, &weights.back()).ok());
-    slots.emplace_back(weights.back().size(), kernels::SlotInitialValue(params, 0));
+    slots.emplace_back();
+    for (int j = 0; j < kernels::NumSlots(spec.optimizer().kind()); ++j) {
+      slots.back().emplace_back(weights.back().size(), kernels::SlotInitialValue(params, j));
+    }
   }
   internal::RowMapper mapper;
   std::vector<std::set<int64_t>> touched(tables.size());
@@ -677,9 +731,11 @@ absl::StatusOr<v1::ProgressReport> DistributedTrainerTest::CheckSparseBspAgainst
       }
     }
     for (size_t k = 0; k < dense.size(); ++k) {
-      float* slot = slots[k].data();
+      std::vector<float*> slot;
+      for (std::vector<float>& v : slots[k]) slot.push_back(v.data());
       kernels::ApplyUpdateCpu(params, params.learning_rate, step + 1, 0.5f, dense_sum[k].data(),
-                              weights[k].data(), &slot, static_cast<int64_t>(weights[k].size()));
+                              weights[k].data(), slot.data(),
+                              static_cast<int64_t>(weights[k].size()));
     }
     for (size_t k = 0; k < tables.size(); ++k) {
       std::vector<int64_t> ids;
@@ -752,10 +808,33 @@ absl::StatusOr<v1::ProgressReport> DistributedTrainerTest::CheckSparseBspAgainst
     }
   }
   EXPECT_EQ(bad, 0);
-  if (spec.model().tables_size() == 0) {
+  if (spec.model().tables_size() == 0 && !tables.empty()) {
     EXPECT_GT(touched[0].size(), 390u) << "nearly all of the 400 ids were trained";
   }
   return *results[0];
+}
+
+// A dense model overlaps each step's pulls with the next forward pass: every layer must still
+// train on the weights of the step before, as a reference that installs them all first does.
+// With partition_bytes 1024 the kernels travel alone, in partitions on both shards, and the
+// biases batched, so both kinds of push are installed layer by layer.
+TEST_F(DistributedTrainerTest, DenseBspWithOverlapMatchesASingleProcessReference) {
+  const std::string job = "dense-bsp-overlap";
+  v1::JobSpec spec;
+  const std::string text = absl::StrCat(spec::examples::BlobsJobText(dir_, 200), R"pb(
+    optimizer { kind: OPTIMIZER_KIND_ADAM learning_rate: 0.01 }
+    batch_size: 32
+    seed: 5
+    partition_bytes: 1024
+    num_workers: 2
+    epochs: 2
+  )pb");
+  ASSERT_TRUE(google::protobuf::TextFormat::ParseFromString(text, &spec)) << text;
+  absl::StatusOr<v1::ProgressReport> result = CheckBspAgainstAReference(job, spec, 0);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_TRUE(result->evaluated());
+  EXPECT_GT(result->test_accuracy(), 0.9);
+  DropJob(job);
 }
 
 TEST_F(DistributedTrainerTest, SparseBspMatchesASingleProcessReferenceRowForRow) {
@@ -772,7 +851,7 @@ TEST_F(DistributedTrainerTest, SparseBspMatchesASingleProcessReferenceRowForRow)
     epochs: 3
   )pb");
   ASSERT_TRUE(google::protobuf::TextFormat::ParseFromString(text, &spec)) << text;
-  absl::StatusOr<v1::ProgressReport> result = CheckSparseBspAgainstAReference(job, spec, 1);
+  absl::StatusOr<v1::ProgressReport> result = CheckBspAgainstAReference(job, spec, 1);
   ASSERT_TRUE(result.ok()) << result.status();
   // Rank 0 scored the test split with rows pulled per batch; the task is learnable.
   EXPECT_TRUE(result->evaluated());
@@ -829,7 +908,7 @@ TEST_F(DistributedTrainerTest, MultiTableBspMatchesASingleProcessReferenceRowFor
   WriteSmallCriteo(dir_ + "/train.tsv", 1200, 5);
   WriteSmallCriteo(dir_ + "/test.tsv", 200, 6);
   const v1::JobSpec spec = MultiTableSpec(dir_, job);
-  absl::StatusOr<v1::ProgressReport> result = CheckSparseBspAgainstAReference(job, spec, 3);
+  absl::StatusOr<v1::ProgressReport> result = CheckBspAgainstAReference(job, spec, 3);
   ASSERT_TRUE(result.ok()) << result.status();
   EXPECT_TRUE(result->evaluated());
   ASSERT_TRUE(result->has_test_auc());
@@ -847,7 +926,7 @@ TEST_F(DistributedTrainerTest, MultiTableBspWithAdmissionAndEvictionMatchesTheRe
   v1::JobSpec spec = MultiTableSpec(dir_, job);
   spec.mutable_model()->mutable_tables(0)->mutable_lifecycle()->set_admit_after(3);
   spec.mutable_model()->mutable_tables(2)->mutable_lifecycle()->set_evict_after(1);
-  absl::StatusOr<v1::ProgressReport> result = CheckSparseBspAgainstAReference(job, spec, 3);
+  absl::StatusOr<v1::ProgressReport> result = CheckBspAgainstAReference(job, spec, 3);
   ASSERT_TRUE(result.ok()) << result.status();
   EXPECT_TRUE(result->evaluated());
   DropJob(job);

@@ -87,8 +87,10 @@ absl::Status AllocateChain(kernels::Backend* backend, const Layers& layers, int6
 
 absl::Status ForwardChain(kernels::Backend* backend, const Layers& layers, int64_t n,
                           const Tensor& input, ChainBuffers& buffers, const SparseInput* sparse,
-                          bool training, uint64_t seed, uint64_t seed_offset) {
+                          bool training, uint64_t seed, uint64_t seed_offset,
+                          const Model::BeforeLayer& before_layer) {
   for (size_t i = 0; i < layers.size(); ++i) {
+    if (before_layer) TESSERA_RETURN_IF_ERROR(before_layer(static_cast<int>(i)));
     ForwardArgs args;
     args.n = n;
     args.x = i == 0 ? input : buffers.y[i - 1];

@@ -33,11 +33,12 @@ absl::Status AllocateChain(kernels::Backend* backend, const Layers& layers, int6
 // Bytes per example of AllocateChain's buffers (saturating at the int64 maximum).
 int64_t ChainBytesPerExample(const Layers& layers);
 
-// Forward through every layer; layer i's dropout seed is Mix(seed, seed_offset + i).
+// Forward through every layer; layer i's dropout seed is Mix(seed, seed_offset + i). With
+// `before_layer`, before_layer(i) runs before layer i (its error ends the pass).
 absl::Status ForwardChain(kernels::Backend* backend, const Layers& layers, int64_t n,
                           const kernels::Tensor& input, ChainBuffers& buffers,
                           const SparseInput* sparse, bool training, uint64_t seed,
-                          uint64_t seed_offset);
+                          uint64_t seed_offset, const Model::BeforeLayer& before_layer = {});
 
 // Backward from buffers.dy.back(), last layer first. The first layer writes `input_grad` when
 // it is not null (always, when the layer WritesInputGrad); a first layer without parameters
