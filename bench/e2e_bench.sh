@@ -20,7 +20,8 @@
 # Prints one JSON line per run and a Markdown table: samples per second (training, all workers),
 # the ratios to the PyTorch parameter server's and to DDP's, seconds from the job's start to the
 # first evaluation at or above 0.85 test accuracy (evaluations run at every epoch end), the final test accuracy, and rank 0's mean
-# seconds per step in compute, exchange (push, gate wait and pull after backward), install, data.
+# seconds per step in compute, exchange (waiting for fresh weights: push, gate wait and pull), install,
+# data.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
