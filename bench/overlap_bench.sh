@@ -13,7 +13,8 @@
 # link); BUILD_DIR (build) is this one. Prints one JSON line per run (bench/local_run_summary.py)
 # and a Markdown table of samples per second, the final test accuracy and rank 0's mean seconds
 # per step in compute, exchange (waiting for weights: after backward, and inside the next forward
-# pass once it overlaps), install and data.
+# pass once it overlaps), install and data, and, where the build reports them, the round trip of
+# each step's last-answered request and how much of it waited at the shards' gate.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR=${BUILD_DIR:-build}
@@ -68,14 +69,17 @@ done
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 print()
-print("| round | build | samples/s | after / before | final test acc | compute | exchange | install | data |")
-print("|---|---|---|---|---|---|---|---|---|")
+print("| round | build | samples/s | after / before | final test acc | compute | exchange | install | data | last request: round trip | of it at the gate |")
+print("|---|---|---|---|---|---|---|---|---|---|---|")
+def ms(st, key):
+    return f"{st[key]*1e3:.2f} ms" if key in st else "n/a"
+
 before = {r["round"]: r for r in rows if r["build"] == "before"}
 for r in rows:
     st = r["step_times"]
     ratio = r["samples_per_second"] / before[r["round"]]["samples_per_second"]
     print(f"| {r['round']} | {r['build']} | {r['samples_per_second']:.0f} | "
           f"{ratio if r['build'] == 'after' else 1:.3f} | {r['test_accuracy']:.4f} | "
-          f"{st['compute']*1e3:.2f} ms | {st['exchange']*1e3:.2f} ms | {st['install']*1e3:.2f} ms | "
-          f"{st['data']*1e3:.2f} ms |")
+          f"{ms(st, 'compute')} | {ms(st, 'exchange')} | {ms(st, 'install')} | {ms(st, 'data')} | "
+          f"{ms(st, 'round_trip')} | {ms(st, 'gate_wait')} |")
 EOF

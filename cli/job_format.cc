@@ -198,6 +198,12 @@ std::string JobDetails(const v1::Job& job, absl::Time now) {
                                           "%.2f ms, data %.2f ms (rank 0)\n",
                                           t.compute() * 1e3, t.exchange() * 1e3, t.install() * 1e3,
                                           t.data() * 1e3));
+    if (t.round_trip() > 0) {
+      absl::StrAppend(&out,
+                      absl::StrFormat("            last request of a step: %.2f ms round trip, "
+                                      "%.2f ms of it at the shards' gate\n",
+                                      t.round_trip() * 1e3, t.gate_wait() * 1e3));
+    }
   }
   if (!job.recovery().empty()) absl::StrAppend(&out, "recovery:   ", job.recovery(), "\n");
   if (!job.stall().empty()) absl::StrAppend(&out, "stall:      ", job.stall(), "\n");

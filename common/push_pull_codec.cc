@@ -490,6 +490,7 @@ absl::Status EncodePushPullResponse(v1::PushPullResponse* response,
   }
   AppendVarintField(Response::kDuplicatesFieldNumber, response->duplicates(), head);
   AppendVarintField(Response::kSkippedNonFiniteFieldNumber, response->skipped_non_finite(), head);
+  AppendVarintField(Response::kGateWaitUsFieldNumber, response->gate_wait_us(), head);
   for (int i = 0; i < response->weights_size(); ++i) {
     SliceMessage& w = *response->mutable_weights(i);
     const int entry = entry_of[static_cast<size_t>(i)];
@@ -556,6 +557,11 @@ absl::Status DecodePushPullResponse(DecodedPushPullResponse* out) {
         TESSERA_RETURN_IF_ERROR(
             in.ReadVarintField(limit, field, wire_type, "skipped_non_finite", at, &v));
         header.set_skipped_non_finite(static_cast<uint32_t>(v));
+        break;
+      case Response::kGateWaitUsFieldNumber:
+        TESSERA_RETURN_IF_ERROR(
+            in.ReadVarintField(limit, field, wire_type, "gate_wait_us", at, &v));
+        header.set_gate_wait_us(v);
         break;
       default:
         TESSERA_RETURN_IF_ERROR(in.SkipField(limit, wire_type));

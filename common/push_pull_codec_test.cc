@@ -199,6 +199,7 @@ void ExpectSameResponse(const v1::PushPullResponse& got, const v1::PushPullRespo
   EXPECT_EQ(got.status().message(), want.status().message());
   EXPECT_EQ(got.duplicates(), want.duplicates());
   EXPECT_EQ(got.skipped_non_finite(), want.skipped_non_finite());
+  EXPECT_EQ(got.gate_wait_us(), want.gate_wait_us());
   ASSERT_EQ(got.weights_size(), want.weights_size());
   for (int i = 0; i < want.weights_size(); ++i) {
     ExpectSameProtoSlice(got.weights(i), want.weights(i));
@@ -435,6 +436,7 @@ TEST(PushPullWireTest, ResponseSerialisesAsProtobufWithWeightsInPooledSlices) {
   response.set_seq(42);
   response.set_duplicates(2);
   response.set_skipped_non_finite(1);
+  response.set_gate_wait_us(123456789);
   response.mutable_status()->set_message("ok");
   std::vector<float> big(100000);
   for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<float>(i);
@@ -710,6 +712,7 @@ std::vector<ResponseCase> ResponseCases() {
     r.mutable_status()->set_message("n\u00e4me");
     r.set_duplicates(0xffffffffu);
     r.set_skipped_non_finite(3);
+    r.set_gate_wait_us(~uint64_t{0});
     cases.push_back({"status only", r, {}});
     r.mutable_status()->clear_message();
     r.mutable_status()->set_code(0);  // an empty status message is still present

@@ -363,18 +363,21 @@ void ParameterStore::PushPullToStore(const PushPullView& request, PushPullDone d
     done(std::move(response));
     return;
   }
-  pulls_->AnswerWhenOpen(
-      (*job)->gate, std::move(items), request.pull_encoding, std::move(cancelled),
-      [response = std::move(response),
-       done = std::move(done)](absl::StatusOr<std::vector<v1::Slice>> slices) mutable {
-        if (!slices.ok()) {
-          done(slices.status());
-          return;
-        }
-        for (v1::Slice& s : *slices) response.add_weights()->Swap(&s);
-        done(std::move(response));
-      },
-      std::move(sink));
+  // The gate wait reaches the answer through this: `waited` runs just before `done`.
+  auto gate_wait_ns = std::make_shared<int64_t>(0);
+  pulls_->AnswerWhenOpen((*job)->gate, std::move(items), request.pull_encoding,
+                         std::move(cancelled),
+                         [response = std::move(response), done = std::move(done),
+                          gate_wait_ns](absl::StatusOr<std::vector<v1::Slice>> slices) mutable {
+                           if (!slices.ok()) {
+                             done(slices.status());
+                             return;
+                           }
+                           for (v1::Slice& s : *slices) response.add_weights()->Swap(&s);
+                           response.set_gate_wait_us(static_cast<uint64_t>(*gate_wait_ns / 1000));
+                           done(std::move(response));
+                         },
+                         std::move(sink), [gate_wait_ns](int64_t ns) { *gate_wait_ns = ns; });
 }
 
 void ParameterStore::Pull(const v1::PullRequest& request, PullDone done,

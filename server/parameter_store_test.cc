@@ -692,6 +692,33 @@ TEST(ParameterStoreTest, OneNonFiniteValueAnywhereInALargeGradientIsFound) {
   EXPECT_EQ(PullDense(store, "big", "w", 0), std::vector<float>(kElements, -1.0f));
 }
 
+// A PushPull's answer says how long its pull waited at the gate: the first worker's waited for
+// the second's push, the second's not at all, and a push that wants no weights reports none.
+TEST(ParameterStoreTest, AnAnswerSaysHowLongItWaitedAtTheGate) {
+  ParameterStore store;
+  v1::CreateJobStateRequest job = JobRequest("g", Config(v1::CONSISTENCY_BSP, 2, 0.5f));
+  *job.add_partitions() = Dense("w", 0, 2);
+  *job.add_partitions() = Dense("b", 0, 2);
+  ASSERT_TRUE(store.CreateJobState(job).ok());
+  std::optional<absl::StatusOr<v1::PushPullResponse>> first, second, plain;
+  store.PushPull(Request("g", 0, 1, 0, 1, {GradSlice("w", 0, {1, 1}, true)}),
+                 [&](absl::StatusOr<v1::PushPullResponse> r) { first = std::move(r); });
+  ASSERT_FALSE(first.has_value());
+  absl::SleepFor(absl::Milliseconds(30));
+  store.PushPull(Request("g", 1, 1, 0, 1, {GradSlice("w", 0, {3, 3}, true)}),
+                 [&](absl::StatusOr<v1::PushPullResponse> r) { second = std::move(r); });
+  store.PushPull(Request("g", 0, 1, 0, 2, {GradSlice("b", 0, {1, 1})}),
+                 [&](absl::StatusOr<v1::PushPullResponse> r) { plain = std::move(r); });
+  ASSERT_TRUE(first.has_value() && second.has_value() && plain.has_value());
+  ASSERT_TRUE(first->ok() && second->ok() && plain->ok());
+  EXPECT_GE((*first)->gate_wait_us(), 30'000u);
+  EXPECT_LT((*first)->gate_wait_us(), 60'000'000u);
+  EXPECT_LT((*second)->gate_wait_us(), (*first)->gate_wait_us());
+  EXPECT_EQ((*plain)->gate_wait_us(), 0u);
+  ASSERT_EQ((*first)->weights_size(), 1);
+  EXPECT_EQ((*first)->weights(0).key().tensor(), "w");
+}
+
 TEST(ParameterStoreTest, DropJobFailsParkedPullsAndForgetsTheJob) {
   ParameterStore store;
   v1::CreateJobStateRequest job = JobRequest("d", Config(v1::CONSISTENCY_BSP, 2, 0.5f));

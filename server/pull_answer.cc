@@ -105,7 +105,8 @@ PullAnswerer::PullAnswerer(Executor executor, std::shared_ptr<ShardCounters> cou
 void PullAnswerer::AnswerWhenOpen(ConsistencyGate& gate, std::vector<PullItem> items,
                                   v1::Encoding encoding,
                                   std::shared_ptr<const std::atomic<bool>> cancelled, Done done,
-                                  std::shared_ptr<PushPullAnswerSink> sink) const {
+                                  std::shared_ptr<PushPullAnswerSink> sink,
+                                  std::function<void(int64_t)> waited) const {
   ConsistencyGate::Wait wait;
   wait.cancelled = std::move(cancelled);
   for (const PullItem& item : items) gate.AddToWait(item.partition, item.gate_step, &wait);
@@ -116,15 +117,18 @@ void PullAnswerer::AnswerWhenOpen(ConsistencyGate& gate, std::vector<PullItem> i
   const auto parked_at = std::chrono::steady_clock::now();
   auto token = std::make_shared<char>();
   auto answer = [items = std::move(items), encoding, done = std::move(done), sink = std::move(sink),
-                 counters = counters_, wait_histogram, parked_at](absl::Status status) {
+                 counters = counters_, wait_histogram, parked_at,
+                 waited = std::move(waited)](absl::Status status) {
     if (!status.ok()) {
       done(status);
       return;
     }
     if (wait_histogram != nullptr) {
-      wait_histogram->Observe(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                  std::chrono::steady_clock::now() - parked_at)
-                                  .count());
+      const int64_t ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                             std::chrono::steady_clock::now() - parked_at)
+                             .count();
+      wait_histogram->Observe(ns);
+      if (waited) waited(ns);
     }
     std::vector<v1::Slice> slices(items.size());
     const int64_t bytes = ReadItems(items, encoding, sink.get(), &slices);

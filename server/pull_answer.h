@@ -35,10 +35,12 @@ class PullAnswerer {
   // executor, with slice i answering item i, or the gate's Close() status, or CANCELLED. With a
   // `sink`, dense fp32 answers share the partition's weights (their `data` stays empty; see
   // PushPullAnswerSink) and the other slices' data is written into sink->take_buffer strings.
-  // Never blocks.
+  // `waited` (may be empty) gets the nanoseconds the pull waited at the gate, on the thread that
+  // runs `done`, just before it, when the pull was gated. Never blocks.
   void AnswerWhenOpen(ConsistencyGate& gate, std::vector<PullItem> items, v1::Encoding encoding,
                       std::shared_ptr<const std::atomic<bool>> cancelled, Done done,
-                      std::shared_ptr<PushPullAnswerSink> sink = nullptr) const;
+                      std::shared_ptr<PushPullAnswerSink> sink = nullptr,
+                      std::function<void(int64_t)> waited = {}) const;
 
  private:
   const Executor executor_;

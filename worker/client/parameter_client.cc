@@ -508,6 +508,7 @@ void ParameterClient::Finish(std::shared_ptr<Attempt> attempt, absl::Status erro
     } else if (response != nullptr) {
       op.result.duplicates += response->duplicates();
       op.result.skipped_non_finite += response->skipped_non_finite();
+      op.result.gate_wait_us = std::max(op.result.gate_wait_us, response->gate_wait_us());
       for (const v1::Slice& w : response->weights()) {
         if (!op.have_version || w.version() < op.result.min_version) {
           op.result.min_version = w.version();

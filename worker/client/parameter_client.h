@@ -98,6 +98,8 @@ struct PushPullResult {
   uint32_t skipped_non_finite = 0;  // slices skipped for NaN/Inf (NON_FINITE_POLICY_SKIP)
   uint32_t requests = 0;            // requests sent (one per partition or sparse chunk)
   uint32_t retries = 0;             // resends after a retryable error
+  // The longest wait of the answers at a shard's consistency gate (PushPullResponse.gate_wait_us).
+  uint64_t gate_wait_us = 0;
 };
 
 class ParameterClient {

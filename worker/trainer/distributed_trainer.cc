@@ -36,14 +36,27 @@ absl::Status Prefixed(absl::string_view prefix, const absl::Status& s) {
   return absl::Status(s.code(), absl::StrCat(prefix, s.message()));
 }
 
-void SetStepTimes(double compute, double exchange, double install, double data, int64_t steps,
-                  v1::StepTimes* out) {
+// Sums over a run's steps, for the means a progress report carries (v1::StepTimes).
+struct StepSums {
+  double compute = 0, exchange = 0, install = 0, data = 0;
+  // The request each step saw answered last: its wait at the shards' gate and its round trip,
+  // over the steps whose answers were all in (`answered`).
+  double gate_wait = 0, round_trip = 0;
+  int64_t answered = 0;
+};
+
+void SetStepTimes(const StepSums& t, int64_t steps, v1::StepTimes* out) {
   if (steps <= 0) return;
   const double n = static_cast<double>(steps);
-  out->set_compute(compute / n);
-  out->set_exchange(exchange / n);
-  out->set_install(install / n);
-  out->set_data(data / n);
+  out->set_compute(t.compute / n);
+  out->set_exchange(t.exchange / n);
+  out->set_install(t.install / n);
+  out->set_data(t.data / n);
+  if (t.answered > 0) {
+    const double a = static_cast<double>(t.answered);
+    out->set_gate_wait(t.gate_wait / a);
+    out->set_round_trip(t.round_trip / a);
+  }
 }
 
 // The payload that marks a data-plane error (IsShardError).
@@ -523,21 +536,35 @@ bool DistributedTrainer::ExchangeDone() const {
 }
 
 client::ParameterClient::PushPullCallback DistributedTrainer::ExchangeDoneFor(
-    std::vector<size_t> slots) {
+    int64_t step, std::vector<size_t> slots) {
   {
     absl::MutexLock lock(&exchange_mu_);
     ++pending_;
   }
   if (!overlap_) slots.clear();
   for (size_t k : slots) awaited_[k] = true;
-  return [this, slots = std::move(slots)](absl::StatusOr<client::PushPullResult> r) {
+  const Clock::time_point sent = Clock::now();
+  return [this, step, sent, slots = std::move(slots)](absl::StatusOr<client::PushPullResult> r) {
+    const Clock::time_point now = Clock::now();
     absl::MutexLock lock(&exchange_mu_);
     if (!r.ok() && exchange_error_.ok()) exchange_error_ = r.status();
     if (r.ok()) {
       for (size_t k : slots) arrived_[k] = true;
+      LastAnswer& last = last_answer_[step & 1];
+      if (!last.any || now >= last.at) {
+        last =
+            LastAnswer{now, static_cast<double>(r->gate_wait_us) * 1e-6, Seconds(now - sent), true};
+      }
     }
     --pending_;
   };
+}
+
+DistributedTrainer::LastAnswer DistributedTrainer::TakeLastAnswer(int64_t step) {
+  absl::MutexLock lock(&exchange_mu_);
+  LastAnswer last = last_answer_[step & 1];
+  last_answer_[step & 1] = LastAnswer();
+  return last;
 }
 
 absl::Status DistributedTrainer::AwaitWeights(int position) {
@@ -600,8 +627,8 @@ absl::StatusOr<engine::StepResult> DistributedTrainer::Step(const engine::BatchV
   bool small_urgent = false;
   const auto push_small = [&] {
     if (small.empty()) return;
-    client_->PushPullManyAsync(step, std::move(small), ExchangeDoneFor(std::move(small_slots)),
-                               small_urgent);
+    client_->PushPullManyAsync(step, std::move(small),
+                               ExchangeDoneFor(step, std::move(small_slots)), small_urgent);
     small.clear();
     small_slots.clear();
     small_bytes = 0;
@@ -617,8 +644,8 @@ absl::StatusOr<engine::StepResult> DistributedTrainer::Step(const engine::BatchV
       if (small_bytes >= kBatchBytes) push_small();
       return;
     }
-    client_->PushPullAsync(name, step, grads_[k], absl::MakeSpan(weights_[k]), ExchangeDoneFor({k}),
-                           urgent_[k]);
+    client_->PushPullAsync(name, step, grads_[k], absl::MakeSpan(weights_[k]),
+                           ExchangeDoneFor(step, {k}), urgent_[k]);
   };
   const auto on_grad_ready = [&](int p) {
     if (!copy_error.ok() || p < 0 || static_cast<size_t>(p) >= slot_of_.size()) return;
@@ -678,7 +705,7 @@ absl::StatusOr<engine::StepResult> DistributedTrainer::Step(const engine::BatchV
     for (size_t k = 0; k < grads_.size(); ++k) push(k);
   }
   push_small();
-  if (rows_ != nullptr) rows_->Push(step, scale, ExchangeDoneFor({}));
+  if (rows_ != nullptr) rows_->Push(step, scale, ExchangeDoneFor(step, {}));
   return r;
 }
 
@@ -763,7 +790,18 @@ absl::StatusOr<v1::ProgressReport> DistributedTrainer::Run() {
 
   const int eval_every = spec.eval().every_epochs() > 0 ? spec.eval().every_epochs() : 1;
   const Clock::time_point run_start = Clock::now();
-  double t_compute = 0, t_exchange = 0, t_install = 0, t_data = 0;
+  StepSums t;
+  // Steps whose answers were all in are added to t.gate_wait and t.round_trip once.
+  int64_t collected = start_step_ - 1;
+  const auto collect = [&](int64_t answered_step) {
+    if (answered_step <= collected) return;
+    collected = answered_step;
+    const LastAnswer last = TakeLastAnswer(answered_step);
+    if (!last.any) return;
+    t.gate_wait += last.gate_wait;
+    t.round_trip += last.round_trip;
+    ++t.answered;
+  };
   int64_t samples = 0;
   // Since the last progress report.
   double interval_loss = 0;
@@ -800,7 +838,7 @@ absl::StatusOr<v1::ProgressReport> DistributedTrainer::Run() {
     const double elapsed = Seconds(Clock::now() - run_start);
     if (elapsed > 0) p.set_samples_per_second(static_cast<double>(samples) / elapsed);
     // The means over the steps this run trained (a resumed run starts at start_step_).
-    SetStepTimes(t_compute, t_exchange, t_install, t_data, ran, p.mutable_step_times());
+    SetStepTimes(t, ran, p.mutable_step_times());
     interval_loss = 0;
     interval_correct = 0;
     interval_seen = 0;
@@ -886,10 +924,10 @@ absl::StatusOr<v1::ProgressReport> DistributedTrainer::Run() {
       const Clock::time_point t3 = Clock::now();
       if (!overlap_) TESSERA_RETURN_IF_ERROR(InstallWeights());
       const Clock::time_point t4 = Clock::now();
-      t_data += Seconds(t1 - t0);
-      t_compute += Seconds(t2 - t1) - forward_wait_ - forward_install_;
-      t_exchange += Seconds(t3 - t2) + forward_wait_;
-      t_install += Seconds(t4 - t3) + forward_install_;
+      t.data += Seconds(t1 - t0);
+      t.compute += Seconds(t2 - t1) - forward_wait_ - forward_install_;
+      t.exchange += Seconds(t3 - t2) + forward_wait_;
+      t.install += Seconds(t4 - t3) + forward_install_;
       batches->Recycle(std::move(*b));
       ++step;
       ++step_in_epoch;
@@ -900,6 +938,7 @@ absl::StatusOr<v1::ProgressReport> DistributedTrainer::Run() {
       // this step's forward pass has installed.
       const int64_t exchanged = overlap_ ? step - 1 : step;
       steps_done_.store(exchanged, std::memory_order_release);
+      collect(exchanged - 1);
       samples += r->examples;
       interval_loss += r->loss * static_cast<double>(r->examples);
       interval_correct += r->correct;
@@ -917,9 +956,10 @@ absl::StatusOr<v1::ProgressReport> DistributedTrainer::Run() {
       forward_install_ = 0;
       TESSERA_RETURN_IF_ERROR(AwaitAllWeights());
       TESSERA_RETURN_IF_ERROR(WaitExchange());
-      t_exchange += Seconds(Clock::now() - t0) - forward_install_;
-      t_install += forward_install_;
+      t.exchange += Seconds(Clock::now() - t0) - forward_install_;
+      t.install += forward_install_;
       steps_done_.store(step, std::memory_order_release);
+      collect(step - 1);
     }
     epochs_done = epoch + 1;
     const bool last = epochs_done == epochs_ || step >= total_steps_;

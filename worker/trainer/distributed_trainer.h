@@ -55,6 +55,7 @@
 #define TESSERA_WORKER_TRAINER_DISTRIBUTED_TRAINER_H_
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -223,8 +224,17 @@ class DistributedTrainer {
   // Waits until every PushPull in flight has answered; CANCELLED on Cancel().
   absl::Status WaitExchange();
   bool ExchangeDone() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(exchange_mu_);
-  // The callback of a PushPull that carries dense_ entries `slots` (none: the rows').
-  client::ParameterClient::PushPullCallback ExchangeDoneFor(std::vector<size_t> slots);
+  // The callback of a PushPull of `step` that carries dense_ entries `slots` (none: the rows').
+  client::ParameterClient::PushPullCallback ExchangeDoneFor(int64_t step,
+                                                            std::vector<size_t> slots);
+  // The request of `step` answered last (see last_answer_), reset for step + 2.
+  struct LastAnswer {
+    std::chrono::steady_clock::time_point at{};
+    double gate_wait = 0;   // seconds its answers waited at a shard's consistency gate
+    double round_trip = 0;  // seconds from sending it to its answer
+    bool any = false;
+  };
+  LastAnswer TakeLastAnswer(int64_t step);
   // Overlap: installs the fresh weights that the forward pass reads first at `position`
   // (Model::ForwardPosition), each as soon as its PushPull has answered; CANCELLED on Cancel(),
   // the exchange's first error.
@@ -309,6 +319,9 @@ class DistributedTrainer {
   std::vector<bool> arrived_ ABSL_GUARDED_BY(exchange_mu_);
   // The step's time in the forward pass spent waiting for weights and installing them.
   double forward_wait_ = 0, forward_install_ = 0;
+  // Per step parity, the request answered last (a step's requests are all answered before the
+  // step after next sends any: its forward pass, or the wait after it, reads every weight).
+  LastAnswer last_answer_[2] ABSL_GUARDED_BY(exchange_mu_);
 
   // The sparse tables' rows (null for a dense model); outlives client_, whose calls fill it.
   std::unique_ptr<internal::RowExchange> rows_;

@@ -140,9 +140,13 @@ TEST_F(DistributedTrainerTest, BspRanksEndWithIdenticalWeightsEqualToTheShards) 
     EXPECT_EQ(results[r]->epochs(), 2);
     EXPECT_GT(results[r]->step_times().compute(), 0);
     EXPECT_GT(results[r]->step_times().exchange(), 0);
+    EXPECT_GT(results[r]->step_times().round_trip(), 0);
+    EXPECT_LE(results[r]->step_times().gate_wait(), results[r]->step_times().round_trip());
     EXPECT_GT(results[r]->loss(), 0) << "rank " << r;
   }
   EXPECT_GE(coordinator.polls(), 1);
+  // Under BSP the rank that pushes first waits at the gate for the other.
+  EXPECT_GT(results[0]->step_times().gate_wait() + results[1]->step_times().gate_wait(), 0);
 
   const std::vector<float> w0 = Weights(*ranks[0]);
   const std::vector<float> w1 = Weights(*ranks[1]);
