@@ -324,6 +324,32 @@ TEST(JobFormatTest, DetailsShowRecoveryCheckpointsAndLostRanks) {
             std::string::npos);
 }
 
+// The step times, and the last request's round trip with its part at the gate once reported.
+TEST(JobFormatTest, DetailsShowTheStepTimesAndTheLastRequestsRoundTrip) {
+  const absl::Time now = absl::FromUnixMillis(100000);
+  v1::Job job;
+  job.set_id("s-1");
+  job.set_state(v1::JOB_STATE_RUNNING);
+  v1::StepTimes* t = job.mutable_step_times();
+  t->set_compute(0.00125);
+  t->set_exchange(0.002);
+  t->set_install(0.00005);
+  t->set_data(0.0001);
+  std::string details = JobDetails(job, now);
+  EXPECT_NE(details.find("step time:  compute 1.25 ms, exchange 2.00 ms, install 0.05 ms, data "
+                         "0.10 ms (rank 0)\n"),
+            std::string::npos)
+      << details;
+  EXPECT_EQ(details.find("round trip"), std::string::npos) << "not reported: not shown";
+  t->set_round_trip(0.0025);
+  t->set_gate_wait(0.0009);
+  details = JobDetails(job, now);
+  EXPECT_NE(details.find("last request of a step: 2.50 ms round trip, 0.90 ms of it at the "
+                         "shards' gate\n"),
+            std::string::npos)
+      << details;
+}
+
 // `tessera get` names the rank a step waits for, how long, and a rank without step progress.
 TEST(JobFormatTest, DetailsShowTheStallAndRanksWithoutProgress) {
   const absl::Time now = absl::FromUnixMillis(100000);
