@@ -218,7 +218,14 @@ TEST_F(DistributedTrainerTest, AStepCountsAsDoneOnlyOnceEveryRankPushedIt) {
   std::vector<absl::StatusOr<v1::ProgressReport>> results;
   std::thread run([&] { results = RunAll(ranks, &coordinator); });
   ASSERT_TRUE(reached.WaitForNotificationWithTimeout(absl::Seconds(20)));
-  absl::SleepFor(absl::Milliseconds(500));  // rank 0 runs on until it needs rank 1's step 5
+  // Rank 0 trains step 5 and reports 5 steps done; then it needs rank 1's step 5, and a wrong
+  // count would run on to 6 at once.
+  const auto reported_at_least = [&](int64_t n) {
+    absl::MutexLock lock(&mu);
+    return reported >= n;
+  };
+  for (int i = 0; i < 1000 && !reported_at_least(5); ++i) absl::SleepFor(absl::Milliseconds(10));
+  absl::SleepFor(absl::Milliseconds(300));
   {
     absl::MutexLock lock(&mu);
     EXPECT_EQ(reported, 5);
