@@ -64,17 +64,18 @@ def main():
         key, _, value = item.partition("=")
         summary[key] = label_value(value)
     st = record.get("step_times", {})
+    # round_trip and gate_wait only where the build reports them (issue #17's breakdown); JSON
+    # leaves out a zero, so with a round trip an absent gate wait is 0.
+    phases = ["compute", "exchange", "install", "data"]
+    if "round_trip" in st:
+        phases += ["round_trip", "gate_wait"]
     summary.update({
         "state": record.get("state_name"), "steps": record.get("steps"),
         "samples_per_second": record.get("samples_per_second"),
         "seconds": (int(record.get("end_time_ms", 0)) - start) / 1000.0,
         "time_to_target": to_target, "test_accuracy": record.get("test_accuracy"),
         "evaluations": evals,
-        # round_trip and gate_wait only where the build reports them (issue #17's breakdown);
-        # JSON leaves out a zero, so a reported round trip means a gate wait of 0 if absent.
-        "step_times": {k: st.get(k, 0.0) for k in
-                       ("compute", "exchange", "install", "data", "round_trip", "gate_wait")
-                       if "round_trip" in st or k not in ("round_trip", "gate_wait")}})
+        "step_times": {k: st.get(k, 0.0) for k in phases}})
     if link is not None:
         worker_steps = max(int(record.get("steps", 0)) * args.workers, 1)
         summary.update({
