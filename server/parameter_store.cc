@@ -193,7 +193,8 @@ absl::StatusOr<PushAck> ParameterStore::Push(const v1::PushPullRequest& request)
   return PushToJob(*job, view);
 }
 
-absl::StatusOr<PushAck> ParameterStore::PushToJob(JobState& job, const PushPullView& request) {
+absl::StatusOr<PushAck> ParameterStore::PushToJob(JobState& job, const PushPullView& request,
+                                                  const absl::flat_hash_set<std::string>* held) {
   // 1. Resolve and check every slice without locks.
   std::vector<PushSlice> items;
   TESSERA_RETURN_IF_ERROR(ResolvePush(job, request, &items));
@@ -206,7 +207,7 @@ absl::StatusOr<PushAck> ParameterStore::PushToJob(JobState& job, const PushPullV
     absl::InlinedVector<Partition*, 8> partitions;
     for (const PushSlice& item : items) partitions.push_back(item.partition.get());
     PartitionLocks locks(std::move(partitions));
-    TESSERA_RETURN_IF_ERROR(AdmitPushLocked(job, request, &items));
+    TESSERA_RETURN_IF_ERROR(AdmitPushLocked(job, request, held, &items));
     TESSERA_RETURN_IF_ERROR(ReserveGrowthLocked(job, request, &items));
     // 3. Apply.
     version_changed = ApplyPushLocked(job, request, items, &ack, &bytes_pushed);
@@ -227,6 +228,7 @@ absl::StatusOr<PushAck> ParameterStore::PushToJob(JobState& job, const PushPullV
 }
 
 absl::Status ParameterStore::AdmitPushLocked(JobState& job, const PushPullView& request,
+                                             const absl::flat_hash_set<std::string>* held,
                                              std::vector<PushSlice>* items) {
   for (PushSlice& item : *items) {
     Partition& p = *item.partition;
@@ -234,6 +236,11 @@ absl::Status ParameterStore::AdmitPushLocked(JobState& job, const PushPullView& 
     TESSERA_ASSIGN_OR_RETURN(
         item.duplicate, p.IsAppliedLocked(request.worker_id, request.incarnation, request.seq));
     if (item.duplicate) continue;
+    if (held != nullptr && held->contains(p.name)) {
+      item.duplicate = true;
+      item.record_seq = true;
+      continue;
+    }
     TESSERA_ASSIGN_OR_RETURN(const bool staged,
                              job.gate.AdmitLocked(p, request.worker_id, request.step));
     if (staged) {
@@ -523,6 +530,8 @@ absl::StatusOr<v1::FillResponse> ParameterStore::Fill(const v1::FillRequest& pag
   TESSERA_ASSIGN_OR_RETURN(CheckpointContents cut, CutFill(sources, options_.shard_index,
                                                            static_cast<int>(page.num_shards()),
                                                            static_cast<int>(page.replicas())));
+  const FillOverlap overlap(sources, static_cast<int>(page.num_shards()),
+                            static_cast<int>(page.replicas()));
   sources.clear();
   const absl::Time cut_at = absl::Now();
   TESSERA_ASSIGN_OR_RETURN(v1::RestoreResponse restored,
@@ -530,7 +539,7 @@ absl::StatusOr<v1::FillResponse> ParameterStore::Fill(const v1::FillRequest& pag
   const absl::Time installed_at = absl::Now();
   // The pushes kept while the files were copied, in step order, and those that come in while
   // they apply, until none is left (what cannot apply yet waits for the pushes still to come).
-  int64_t journaled = 0;
+  int64_t journaled = 0, slices_held = 0, rows_held = 0;
   absl::StatusOr<bool> opened = journal_.Install(page.job_id(), page.step());
   if (!opened.ok()) {
     (void)DropJob(page.job_id());
@@ -541,7 +550,17 @@ absl::StatusOr<v1::FillResponse> ParameterStore::Fill(const v1::FillRequest& pag
     const absl::Status drained = journal_.Drain(
         page.job_id(),
         [&](const v1::PushPullRequest& request) {
-          return PushToJob(*job, ViewOf(request)).status();
+          if (overlap.holds_nothing()) return PushToJob(*job, ViewOf(request)).status();
+          // SSP/ASP: a source may hold a faster worker's kept push already.
+          absl::flat_hash_set<std::string> held;
+          int64_t slices = 0, rows = 0;
+          const v1::PushPullRequest unheld = overlap.Unheld(request, &held, &slices, &rows);
+          const absl::Status applied = PushToJob(*job, ViewOf(unheld), &held).status();
+          if (applied.ok()) {  // a push that waits for the next pass counts then
+            slices_held += slices;
+            rows_held += rows;
+          }
+          return applied;
         },
         kJournalStall, &journaled);
     if (!drained.ok()) {
@@ -553,6 +572,8 @@ absl::StatusOr<v1::FillResponse> ParameterStore::Fill(const v1::FillRequest& pag
   }
   response.set_installed(true);
   response.set_journaled(static_cast<uint64_t>(journaled));
+  response.set_held_slices(static_cast<uint64_t>(slices_held));
+  response.set_held_rows(static_cast<uint64_t>(rows_held));
   response.set_partitions(restored.partitions());
   response.set_tables(restored.tables());
   uint64_t rows = 0;
@@ -562,11 +583,12 @@ absl::StatusOr<v1::FillResponse> ParameterStore::Fill(const v1::FillRequest& pag
   spdlog::info(
       "shard {}: job {} filled at step {}: {} partitions, {} tables, {} rows from {} bytes of {} "
       "snapshots (verified in {} ms, cut in {} ms, installed in {} ms), then caught up with the "
-      "{} pushes it kept meanwhile in {} ms",
+      "{} pushes it kept meanwhile in {} ms ({} partition slices and {} rows of them were in the "
+      "snapshots already)",
       options_.shard_index, page.job_id(), page.step(), restored.partitions(), restored.tables(),
       rows, bytes, page.num_sources(), absl::ToInt64Milliseconds(parsed - start),
       absl::ToInt64Milliseconds(cut_at - parsed), absl::ToInt64Milliseconds(installed_at - cut_at),
-      journaled, absl::ToInt64Milliseconds(absl::Now() - installed_at));
+      journaled, absl::ToInt64Milliseconds(absl::Now() - installed_at), slices_held, rows_held);
   return response;
 }
 

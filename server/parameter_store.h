@@ -52,6 +52,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -299,11 +300,15 @@ class ParameterStore {
   void PushPullToStore(const PushPullView& request, PushPullDone done,
                        std::shared_ptr<const std::atomic<bool>> cancelled,
                        std::shared_ptr<PushPullAnswerSink> sink);
-  // The push path (see the top of this file).
-  absl::StatusOr<PushAck> PushToJob(JobState& job, const PushPullView& request);
+  // The push path (see the top of this file). `held` (optional; a fill's catch-up): the
+  // partitions, by name, that already hold this push (server/shard_fill.h FillOverlap): their
+  // slices count as applied (the seq is recorded) and are not applied again.
+  absl::StatusOr<PushAck> PushToJob(JobState& job, const PushPullView& request,
+                                    const absl::flat_hash_set<std::string>* held = nullptr);
   // Step 2, with every item's partition locked: exactly-once and the gate's admission, then the
   // budget for the state the push grows.
   absl::Status AdmitPushLocked(JobState& job, const PushPullView& request,
+                               const absl::flat_hash_set<std::string>* held,
                                std::vector<PushSlice>* items);
   absl::Status ReserveGrowthLocked(JobState& job, const PushPullView& request,
                                    std::vector<PushSlice>* items);

@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/placement.h"
 #include "common/status_macros.h"
+#include "server/partition.h"
 
 namespace tessera::server {
 namespace {
@@ -71,8 +72,35 @@ struct TableCut {
   uint64_t rows = 0, pending = 0;
 };
 
+// The position in `source_shards` of the first source that holds a copy of `home` (-1: none).
+int FirstSourceHolding(int home, const std::vector<int>& source_shards, int num_shards,
+                       int replicas) {
+  for (size_t k = 0; k < source_shards.size(); ++k) {
+    if (HoldsCopyOf(home, source_shards[k], num_shards, replicas)) return static_cast<int>(k);
+  }
+  return -1;
+}
+
+std::vector<int> SourceShards(const std::vector<CheckpointContents>& sources) {
+  std::vector<int> out;
+  for (const CheckpointContents& s : sources) {
+    out.push_back(static_cast<int>(s.header.shard_index()));
+  }
+  return out;
+}
+
+// True when the partitions of this kind are captured at an exact step boundary (BSP gating):
+// a copy then holds no push of its step or later.
+bool ExactCut(const v1::JobConfig& config, bool sparse) {
+  return config.consistency() == v1::CONSISTENCY_BSP ||
+         (config.consistency() == v1::CONSISTENCY_HYBRID && !sparse);
+}
+
+// Cuts from `source` (position `source_pos` in `source_shards`) the rows and pending ids that
+// shard `shard` holds and that this source is the first to hold a copy of.
 absl::Status CutTable(const CheckpointContents& source, const v1::PartitionCheckpoint& pc,
-                      uint32_t shard, int num_shards, int replicas, TableCut* cut) {
+                      uint32_t shard, int num_shards, int replicas,
+                      const std::vector<int>& source_shards, int source_pos, TableCut* cut) {
   const std::string& job = source.header.job_id();
   const std::string& table = pc.key().tensor();
   const std::string what = absl::StrCat("table '", table, "'");
@@ -100,7 +128,10 @@ absl::Status CutTable(const CheckpointContents& source, const v1::PartitionCheck
   for (uint64_t i = 0; i < rows; ++i) {
     const int64_t id = ReadAt<int64_t>(ids, i);
     const int home = ShardOfSparseRow(job, table, id, num_shards);
-    if (!HoldsCopyOf(home, static_cast<int>(shard), num_shards, replicas)) continue;
+    if (!HoldsCopyOf(home, static_cast<int>(shard), num_shards, replicas) ||
+        FirstSourceHolding(home, source_shards, num_shards, replicas) != source_pos) {
+      continue;
+    }
     if (!cut->ids.insert(id).second) continue;
     AppendValue(&cut->row_ids, id);
     AppendValue(&cut->row_updates, ReadAt<int64_t>(updates, i));
@@ -123,7 +154,10 @@ absl::Status CutTable(const CheckpointContents& source, const v1::PartitionCheck
   for (uint64_t i = 0; i < pending; ++i) {
     const int64_t id = ReadAt<int64_t>(p_ids, i);
     const int home = ShardOfSparseRow(job, table, id, num_shards);
-    if (!HoldsCopyOf(home, static_cast<int>(shard), num_shards, replicas)) continue;
+    if (!HoldsCopyOf(home, static_cast<int>(shard), num_shards, replicas) ||
+        FirstSourceHolding(home, source_shards, num_shards, replicas) != source_pos) {
+      continue;
+    }
     if (!cut->ids.insert(id).second) continue;
     AppendValue(&cut->pending_ids, id);
     AppendValue(&cut->pending_sightings, ReadAt<uint32_t>(p_sightings, i));
@@ -169,15 +203,26 @@ absl::StatusOr<CheckpointContents> CutFill(const std::vector<CheckpointContents>
   std::set<std::string> dense_taken;
   std::vector<std::string> table_order;
   std::map<std::string, TableCut> tables;
-  for (const CheckpointContents& source : sources) {
+  const std::vector<int> source_shards = SourceShards(sources);
+  const bool exact_tables = ExactCut(first.config(), /*sparse=*/true);
+  for (size_t pos = 0; pos < sources.size(); ++pos) {
+    const CheckpointContents& source = sources[pos];
     for (const v1::PartitionCheckpoint& pc : source.header.partitions()) {
       if (pc.sparse()) {
         auto [it, added] = tables.try_emplace(pc.key().tensor());
         if (added) {
           table_order.push_back(pc.key().tensor());
           it->second.partition = pc;
+        } else if (!exact_tables) {
+          // Rows from sources captured at different moments: a worker's pushes are all in only
+          // up to its smallest clock (the kept pushes bring it up).
+          v1::PartitionCheckpoint& kept = it->second.partition;
+          for (int w = 0; w < kept.clocks_size() && w < pc.clocks_size(); ++w) {
+            kept.set_clocks(w, std::min(kept.clocks(w), pc.clocks(w)));
+          }
         }
-        TESSERA_RETURN_IF_ERROR(CutTable(source, pc, shard, num_shards, replicas, &it->second));
+        TESSERA_RETURN_IF_ERROR(CutTable(source, pc, shard, num_shards, replicas, source_shards,
+                                         static_cast<int>(pos), &it->second));
         continue;
       }
       const int home =
@@ -218,6 +263,71 @@ absl::StatusOr<CheckpointContents> CutFill(const std::vector<CheckpointContents>
     }
   }
   out.data = data.Take();
+  return out;
+}
+
+FillOverlap::FillOverlap(const std::vector<CheckpointContents>& sources, int num_shards,
+                         int replicas)
+    : num_shards_(num_shards), replicas_(replicas), source_shards_(SourceShards(sources)) {
+  if (sources.empty()) return;
+  const v1::CheckpointHeader& first = sources.front().header;
+  job_id_ = first.job_id();
+  const bool exact_dense = ExactCut(first.config(), /*sparse=*/false);
+  const bool exact_tables = ExactCut(first.config(), /*sparse=*/true);
+  for (size_t pos = 0; pos < sources.size(); ++pos) {
+    for (const v1::PartitionCheckpoint& pc : sources[pos].header.partitions()) {
+      std::vector<int64_t> clocks(pc.clocks().begin(), pc.clocks().end());
+      if (pc.sparse()) {
+        if (exact_tables) continue;
+        auto [it, added] = tables_.try_emplace(pc.key().tensor());
+        if (added) it->second.resize(sources.size());
+        it->second[pos] = std::move(clocks);
+      } else if (!exact_dense) {
+        // From the first source that has it, as CutFill takes it.
+        dense_.try_emplace(KeyName(pc.key()), std::move(clocks));
+      }
+    }
+  }
+}
+
+v1::PushPullRequest FillOverlap::Unheld(const v1::PushPullRequest& push,
+                                        absl::flat_hash_set<std::string>* held_dense,
+                                        int64_t* slices_held, int64_t* rows_held) const {
+  const uint32_t w = push.worker_id();
+  const int64_t step = push.step();
+  auto holds = [&](const std::vector<int64_t>& clocks) {
+    return w < clocks.size() && step < clocks[w];
+  };
+  v1::PushPullRequest out = push;
+  for (v1::Slice& slice : *out.mutable_push()) {
+    auto table = tables_.find(slice.key().tensor());
+    if (table == tables_.end()) {
+      auto dense = dense_.find(KeyName(slice.key()));
+      if (dense != dense_.end() && holds(dense->second)) {
+        held_dense->insert(dense->first);
+        if (slices_held != nullptr) ++*slices_held;
+      }
+      continue;
+    }
+    const int n = slice.row_ids_size();
+    if (n == 0 || slice.data().size() % static_cast<size_t>(n) != 0) continue;
+    const size_t stride = slice.data().size() / static_cast<size_t>(n);
+    std::string data;
+    std::vector<int64_t> ids;
+    for (int i = 0; i < n; ++i) {
+      const int64_t id = slice.row_ids(i);
+      const int source =
+          FirstSourceHolding(ShardOfSparseRow(job_id_, slice.key().tensor(), id, num_shards_),
+                             source_shards_, num_shards_, replicas_);
+      if (source >= 0 && holds(table->second[static_cast<size_t>(source)])) continue;
+      ids.push_back(id);
+      data.append(slice.data(), static_cast<size_t>(i) * stride, stride);
+    }
+    if (ids.size() == static_cast<size_t>(n)) continue;
+    if (rows_held != nullptr) *rows_held += n - static_cast<int64_t>(ids.size());
+    slice.mutable_row_ids()->Assign(ids.begin(), ids.end());
+    slice.set_data(std::move(data));
+  }
   return out;
 }
 

@@ -17,6 +17,8 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "server/checkpoint_file.h"
@@ -32,14 +34,57 @@ bool HoldsCopyOf(int home, int shard, int num_shards, int replicas);
 // The contents shard index `shard` would have written at the sources' step, cut from the
 // sources' files (its neighbours' snapshots of the same step): every dense partition it holds a
 // copy of (from the first source that has it), and of every sparse table the rows and pending ids
-// it holds a copy of (each id from the first source that has it; the table's lifecycle counts are
-// the first source's). Versions, clocks, membership and the config are the first source's.
+// it holds a copy of (each id from the first source that holds a copy of its home, by the
+// sources' shard_index; the table's lifecycle counts are the first source's). Versions, clocks,
+// membership and the config are the first source's, except that a table gated as SSP or ASP
+// takes each worker's smallest clock over the sources (FillOverlap: the rows come from sources
+// captured at different moments).
 // The exactly-once tables are left empty: the copies number their sparse requests each on its own,
 // and the ranks write the filled shard only from the step on, so it applies each of their later
 // requests once. DATA_LOSS when the sources disagree on the job or step, or a range lies outside
 // its data; INVALID_ARGUMENT for no sources or a bad shape.
 absl::StatusOr<CheckpointContents> CutFill(const std::vector<CheckpointContents>& sources,
                                            uint32_t shard, int num_shards, int replicas);
+
+// What a fill's cut holds already of the pushes its journal kept (server/fill_journal.h), so that
+// catching up applies each push to each partition and row exactly once.
+//
+// Under BSP every source is captured at the boundary S, before any push of step S is applied, so
+// the cut holds none of the kept pushes (all of step S or later). Under SSP and ASP, and for the
+// sparse tables of HYBRID, a source is captured once its slowest live worker's clock reaches S: a
+// faster worker's pushes of S and later may be in it as well as in the journal, and each source
+// is captured at its own moment. A partition's or table's clock for a worker (its last pushed
+// step + 1) in the source it was cut from says which: worker w's push of step s is in the cut for
+// a dense partition iff s < w's clock on it there, and for a sparse row iff s < w's clock on the
+// row's table in the source the row was cut from (the first one that holds a copy of its home).
+class FillOverlap {
+ public:
+  // From the sources the cut was made of (CutFill's arguments, in the same order).
+  FillOverlap(const std::vector<CheckpointContents>& sources, int num_shards, int replicas);
+
+  // True when no kept push can be in the cut (a BSP job): Unheld need not be called.
+  bool holds_nothing() const { return dense_.empty() && tables_.empty(); }
+
+  // `push` (a kept push) less the sparse rows the cut holds already. The dense partitions whose
+  // slice the cut holds are added to `*held_dense` by their store name ("tensor/index"): the store
+  // records those slices' seqs as applied without applying them again. Adds the rows dropped to
+  // `*rows_held` and the dense slices to `*slices_held` (optional).
+  v1::PushPullRequest Unheld(const v1::PushPullRequest& push,
+                             absl::flat_hash_set<std::string>* held_dense,
+                             int64_t* slices_held = nullptr, int64_t* rows_held = nullptr) const;
+
+ private:
+  std::string job_id_;
+  int num_shards_ = 0;
+  int replicas_ = 0;
+  std::vector<int> source_shards_;
+  // Dense partitions gated as SSP or ASP: "tensor/index" -> the clocks of the source it was cut
+  // from.
+  absl::flat_hash_map<std::string, std::vector<int64_t>> dense_;
+  // Sparse tables gated as SSP or ASP: table -> the clocks of each source (empty where a source
+  // has no such table).
+  absl::flat_hash_map<std::string, std::vector<std::vector<int64_t>>> tables_;
+};
 
 // Collects the pages of one fill per job (FillRequest) until every source file is whole.
 // Thread-safe.

@@ -13,6 +13,8 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
 #include "common/placement.h"
 #include "common/testing/push_pull_requests.h"
 #include "gmock/gmock.h"
@@ -142,6 +144,43 @@ Content ContentOf(const CheckpointContents& c) {
   return out;
 }
 
+// Fills `fresh` (shard 1) page by page from shards 2's and 0's files of `step` under `dir`
+// (`dir`/shard<i>); only the last page installs it. Returns the last page's answer.
+v1::FillResponse FillShard1(ParameterStore& fresh, const std::string& dir, int64_t step) {
+  int sources = 0;
+  v1::FillResponse answer;
+  for (int from : {2, 0}) {
+    const std::string path =
+        CheckpointPath(absl::StrCat(dir, "/shard", from), kJob, step, static_cast<uint32_t>(from));
+    uint64_t offset = 0, size = 0;
+    do {
+      absl::StatusOr<v1::ReadCheckpointResponse> page = ReadFilePage(path, offset, 1000);
+      EXPECT_TRUE(page.ok()) << page.status();
+      if (!page.ok()) return answer;
+      size = page->file_bytes();
+      v1::FillRequest fill;
+      fill.set_job_id(kJob);
+      fill.set_step(step);
+      fill.set_source(static_cast<uint32_t>(sources));
+      fill.set_num_sources(2);
+      fill.set_offset(offset);
+      fill.set_file_bytes(size);
+      fill.set_num_shards(kShards);
+      fill.set_replicas(kReplicas);
+      offset += page->data().size();
+      fill.set_data(page->data());
+      absl::StatusOr<v1::FillResponse> r = fresh.Fill(fill);
+      EXPECT_TRUE(r.ok()) << r.status();
+      if (!r.ok()) return answer;
+      answer = *r;
+      EXPECT_EQ(answer.installed(), from == 0 && offset == size);
+    } while (offset < size);
+    ++sources;
+  }
+  EXPECT_TRUE(answer.installed());
+  return answer;
+}
+
 TEST(ShardFillTest, HoldsCopyOfCountsForwardFromTheHome) {
   EXPECT_TRUE(HoldsCopyOf(2, 2, 3, 2));
   EXPECT_TRUE(HoldsCopyOf(2, 0, 3, 2));  // wraps around
@@ -200,35 +239,8 @@ TEST(ShardFillTest, TheCutOfTheNeighboursIsTheLostShardsOwnSnapshotAndGoesOnTheS
 
   // A fresh shard 1, filled page by page from the files on disk, goes on as shard 1 does.
   ParameterStore fresh(CheckpointOptions(dir + "/fresh", 1));
-  int sources = 0;
   v1::FillResponse answer;
-  for (int from : {2, 0}) {
-    const std::string path = CheckpointPath(absl::StrCat(dir, "/shard", from), kJob, kSteps,
-                                            static_cast<uint32_t>(from));
-    uint64_t offset = 0, size = 0;
-    do {
-      absl::StatusOr<v1::ReadCheckpointResponse> page = ReadFilePage(path, offset, 1000);
-      ASSERT_TRUE(page.ok()) << page.status();
-      size = page->file_bytes();
-      v1::FillRequest fill;
-      fill.set_job_id(kJob);
-      fill.set_step(kSteps);
-      fill.set_source(static_cast<uint32_t>(sources));
-      fill.set_num_sources(2);
-      fill.set_offset(offset);
-      fill.set_file_bytes(size);
-      fill.set_num_shards(kShards);
-      fill.set_replicas(kReplicas);
-      offset += page->data().size();
-      fill.set_data(page->data());
-      absl::StatusOr<v1::FillResponse> r = fresh.Fill(fill);
-      ASSERT_TRUE(r.ok()) << r.status();
-      answer = *r;
-      EXPECT_EQ(answer.installed(), from == 0 && offset == size);
-    } while (offset < size);
-    ++sources;
-  }
-  EXPECT_TRUE(answer.installed());
+  ASSERT_NO_FATAL_FAILURE(answer = FillShard1(fresh, dir, kSteps));
   EXPECT_EQ(answer.tables(), 1u);
   EXPECT_EQ(answer.rows(), static_cast<uint64_t>(rows));
   int dense = 0;
@@ -250,6 +262,145 @@ TEST(ShardFillTest, TheCutOfTheNeighboursIsTheLostShardsOwnSnapshotAndGoesOnTheS
     }
   }
   EXPECT_EQ(PullRows(fresh, kJob, "emb", held), PullRows(*stores[1], kJob, "emb", held));
+}
+
+// SSP: worker `worker`'s push of `step` to shard `shard`, in gradients of sixteenths (with the
+// learning rate and SSP's 1/2 every update is exact in fp32, so that the order in which the
+// copies apply the pushes does not change a bit).
+v1::PushPullRequest SspStepFor(int shard, uint32_t worker, int64_t step) {
+  auto grad = [&](uint32_t seed, size_t n) {
+    std::vector<float> g(n);
+    for (size_t k = 0; k < n; ++k) {
+      g[k] = static_cast<float>(static_cast<int>((seed * 5 + worker * 3 + step * 7 + k) % 9) - 4) /
+             16.0f;
+    }
+    return g;
+  };
+  std::vector<v1::Slice> push;
+  for (const Partition& p : Partitions()) {
+    if (!HoldsCopyOf(p.home, shard, kShards, kReplicas)) continue;
+    push.push_back(GradSlice(p.tensor, p.index, grad(p.index + (p.tensor == "b" ? 50 : 0), 4)));
+  }
+  std::vector<int64_t> rows;
+  std::vector<float> grads;
+  for (size_t i = static_cast<size_t>(step + worker) % 2; i < Ids().size(); i += 2) {
+    const int64_t id = Ids()[i];
+    if (HoldsCopyOf(ShardOfSparseRow(kJob, "emb", id, kShards), shard, kShards, kReplicas)) {
+      rows.push_back(id);
+      const std::vector<float> g = grad(static_cast<uint32_t>(id % 1000), kDim);
+      grads.insert(grads.end(), g.begin(), g.end());
+    }
+  }
+  push.push_back(RowsSlice("emb", rows, grads));
+  // One seq per (worker, step), the same on every copy.
+  return Request(kJob, worker, 1, step, 100 * static_cast<uint64_t>(step) + worker + 1, push);
+}
+
+v1::CreateJobStateRequest SspJobFor(int shard) {
+  v1::CreateJobStateRequest r = JobFor(shard);
+  *r.mutable_config() =
+      Config(v1::CONSISTENCY_SSP, 2, 0.5f, v1::OPTIMIZER_KIND_SGD, /*staleness=*/3);
+  *r.mutable_tables(0) = Table("emb", kDim, v1::Initializer::KIND_CONSTANT, 7);
+  return r;
+}
+
+// Under SSP a neighbour is snapshotted at S once its slowest worker reaches S, so a faster
+// worker's push of S can be in one source's snapshot and not in the other's, and it is in the
+// journal of the shard being filled too. The catch-up applies it only where the cut lacks it:
+// the filled shard ends up as the shard that got every push.
+TEST(ShardFillTest, UnderSspAFasterWorkersPushInOneSourceIsAppliedOnceOverTheCut) {
+  const std::string dir = MakeCheckpointDir();
+  std::vector<std::unique_ptr<ParameterStore>> stores;
+  for (int s = 0; s < kShards; ++s) {
+    stores.push_back(std::make_unique<ParameterStore>(
+        CheckpointOptions(absl::StrCat(dir, "/shard", s), static_cast<uint32_t>(s))));
+    ASSERT_TRUE(stores[s]->CreateJobState(SspJobFor(s)).ok());
+  }
+  ParameterStore fresh(CheckpointOptions(dir + "/fresh", 1));
+  auto push = [&](int shard, uint32_t worker, int64_t step) {
+    ParameterStore& store = shard < 0 ? fresh : *stores[shard];
+    absl::StatusOr<PushAck> ack = store.Push(SspStepFor(shard < 0 ? 1 : shard, worker, step));
+    ASSERT_TRUE(ack.ok()) << ack.status();
+  };
+  constexpr int64_t kFill = 4;
+  for (int64_t step = 0; step < kFill - 1; ++step) {
+    for (uint32_t w = 0; w < 2; ++w) {
+      for (int s = 0; s < kShards; ++s) push(s, w, step);
+    }
+  }
+  for (int s = 0; s < kShards; ++s) push(s, 0, kFill - 1);  // worker 0 runs ahead
+  // The fill of step kFill: the fresh shard keeps the pushes of kFill on; both sources are to
+  // snapshot kFill.
+  v1::FillRequest open;
+  open.set_job_id(kJob);
+  open.set_step(kFill);
+  open.set_open(true);
+  ASSERT_TRUE(fresh.Fill(open).ok());
+  std::vector<absl::StatusOr<v1::CheckpointResponse>> snapshots(kShards,
+                                                                absl::UnknownError("none"));
+  std::vector<absl::Notification> done(kShards);
+  for (int s : {2, 0}) {
+    v1::CheckpointRequest r;
+    r.set_job_id(kJob);
+    r.set_step(kFill);
+    stores[s]->Checkpoint(r, [&, s](absl::StatusOr<v1::CheckpointResponse> result) {
+      snapshots[s] = std::move(result);
+      done[s].Notify();
+    });
+  }
+  // Worker 0's push of kFill reaches shard 2 before worker 1 completes kFill - 1 there (its
+  // snapshot holds it), and shard 0 only after (its snapshot does not).
+  push(2, 0, kFill);
+  push(1, 0, kFill);
+  push(-1, 0, kFill);
+  for (int s : {2, 1, 0}) push(s, 1, kFill - 1);
+  push(0, 0, kFill);
+  for (int s : {2, 0}) {
+    ASSERT_TRUE(done[s].WaitForNotificationWithTimeout(absl::Seconds(30)));
+    ASSERT_TRUE(snapshots[s].ok()) << snapshots[s].status();
+  }
+  for (int64_t step = kFill; step < kFill + 2; ++step) {
+    for (uint32_t w = 0; w < 2; ++w) {
+      if (step == kFill && w == 0) continue;
+      for (int s : {2, 1, 0, -1}) push(s, w, step);
+    }
+  }
+
+  v1::FillResponse answer;
+  ASSERT_NO_FATAL_FAILURE(answer = FillShard1(fresh, dir, kFill));
+  EXPECT_EQ(answer.journaled(), 4u);
+  // Worker 0's push of kFill, on the 6 partitions homed at shard 1 (copies from shard 2's
+  // snapshot), and its rows homed there.
+  int homed_here = 0;
+  for (const Partition& p : Partitions()) homed_here += p.home == 1;
+  EXPECT_EQ(answer.held_slices(), static_cast<uint64_t>(homed_here));
+  EXPECT_GT(answer.held_rows(), 0u);
+  auto expect_same = [&](const std::string& when) {
+    for (const Partition& p : Partitions()) {
+      if (!HoldsCopyOf(p.home, 1, kShards, kReplicas)) continue;
+      EXPECT_EQ(PullDense(fresh, kJob, p.tensor, p.index),
+                PullDense(*stores[1], kJob, p.tensor, p.index))
+          << p.tensor << "/" << p.index << " " << when;
+    }
+    std::vector<int64_t> held;
+    for (int64_t id : Ids()) {
+      if (HoldsCopyOf(ShardOfSparseRow(kJob, "emb", id, kShards), 1, kShards, kReplicas)) {
+        held.push_back(id);
+      }
+    }
+    EXPECT_EQ(PullRows(fresh, kJob, "emb", held), PullRows(*stores[1], kJob, "emb", held)) << when;
+  };
+  expect_same("after the fill");
+  // It goes on as a copy: the next steps are admitted and applied the same.
+  for (uint32_t w = 0; w < 2; ++w) {
+    for (int s : {1, -1}) push(s, w, kFill + 2);
+  }
+  expect_same("a step later");
+  // A resend of the push the cut held from shard 2's snapshot is a duplicate, not applied.
+  absl::StatusOr<PushAck> again = fresh.Push(SspStepFor(1, 0, kFill));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_GT(again->duplicates, 0);
+  expect_same("after a resend");
 }
 
 TEST(ShardFillTest, SourcesOfAnotherStepAreDataLoss) {

@@ -78,14 +78,20 @@ void FinishIfReady(ClusterState& state, JobEntry& entry) ABSL_EXCLUSIVE_LOCKS_RE
   if (job.shard_addresses(fill.shard) != fill.address) {
     job.set_shard_addresses(fill.shard, fill.address);
   }
+  const v1::FillResponse& copied = fill.copied;
+  // SSP/ASP: what of the kept pushes a snapshot held already (a faster rank's later steps).
+  const std::string held =
+      copied.held_slices() + copied.held_rows() == 0
+          ? ""
+          : absl::StrFormat(", of which the snapshots held %d partition slices and %d rows",
+                            copied.held_slices(), copied.held_rows());
   const std::string what = absl::StrFormat(
       "shard %d (%s) holds its copies again: filled at step %d with %d partitions, %d tables "
       "and %d rows (%.1f MB of its neighbours' snapshots copied and installed in %.2f s, %d "
-      "pushes kept meanwhile), %.2f s after it came back",
-      fill.shard, fill.address, fill.step, fill.copied.partitions(), fill.copied.tables(),
-      fill.copied.rows(), static_cast<double>(fill.copied.bytes()) / 1e6,
-      static_cast<double>(fill.copy_ms) / 1000.0, fill.copied.journaled(),
-      static_cast<double>(state.NowMs() - fill.started_ms) / 1000.0);
+      "pushes kept meanwhile%s), %.2f s after it came back",
+      fill.shard, fill.address, fill.step, copied.partitions(), copied.tables(), copied.rows(),
+      static_cast<double>(copied.bytes()) / 1e6, static_cast<double>(fill.copy_ms) / 1000.0,
+      copied.journaled(), held, static_cast<double>(state.NowMs() - fill.started_ms) / 1000.0);
   spdlog::info("coordinator: job {}: {}", job.id(), what);
   AddEvent(state, entry, v1::JOB_EVENT_KIND_RECOVERY, what);
   ClearFill(state, entry, /*given_up=*/false);
@@ -241,10 +247,6 @@ std::function<void()> PlanFill(ClusterState& state, JobEntry& entry, const LiveM
   }
   if (shard < 0) return nullptr;
   const std::string& address = live.shards.at(shard);
-  if (spec::MakeJobConfig(job.spec()).consistency() != v1::CONSISTENCY_BSP) {
-    return Refuse(entry, absl::StrCat("shard ", shard, " serves again at ", address,
-                                      ", but only BSP jobs fill a shard again; it stays down"));
-  }
   const int n = job.shard_addresses_size();
   FillPlan plan;
   plan.job_id = job.id();

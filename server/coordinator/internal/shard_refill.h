@@ -19,7 +19,9 @@
 //    Job.down_shards (an event says so, with the bytes and seconds), and the ranks read from it
 //    again. A rank that missed S, a membership change, a recovery or a failed call gives the fill
 //    up: the shard's state is dropped and a later tick tries again further ahead.
-// BSP jobs only: under SSP and ASP a snapshot at a step is not one cut of every rank's pushes.
+// Every consistency model: under SSP and ASP a neighbour's snapshot of S is taken once its
+// slowest rank reaches S, so it may hold a faster rank's pushes of S and later too; the shard
+// applies of those kept pushes only what its cut lacks (server/shard_fill.h FillOverlap).
 #ifndef TESSERA_SERVER_COORDINATOR_INTERNAL_SHARD_REFILL_H_
 #define TESSERA_SERVER_COORDINATOR_INTERNAL_SHARD_REFILL_H_
 
