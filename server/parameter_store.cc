@@ -1,6 +1,7 @@
 #include "server/parameter_store.h"
 
 #include <algorithm>
+#include <optional>
 #include <tuple>
 
 #include "absl/container/inlined_vector.h"
@@ -550,12 +551,13 @@ absl::StatusOr<v1::FillResponse> ParameterStore::Fill(const v1::FillRequest& pag
     const absl::Status drained = journal_.Drain(
         page.job_id(),
         [&](const v1::PushPullRequest& request) {
-          if (overlap.holds_nothing()) return PushToJob(*job, ViewOf(request)).status();
           // SSP/ASP: a source may hold a faster worker's kept push already.
           absl::flat_hash_set<std::string> held;
           int64_t slices = 0, rows = 0;
-          const v1::PushPullRequest unheld = overlap.Unheld(request, &held, &slices, &rows);
-          const absl::Status applied = PushToJob(*job, ViewOf(unheld), &held).status();
+          const std::optional<v1::PushPullRequest> unheld =
+              overlap.Unheld(request, &held, &slices, &rows);
+          const absl::Status applied =
+              PushToJob(*job, ViewOf(unheld.has_value() ? *unheld : request), &held).status();
           if (applied.ok()) {  // a push that waits for the next pass counts then
             slices_held += slices;
             rows_held += rows;

@@ -290,22 +290,24 @@ FillOverlap::FillOverlap(const std::vector<CheckpointContents>& sources, int num
   }
 }
 
-v1::PushPullRequest FillOverlap::Unheld(const v1::PushPullRequest& push,
-                                        absl::flat_hash_set<std::string>* held_dense,
-                                        int64_t* slices_held, int64_t* rows_held) const {
+std::optional<v1::PushPullRequest> FillOverlap::Unheld(const v1::PushPullRequest& push,
+                                                       absl::flat_hash_set<std::string>* held_dense,
+                                                       int64_t* slices_held,
+                                                       int64_t* rows_held) const {
   const uint32_t w = push.worker_id();
   const int64_t step = push.step();
   auto holds = [&](const std::vector<int64_t>& clocks) {
     return w < clocks.size() && step < clocks[w];
   };
-  v1::PushPullRequest out = push;
-  for (v1::Slice& slice : *out.mutable_push()) {
+  std::optional<v1::PushPullRequest> out;  // copied only once a row is dropped
+  for (int s = 0; s < push.push_size(); ++s) {
+    const v1::Slice& slice = push.push(s);
     auto table = tables_.find(slice.key().tensor());
     if (table == tables_.end()) {
       auto dense = dense_.find(KeyName(slice.key()));
       if (dense != dense_.end() && holds(dense->second)) {
         held_dense->insert(dense->first);
-        if (slices_held != nullptr) ++*slices_held;
+        ++*slices_held;
       }
       continue;
     }
@@ -324,9 +326,11 @@ v1::PushPullRequest FillOverlap::Unheld(const v1::PushPullRequest& push,
       data.append(slice.data(), static_cast<size_t>(i) * stride, stride);
     }
     if (ids.size() == static_cast<size_t>(n)) continue;
-    if (rows_held != nullptr) *rows_held += n - static_cast<int64_t>(ids.size());
-    slice.mutable_row_ids()->Assign(ids.begin(), ids.end());
-    slice.set_data(std::move(data));
+    *rows_held += n - static_cast<int64_t>(ids.size());
+    if (!out.has_value()) out = push;
+    v1::Slice& kept = *out->mutable_push(s);
+    kept.mutable_row_ids()->Assign(ids.begin(), ids.end());
+    kept.set_data(std::move(data));
   }
   return out;
 }

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -62,16 +63,14 @@ class FillOverlap {
   // From the sources the cut was made of (CutFill's arguments, in the same order).
   FillOverlap(const std::vector<CheckpointContents>& sources, int num_shards, int replicas);
 
-  // True when no kept push can be in the cut (a BSP job): Unheld need not be called.
-  bool holds_nothing() const { return dense_.empty() && tables_.empty(); }
-
-  // `push` (a kept push) less the sparse rows the cut holds already. The dense partitions whose
-  // slice the cut holds are added to `*held_dense` by their store name ("tensor/index"): the store
-  // records those slices' seqs as applied without applying them again. Adds the rows dropped to
-  // `*rows_held` and the dense slices to `*slices_held` (optional).
-  v1::PushPullRequest Unheld(const v1::PushPullRequest& push,
-                             absl::flat_hash_set<std::string>* held_dense,
-                             int64_t* slices_held = nullptr, int64_t* rows_held = nullptr) const;
+  // `push` (a kept push) less the sparse rows the cut holds already; nullopt when it holds none
+  // of its rows (apply `push` as it is). The dense partitions whose slice the cut holds are added
+  // to `*held_dense` by their store name ("tensor/index"): the store records those slices' seqs
+  // as applied without applying them again. Adds the rows dropped to `*rows_held` and the dense
+  // slices to `*slices_held`. Under BSP (nothing held) it only looks the keys up.
+  std::optional<v1::PushPullRequest> Unheld(const v1::PushPullRequest& push,
+                                            absl::flat_hash_set<std::string>* held_dense,
+                                            int64_t* slices_held, int64_t* rows_held) const;
 
  private:
   std::string job_id_;

@@ -102,6 +102,23 @@ class ReplicationE2eTest : public ::tessera::testing::ClusterE2eTest {
     return restarted.ok() ? id : "";
   }
 
+  // Waits until job `id`'s restarted shard 1 is filled, then SIGKILLs shard 0 and waits for the
+  // end: the job must succeed on the filled shard alone, with no recovery. Returns the ended
+  // record (another state, with the test failed, on any other outcome).
+  v1::Job FillThenCarryOnAlone(const std::string& id) {
+    const v1::Job job = WaitForJob(id, absl::Seconds(120), [](const v1::Job& j) {
+      return Ended(j) || j.down_shards_size() == 0;
+    });
+    EXPECT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
+    if (job.state() != v1::JOB_STATE_RUNNING || !cluster_->Kill("shard-0").ok()) return job;
+    const v1::Job done = WaitForJob(id, absl::Seconds(240), Ended);
+    EXPECT_EQ(done.state(), v1::JOB_STATE_SUCCEEDED) << done.reason();
+    EXPECT_EQ(done.recoveries(), 0);
+    EXPECT_THAT(done.down_shards(), ::testing::ElementsAre(0));
+    EXPECT_GT(done.step(), job.step());
+    return done;
+  }
+
   // The cluster with the coordinator's default lease (10 s) and heartbeat (2 s), 2 workers.
   static cli::LocalCluster::Options DefaultLeases() {
     cli::LocalCluster::Options o = ClusterOptions();
@@ -293,18 +310,8 @@ TEST_F(ReplicationE2eTest, AnAspJobsRestartedShardIsFilledAndThenCarriesItAlone)
   int64_t restart_ms = 0;
   const std::string id = RunThenReplaceShard1(spec, &restart_ms);
   ASSERT_FALSE(id.empty());
-  const v1::Job job = WaitForJob(id, absl::Seconds(120), [](const v1::Job& j) {
-    return Ended(j) || j.down_shards_size() == 0;
-  });
-  ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
-  ASSERT_EQ(job.down_shards_size(), 0);
-  const int64_t filled_at_step = job.step();
-  ASSERT_TRUE(cluster_->Kill("shard-0").ok());
-  const v1::Job done = WaitForJob(id, absl::Seconds(240), Ended);
+  const v1::Job done = FillThenCarryOnAlone(id);
   ASSERT_EQ(done.state(), v1::JOB_STATE_SUCCEEDED) << done.reason();
-  EXPECT_EQ(done.recoveries(), 0);
-  EXPECT_THAT(done.down_shards(), ::testing::ElementsAre(0));
-  EXPECT_GT(done.step(), filled_at_step);
   const std::vector<v1::JobEvent> events = Events(id);
   const std::optional<v1::JobEvent> filled =
       FindEvent(events, "holds its copies again", restart_ms);
@@ -389,16 +396,8 @@ TEST_F(ReplicationE2eTest, ASparseJobsRestartedShardIsFilledAndThenCarriesItAlon
   int64_t restart_ms = 0;
   const std::string id = RunThenReplaceShard1(spec, &restart_ms);
   ASSERT_FALSE(id.empty());
-  v1::Job job = WaitForJob(id, absl::Seconds(120),
-                           [](const v1::Job& j) { return Ended(j) || j.down_shards_size() == 0; });
-  ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
-  const int64_t filled_at_step = job.step();
-  ASSERT_TRUE(cluster_->Kill("shard-0").ok());
-  const v1::Job done = WaitForJob(id, absl::Seconds(240), Ended);
+  const v1::Job done = FillThenCarryOnAlone(id);
   ASSERT_EQ(done.state(), v1::JOB_STATE_SUCCEEDED) << done.reason();
-  EXPECT_EQ(done.recoveries(), 0);
-  EXPECT_THAT(done.down_shards(), ::testing::ElementsAre(0));
-  EXPECT_GT(done.step(), filled_at_step);
   const std::optional<v1::JobEvent> filled =
       FindEvent(Events(id), "holds its copies again", restart_ms);
   ASSERT_TRUE(filled.has_value());
