@@ -150,7 +150,7 @@ int main(int argc, char** argv) {
   local_cmd->add_option("--devices", local.devices,
                         "Each worker's --devices: cpu:N trains on N CPU devices, as replicas that "
                         "split each batch, or one stage each for a model with a pipeline of N "
-                        "stages (dense models only)");
+                        "stages (dense models; sparse tables train on replicas)");
   local_cmd->add_flag("--keep_dir", local.keep_dir,
                       "Keep the temporary directory (logs, the coordinator's database)");
 

@@ -54,12 +54,6 @@ absl::Status CheckDevicesFitModel(int devices, const v1::ModelSpec& model) {
         absl::StrCat("devices: cpu:N needs N in [1, ", kMaxCpuReplicas, "], got ", devices));
   }
   if (devices == 1) return absl::OkStatus();
-  if (HasSparseTables(model)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("devices: cpu:", devices,
-                     " trains dense models only; this model has sparse tables, "
-                     "whose rows travel per batch (use one device per worker and more workers)"));
-  }
   const int stages = PipelineStageCount(model);
   if (stages > 1 && devices != stages) {
     return absl::InvalidArgumentError(absl::StrCat("devices: the model's pipeline has ", stages,

@@ -27,8 +27,9 @@ absl::StatusOr<int> ParseCpuReplicas(absl::string_view devices);
 
 // Whether a worker with `devices` CPU devices (ParseCpuReplicas' N) can train `model`, the one
 // policy for it: any model on one device (a pipelined one unsplit); a model with a pipeline of
-// S stages (ModelSpec.pipeline) on exactly S, one stage per device; any other dense model as
-// replicas on any count. Sparse models (spec::HasSparseTables) only on one device.
+// S stages (ModelSpec.pipeline) on exactly S, one stage per device; any other model, sparse
+// tables included, as replicas on any count (a pipeline takes no sparse tables:
+// spec::PlanPipeline refuses them with the spec).
 // INVALID_ARGUMENT starting "devices: " with the fix otherwise. Pure; thread-safe.
 absl::Status CheckDevicesFitModel(int devices, const v1::ModelSpec& model);
 

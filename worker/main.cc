@@ -357,7 +357,8 @@ int main(int argc, char** argv) {
                  "Daemon: cpu:N trains each task on N devices on this host's CPU: N model "
                  "replicas that split every batch and sum their gradients here before the one "
                  "push, or, for a model with a pipeline of N stages (model.pipeline), one stage "
-                 "per device, micro-batches flowing through them at once (dense models only). "
+                 "per device, micro-batches flowing through them at once (dense models; sparse "
+                 "tables train on replicas). "
                  "Empty: the one device --device names (a pipelined model trains unsplit)");
   app.add_option("--target_accuracy", flags.target_accuracy,
                  "Standalone: stop after the first evaluation with at least this test accuracy")

@@ -496,6 +496,11 @@ absl::Status CheckStage(bool multi_input, bool sparse_input, int slot, const cha
   return absl::OkStatus();
 }
 
+absl::Status CheckWeight(float weight, const char* what) {
+  if (weight > 0.0f && weight <= 1.0f) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(what, ": weight must be in (0, 1], got ", weight));
+}
+
 }  // namespace
 
 absl::Status Model::StageForward(int slot, const BatchView& batch, std::vector<float>* out) {
@@ -532,11 +537,13 @@ absl::Status Model::StageBackward(int slot, absl::Span<const float> output_grad,
 absl::StatusOr<StepResult> Model::StageTrain(int slot, const BatchView& batch, float weight,
                                              std::vector<float>* input_grad) {
   TESSERA_RETURN_IF_ERROR(CheckStage(multi_input_, sparse_input_, slot, "StageTrain"));
-  if (!(weight > 0.0f && weight <= 1.0f)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("StageTrain: weight must be in (0, 1], got ", weight));
-  }
+  TESSERA_RETURN_IF_ERROR(CheckWeight(weight, "StageTrain"));
   return TrainSlot(slot, batch, weight, {}, input_grad);
+}
+
+absl::StatusOr<StepResult> Model::TrainPart(const BatchView& batch, float weight) {
+  TESSERA_RETURN_IF_ERROR(CheckWeight(weight, "TrainPart"));
+  return TrainSlot(0, batch, weight, {}, nullptr);
 }
 
 void Model::SwapAccumulated(size_t i) {

@@ -167,6 +167,12 @@ class Model {
   absl::StatusOr<StepResult> TrainStep(const BatchView& batch,
                                        const std::function<void(int)>& on_grad_ready = {},
                                        const BeforeLayer& before_layer = {});
+  // TrainStep of one replica's part of a batch (trainer/internal/local_replicas.h): the gradient
+  // of the loss scaled by `weight`, in (0, 1] (the part's share of the batch), so that the parts'
+  // gradients sum to the whole batch's; the loss reported is not scaled. Any model, sparse tables
+  // and several inputs included (StageTrain takes dense single-input stages only). Does not
+  // advance dropout_seed(); the caller sets it per part.
+  absl::StatusOr<StepResult> TrainPart(const BatchView& batch, float weight);
   // The position of TrainStep's before_layer call after which parameter p (an index into
   // parameters()) is first read: its layer's index, or 0 in a multi-input model.
   int ForwardPosition(int parameter) const;

@@ -157,7 +157,7 @@ TEST_F(CpuReplicasTest, APipelinedModelTrainsOnTwoStagesToTheWeightsItReachesUns
   EXPECT_THAT(refused.status().message(), HasSubstr("use --devices cpu:2"));
 }
 
-TEST_F(CpuReplicasTest, RefusesReplicasOfSparseModelsAndOnCuda) {
+TEST_F(CpuReplicasTest, RefusesABadCountAndReplicasOnCuda) {
   v1::JobSpec spec = Spec();
   DistributedOptions o = RankOptions("refused", spec, 0, shards_->addresses());
   o.cpu_devices = 0;

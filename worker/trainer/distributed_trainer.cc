@@ -396,7 +396,7 @@ absl::Status DistributedTrainer::Connect() {
   TESSERA_RETURN_IF_ERROR(
       ShardStatus(client_->DeclareJob(spec::MakeJobConfig(spec), tensors, tables_)));
   if (!tables_.empty()) {
-    rows_ = std::make_unique<internal::RowExchange>(client_.get(), model_.get());
+    rows_ = std::make_unique<internal::RowExchange>(client_.get(), model_.get(), devices_.get());
   }
   TESSERA_RETURN_IF_ERROR(CheckCancelled());
   if (start_step_ > 0) return PullGated(start_step_);
@@ -654,7 +654,7 @@ absl::StatusOr<engine::StepResult> DistributedTrainer::Step(const engine::BatchV
     copy_error = model_->CopyGradToHost(params[p].name, &grads_[k]);
     if (copy_error.ok() && !clip) push(static_cast<size_t>(k));
   };
-  if (devices_ != nullptr) return DevicesStep(batch, push, push_small);
+  if (devices_ != nullptr) return DevicesStep(batch, step, push, push_small);
   tuner_->BeforeStep();
   forward_wait_ = 0;
   forward_install_ = 0;
@@ -710,16 +710,22 @@ absl::StatusOr<engine::StepResult> DistributedTrainer::Step(const engine::BatchV
 }
 
 absl::StatusOr<engine::StepResult> DistributedTrainer::DevicesStep(
-    const engine::BatchView& batch, const std::function<void(size_t)>& push,
+    const engine::BatchView& batch, int64_t step, const std::function<void(size_t)>& push,
     const std::function<void()>& push_small) {
-  // The whole batch's gradients in grads_ (and the state) before any push: one push per worker
-  // and step, as one device would make.
+  // The whole batch's gradients in grads_ (and the state), and its rows', before any push: one
+  // push per worker and step, as one device would make.
   absl::StatusOr<engine::StepResult> r =
       devices_->TrainStep(batch, model_->dropout_seed(), dense_names_, averaged_, &grads_);
   if (!r.ok()) return r;
-  if (options_.task.spec().clipping().max_global_norm() > 0) ClipDenseGradients(0);
+  double row_norm = 0;
+  if (rows_ != nullptr) {
+    TESSERA_ASSIGN_OR_RETURN(row_norm, rows_->CopyGrads());
+  }
+  float scale = 1.0f;
+  if (options_.task.spec().clipping().max_global_norm() > 0) scale = ClipDenseGradients(row_norm);
   for (size_t k = 0; k < grads_.size(); ++k) push(k);
   push_small();
+  if (rows_ != nullptr) rows_->Push(step, scale, ExchangeDoneFor(step, {}));
   return r;
 }
 

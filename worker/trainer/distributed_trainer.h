@@ -256,8 +256,9 @@ class DistributedTrainer {
   // to grads_ in place; returns it (1: no change).
   float ClipDenseGradients(double row_norm);
   // Step() with cpu:N devices: trains the batch on them, then pushes every gradient of the whole
-  // batch and the state (`push` one tensor, `push_small` the batched ones).
-  absl::StatusOr<engine::StepResult> DevicesStep(const engine::BatchView& batch,
+  // batch and the state (`push` one tensor, `push_small` the batched ones), and the rows' for
+  // `step`.
+  absl::StatusOr<engine::StepResult> DevicesStep(const engine::BatchView& batch, int64_t step,
                                                  const std::function<void(size_t)>& push,
                                                  const std::function<void()>& push_small);
   absl::StatusOr<internal::SplitScore> Evaluate();

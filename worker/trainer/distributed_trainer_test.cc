@@ -67,9 +67,11 @@ class DistributedTrainerTest : public ShardsTest {
   }
 
   // BSP against a single-process reference, sparse tables or none (defined below).
+  // `cpu_devices`: each rank's --devices cpu:N (1: one device).
   absl::StatusOr<v1::ProgressReport> CheckBspAgainstAReference(const std::string& job,
                                                                const v1::JobSpec& spec,
-                                                               size_t expected_tables);
+                                                               size_t expected_tables,
+                                                               int cpu_devices = 1);
 
   static std::unique_ptr<DistributedTrainer> Make(DistributedOptions o) {
     auto t = DistributedTrainer::Create(std::move(o));
@@ -641,13 +643,14 @@ void WriteSmallCriteo(const std::string& path, int rows, uint32_t seed) {
 // (dense: the mean; rows: each row's sum over the ranks over 2, one update per row and step),
 // for every sparse table of the model (none for a dense one). Returns rank 0's final report.
 absl::StatusOr<v1::ProgressReport> DistributedTrainerTest::CheckBspAgainstAReference(
-    const std::string& job, const v1::JobSpec& spec, size_t expected_tables) {
+    const std::string& job, const v1::JobSpec& spec, size_t expected_tables, int cpu_devices) {
   FakeCoordinator coordinator(2);
   std::vector<std::unique_ptr<DistributedTrainer>> ranks;
   absl::Mutex mu;
   std::map<std::pair<int64_t, int>, data::Batch> batches;  // (step, rank)
   for (int r = 0; r < 2; ++r) {
     DistributedOptions o = Options(job, spec, r);
+    o.cpu_devices = cpu_devices;
     o.on_batch = [&mu, &batches, r](int64_t step, const data::Batch& b) {
       absl::MutexLock lock(&mu);
       batches[{step, r}] = b;
@@ -925,6 +928,23 @@ TEST_F(DistributedTrainerTest, MultiTableBspMatchesASingleProcessReferenceRowFor
   ASSERT_TRUE(result->has_test_auc());
   EXPECT_GT(result->test_auc(), 0.7) << "the label is C1 < 3";
   DropJob(job);
+}
+
+// The same with each rank's batches split over CPU replicas (--devices cpu:2 and cpu:4): every
+// replica holds the batch's rows, and the rank still pushes one summed gradient per row.
+TEST_F(DistributedTrainerTest, MultiTableBspOnCpuReplicasMatchesTheReferenceRowForRow) {
+  WriteSmallCriteo(dir_ + "/train.tsv", 1200, 5);
+  WriteSmallCriteo(dir_ + "/test.tsv", 200, 6);
+  for (int n : {2, 4}) {
+    SCOPED_TRACE(absl::StrCat("cpu:", n));
+    const std::string job = absl::StrCat("multi-replicas-", n);
+    const v1::JobSpec spec = MultiTableSpec(dir_, job);
+    absl::StatusOr<v1::ProgressReport> result = CheckBspAgainstAReference(job, spec, 3, n);
+    ASSERT_TRUE(result.ok()) << result.status();
+    ASSERT_TRUE(result->has_test_auc());
+    EXPECT_GT(result->test_auc(), 0.7) << "the label is C1 < 3";
+    DropJob(job);
+  }
 }
 
 // The same with row lifecycles: table "a" admits an id on its third sighting, the wide table

@@ -131,7 +131,7 @@ std::optional<GangPlan> ReserveGang(ClusterState& state) ABSL_EXCLUSIVE_LOCKS_RE
   if (num_shards < 0) return std::nullopt;
   std::vector<MemberEntry*>& idle = resources.idle;
   // A worker whose devices cannot train the model (a pipeline of S stages on cpu:N with N not 1
-  // or S, sparse tables on cpu:N) is passed over: it would fail the task at its start.
+  // or S) is passed over: it would fail the task at its start.
   const size_t idle_workers = idle.size();
   std::string unfit_reason;
   idle.erase(std::remove_if(idle.begin(), idle.end(),

@@ -27,7 +27,8 @@ std::vector<int64_t> SplitExamples(int64_t size, int parts) {
   return begin;
 }
 
-engine::BatchView SliceBatch(const engine::BatchView& batch, int64_t begin, int64_t end) {
+engine::BatchView SliceBatch(const engine::BatchView& batch, int64_t begin, int64_t end,
+                             std::vector<engine::SparseFieldView>* fields) {
   const int64_t n = end - begin;
   const auto slice = [&](auto span) {
     const int64_t per = static_cast<int64_t>(span.size()) / batch.size;
@@ -38,6 +39,19 @@ engine::BatchView SliceBatch(const engine::BatchView& batch, int64_t begin, int6
   part.features = slice(batch.features);
   part.labels = slice(batch.labels);
   part.targets = slice(batch.targets);
+  // Bags: offsets [begin, end] of the batch's, over its ids and values as they are.
+  if (!batch.sparse_offsets.empty()) {
+    part.sparse_offsets = batch.sparse_offsets.subspan(begin, n + 1);
+    part.sparse_ids = batch.sparse_ids;
+    part.sparse_values = batch.sparse_values;
+  }
+  if (!batch.fields.empty()) {
+    fields->clear();
+    for (const engine::SparseFieldView& f : batch.fields) {
+      fields->push_back({f.offsets.subspan(begin, n + 1), f.ids, f.values});
+    }
+    part.fields = *fields;
+  }
   return part;
 }
 

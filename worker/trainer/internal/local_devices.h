@@ -2,7 +2,10 @@
 // N data-parallel replicas (local_replicas.h), or the N stages of a pipelined model
 // (pipeline_stages.h). Either way a step ends with the whole batch's gradient on the host, which
 // the trainer pushes once, and the weights it pulls back are installed on every device. The
-// trainer's own model (on its own backend) evaluates and holds what is exported.
+// trainer's own model (on its own backend) evaluates and holds what is exported. A model's sparse
+// tables (replicas only: a pipeline refuses them) hold the rows of one batch: the trainer's row
+// exchange installs them on every device with SetRows and takes the batch's row gradients, summed
+// over the devices, from CopyRowGrads.
 #ifndef TESSERA_WORKER_TRAINER_INTERNAL_LOCAL_DEVICES_H_
 #define TESSERA_WORKER_TRAINER_INTERNAL_LOCAL_DEVICES_H_
 
@@ -54,6 +57,13 @@ class LocalDevices {
   // Sets tensor names[k] to values[k] on every device that holds it.
   virtual absl::Status Install(absl::Span<const std::string> names,
                                absl::Span<const std::vector<float>> values) = 0;
+
+  // Installs `count` rows of the model's sparse table `table` (engine::Model::SetRows) for the
+  // next TrainStep, on every device that holds the table.
+  virtual absl::Status SetRows(int table, int64_t count, absl::Span<const float> values) = 0;
+  // After TrainStep: the gradient of table `table`'s installed rows over the whole batch (the
+  // devices' sum), row by row as SetRows installed them; `out` is resized to count x dim.
+  virtual absl::Status CopyRowGrads(int table, std::vector<float>* out) const = 0;
 };
 
 // Splits `size` examples into `parts` contiguous parts, the first size mod parts one example
@@ -62,8 +72,12 @@ class LocalDevices {
 std::vector<int64_t> SplitExamples(int64_t size, int parts);
 
 // Examples [begin, end) of `batch`: its features, labels and targets (each example's share of
-// them, whatever the width). REQUIRES: 0 <= begin <= end <= batch.size.
-engine::BatchView SliceBatch(const engine::BatchView& batch, int64_t begin, int64_t end);
+// them, whatever the width), and its bags: the slice's offsets are a window of the batch's, over
+// the batch's whole id arrays (the engine reads offsets that do not start at 0). A multi-input
+// batch's field views are written to `fields`, which must then not be null and outlives the
+// view. REQUIRES: 0 <= begin <= end <= batch.size.
+engine::BatchView SliceBatch(const engine::BatchView& batch, int64_t begin, int64_t end,
+                             std::vector<engine::SparseFieldView>* fields);
 
 // A oneDNN backend for one local device with options.threads OpenMP threads. Call it on the
 // thread that will drive it (DeviceThreads' init).

@@ -71,18 +71,27 @@ absl::StatusOr<engine::StepResult> LocalReplicas::TrainStep(const engine::BatchV
   std::vector<absl::StatusOr<engine::StepResult>> results(n, engine::StepResult{});
   const std::function<absl::Status(int)> train = [&](int i) -> absl::Status {
     if (i >= active) return absl::OkStatus();
-    const engine::BatchView part = SliceBatch(batch, begin[i], begin[i + 1]);
-    engine::Model& model = *replicas_[i]->model;
+    Replica& self = *replicas_[i];
+    const engine::BatchView part = SliceBatch(batch, begin[i], begin[i + 1], &self.fields);
+    engine::Model& model = *self.model;
     model.set_dropout_seed(dropout_seed + 0x9E3779B97F4A7C15ULL * static_cast<uint64_t>(i));
-    results[i] = model.StageTrain(0, part, share[i], nullptr);
+    results[i] = model.TrainPart(part, share[i]);
     if (!results[i].ok() && sync_ != nullptr) sync_->Abort(results[i].status());
     TESSERA_RETURN_IF_ERROR(results[i].status());
-    std::vector<std::vector<float>>& host = replicas_[i]->host;
+    std::vector<std::vector<float>>& host = self.host;
     host.resize(names.size());
     for (size_t k = 0; k < names.size(); ++k) {
       host[k].resize((*out)[k].size());
       TESSERA_RETURN_IF_ERROR(state[k] ? model.CopyValueToHost(names[k], &host[k])
                                        : model.CopyGradToHost(names[k], &host[k]));
+    }
+    // Every replica holds all of the batch's rows; those its part does not read get zeros.
+    const std::vector<engine::SparseTableInfo>& tables = model.sparse_tables();
+    self.row_grads.resize(tables.size());
+    for (size_t t = 0; t < tables.size(); ++t) {
+      self.row_grads[t].resize(
+          static_cast<size_t>(model.rows_installed(static_cast<int>(t)) * tables[t].dim));
+      TESSERA_RETURN_IF_ERROR(model.CopyGradToHost(tables[t].name, &self.row_grads[t]));
     }
     return absl::OkStatus();
   };
@@ -91,21 +100,31 @@ absl::StatusOr<engine::StepResult> LocalReplicas::TrainStep(const engine::BatchV
   // Gradients summed (each is already weighted); state averaged evenly.
   const float even = 1.0f / static_cast<float>(active);
   const absl::Time reduce_start = absl::Now();
+  // Replica i sums its range [len i / n, len (i + 1) / n) of each tensor, weighted by w.
+  const auto sum_range = [&](int i, std::vector<float>& dst, float w, auto source) {
+    const int64_t len = static_cast<int64_t>(dst.size());
+    const int64_t lo = len * i / n;
+    const int64_t hi = len * (i + 1) / n;
+    for (int j = 0; j < active; ++j) {
+      const float* src = source(*replicas_[j]).data();
+      if (j == 0) {
+        for (int64_t e = lo; e < hi; ++e) dst[e] = w * src[e];
+      } else {
+        for (int64_t e = lo; e < hi; ++e) dst[e] += w * src[e];
+      }
+    }
+  };
+  const size_t tables = replicas_[0]->row_grads.size();
+  row_grads_.resize(tables);
+  for (size_t t = 0; t < tables; ++t) row_grads_[t].resize(replicas_[0]->row_grads[t].size());
   const std::function<absl::Status(int)> reduce = [&](int i) -> absl::Status {
     for (size_t k = 0; k < names.size(); ++k) {
-      std::vector<float>& dst = (*out)[k];
-      const int64_t len = static_cast<int64_t>(dst.size());
-      const int64_t lo = len * i / n;
-      const int64_t hi = len * (i + 1) / n;
-      for (int j = 0; j < active; ++j) {
-        const float w = state[k] ? even : 1.0f;
-        const float* src = replicas_[j]->host[k].data();
-        if (j == 0) {
-          for (int64_t e = lo; e < hi; ++e) dst[e] = w * src[e];
-        } else {
-          for (int64_t e = lo; e < hi; ++e) dst[e] += w * src[e];
-        }
-      }
+      sum_range(i, (*out)[k], state[k] ? even : 1.0f,
+                [k](const Replica& r) -> const std::vector<float>& { return r.host[k]; });
+    }
+    for (size_t t = 0; t < tables; ++t) {
+      sum_range(i, row_grads_[t], 1.0f,
+                [t](const Replica& r) -> const std::vector<float>& { return r.row_grads[t]; });
     }
     return absl::OkStatus();
   };
@@ -132,6 +151,20 @@ absl::Status LocalReplicas::Install(absl::Span<const std::string> names,
     }
     return absl::OkStatus();
   });
+}
+
+absl::Status LocalReplicas::SetRows(int table, int64_t count, absl::Span<const float> values) {
+  return threads_->RunOnAll(
+      [&](int i) { return replicas_[i]->model->SetRows(table, count, values); });
+}
+
+absl::Status LocalReplicas::CopyRowGrads(int table, std::vector<float>* out) const {
+  if (table < 0 || static_cast<size_t>(table) >= row_grads_.size()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "LocalReplicas::CopyRowGrads: no gradient of table ", table, " (no step trained it)"));
+  }
+  *out = row_grads_[static_cast<size_t>(table)];
+  return absl::OkStatus();
 }
 
 }  // namespace tessera::trainer::internal

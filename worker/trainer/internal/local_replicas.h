@@ -12,9 +12,12 @@
 // reduce itself runs on the replicas' threads, each summing its own range of every tensor.
 //
 // Every replica is built from the same spec and seed, so they start equal; Install() keeps them
-// equal with the weights pulled back from the shards. Models with sparse tables are refused: their
-// rows travel per batch (row_exchange.h), which this splits nothing of yet. Made through
-// LocalDevices::Create (local_devices.h), which chooses between replicas and pipeline stages.
+// equal with the weights pulled back from the shards. Sparse tables hold one batch's rows
+// (row_exchange.h fetches them once per worker): SetRows installs all of them on every replica,
+// each replica's part reads those of its own bags (the slice keeps the batch's positions), and
+// the reduce sums the replicas' row gradients as it sums the dense ones, so one push per row and
+// step goes out, as from one device. Made through LocalDevices::Create (local_devices.h), which
+// chooses between replicas and pipeline stages.
 #ifndef TESSERA_WORKER_TRAINER_INTERNAL_LOCAL_REPLICAS_H_
 #define TESSERA_WORKER_TRAINER_INTERNAL_LOCAL_REPLICAS_H_
 
@@ -38,8 +41,7 @@ namespace tessera::trainer::internal {
 class LocalReplicas final : public LocalDevices {
  public:
   // Builds options.devices replicas, each on its own thread. INVALID_ARGUMENT naming `devices`
-  // for a bad count or a model with sparse tables; the spec's own errors as
-  // engine::Model::Create gives them.
+  // for a bad count; the spec's own errors as engine::Model::Create gives them.
   static absl::StatusOr<std::unique_ptr<LocalReplicas>> Create(const v1::ModelSpec& spec,
                                                                uint64_t seed,
                                                                const Options& options);
@@ -64,6 +66,11 @@ class LocalReplicas final : public LocalDevices {
   // Sets tensor names[k] to values[k] in every replica.
   absl::Status Install(absl::Span<const std::string> names,
                        absl::Span<const std::vector<float>> values) override;
+  // Installs the rows on every replica (each from its own thread).
+  absl::Status SetRows(int table, int64_t count, absl::Span<const float> values) override;
+  // The last TrainStep's row gradients of `table`, summed over the replicas. FAILED_PRECONDITION
+  // before a step.
+  absl::Status CopyRowGrads(int table, std::vector<float>* out) const override;
 
   // Seconds the last TrainStep spent in the reduce (wall time, all replicas at once).
   double last_reduce_seconds() const { return last_reduce_seconds_; }
@@ -72,14 +79,17 @@ class LocalReplicas final : public LocalDevices {
   struct Replica {
     std::unique_ptr<kernels::Backend> backend;
     std::unique_ptr<engine::Model> model;
-    std::vector<std::vector<float>> host;  // per tensor of the step: this replica's gradient
+    std::vector<std::vector<float>> host;         // per tensor of the step: this replica's gradient
+    std::vector<std::vector<float>> row_grads;    // per sparse table: its rows' gradients
+    std::vector<engine::SparseFieldView> fields;  // the step's slice of a multi-input batch
   };
   LocalReplicas() = default;
 
   // SyncBN (a batch_norm with sync): the replicas' models sum their statistics with it.
   std::unique_ptr<HostAllReduce> sync_;
   std::vector<std::unique_ptr<Replica>> replicas_;
-  std::unique_ptr<DeviceThreads> threads_;  // after replicas_: stops before they go
+  std::vector<std::vector<float>> row_grads_;  // per sparse table: the last step's reduced
+  std::unique_ptr<DeviceThreads> threads_;     // after replicas_: stops before they go
   double last_reduce_seconds_ = 0;
 };
 

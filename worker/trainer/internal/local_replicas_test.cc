@@ -2,13 +2,15 @@
 // device computes with B, for even and uneven splits and batches smaller than N, and for
 // regression targets; BatchNorm state is the replicas' mean; with SyncBN the replicas train
 // exactly as one device with the whole batch, and a failing replica does not leave the others
-// waiting; Install keeps the replicas equal; sparse models are refused.
+// waiting; Install keeps the replicas equal; sparse tables (an embedding_bag first layer, a
+// multi-input model with a wide table and a dot interaction) give one device's row gradients.
 #include "worker/trainer/internal/local_replicas.h"
 
 #include <algorithm>
 #include <cmath>
 #include <map>
 #include <memory>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -244,21 +246,163 @@ TEST(LocalReplicasTest, RegressionTargetsTravelWithTheirExamples) {
   EXPECT_LT(loss_diff, 1e-5);
 }
 
-TEST(LocalReplicasTest, RefusesSparseModelsAndBadCounts) {
-  v1::ModelSpec sparse;
-  ASSERT_TRUE(google::protobuf::TextFormat::ParseFromString(
-      R"pb(
-        input_shape: [ 100 ]
-        layers { embedding_bag { num_rows: 100 dim: 4 } }
-        layers { dense { units: 1 } }
-        loss: LOSS_SIGMOID_CROSS_ENTROPY
-      )pb",
-      &sparse));
+// A sparse batch laid out as the trainer's row exchange gives it: ids are positions among each
+// table's installed rows (rows[t] of them), bags of 0 to 3 ids with per-id weights, and one 0/1
+// target per example.
+struct SparseBatch {
+  int64_t size = 0;
+  std::vector<float> features, targets;
+  // Per view (the single bag input, or per (table, field) pair of a multi-input model).
+  std::vector<std::vector<int64_t>> offsets, ids;
+  std::vector<std::vector<float>> values;
+  std::vector<engine::SparseFieldView> fields;
+  engine::BatchView View() {
+    engine::BatchView v;
+    v.size = size;
+    v.features = features;
+    v.targets = targets;
+    if (fields.empty() && offsets.size() == 1 && features.empty()) {
+      v.sparse_offsets = offsets[0];
+      v.sparse_ids = ids[0];
+      v.sparse_values = values[0];
+      return v;
+    }
+    fields.clear();
+    for (size_t f = 0; f < offsets.size(); ++f) fields.push_back({offsets[f], ids[f], values[f]});
+    v.fields = fields;
+    return v;
+  }
+};
+
+// `views_rows[f]`: the rows of the table view f reads; `dense` features per example.
+SparseBatch RandomSparseBatch(int64_t size, int64_t dense, const std::vector<int64_t>& view_rows,
+                              uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> x(0.0f, 1.0f);
+  SparseBatch b;
+  b.size = size;
+  for (int64_t i = 0; i < size * dense; ++i) b.features.push_back(x(rng));
+  for (int64_t i = 0; i < size; ++i) b.targets.push_back(static_cast<float>(rng() % 2));
+  for (int64_t rows : view_rows) {
+    std::vector<int64_t> offsets = {0}, ids;
+    std::vector<float> values;
+    for (int64_t e = 0; e < size; ++e) {
+      const int bag = static_cast<int>(rng() % 4);
+      for (int j = 0; j < bag; ++j) {
+        ids.push_back(static_cast<int64_t>(rng() % static_cast<uint32_t>(rows)));
+        values.push_back(0.5f + 0.25f * static_cast<float>(rng() % 4));
+      }
+      offsets.push_back(static_cast<int64_t>(ids.size()));
+    }
+    b.offsets.push_back(std::move(offsets));
+    b.ids.push_back(std::move(ids));
+    b.values.push_back(std::move(values));
+  }
+  return b;
+}
+
+// An embedding_bag first layer, and DLRM's shape: a bottom MLP, tables "a" (two fields) and "b",
+// a wide table over all three fields, the dot interaction.
+constexpr char kBagModel[] = R"pb(
+  input_shape: [ 40 ]
+  layers { embedding_bag { num_rows: 40 dim: 3 } }
+  layers { dense { units: 4 } }
+  layers { tanh {} }
+  layers { dense { units: 1 } }
+  loss: LOSS_SIGMOID_CROSS_ENTROPY
+)pb";
+constexpr char kMultiTableModel[] = R"pb(
+  dense_features: 2
+  bottom_layers { dense { units: 3 } }
+  bottom_layers { tanh {} }
+  tables { name: "a" dim: 3 }
+  tables { name: "b" dim: 3 }
+  tables { name: "w" dim: 1 }
+  wide_table: "w"
+  sparse_features { table: "a" combiner: COMBINER_MEAN }
+  sparse_features { table: "a" combiner: COMBINER_MEAN }
+  sparse_features { table: "b" }
+  interaction { kind: KIND_DOT }
+  layers { dense { units: 4 } }
+  layers { relu {} }
+  layers { dense { units: 1 } }
+  loss: LOSS_SIGMOID_CROSS_ENTROPY
+)pb";
+
+TEST(LocalReplicasTest, SparseTablesGiveTheRowGradientsOfOneDeviceWithTheWholeBatch) {
+  struct Case {
+    const char* spec;
+    std::vector<int64_t> table_rows;  // rows installed per table
+    std::vector<int64_t> view_rows;   // per view of the batch, its table's rows
+    int64_t dense;
+  };
+  const std::vector<Case> cases = {
+      {kBagModel, {9}, {9}, 0},
+      // Views: a's two fields, b's, then the wide table's over the three fields.
+      {kMultiTableModel, {7, 5, 11}, {7, 7, 5, 11, 11, 11}, 2},
+  };
+  for (const Case& c : cases) {
+    const v1::ModelSpec spec = Parse(c.spec);
+    for (const auto& [n, size] : {std::pair{1, 12}, {2, 12}, {4, 10}, {4, 3}}) {
+      SCOPED_TRACE(testing::Message() << (c.dense == 0 ? "bag" : "multi-table") << ", cpu:" << n
+                                      << ", batch " << size);
+      SparseBatch batch = RandomSparseBatch(size, c.dense, c.view_rows, 31 * size + n);
+      std::mt19937 rng(7);
+      std::normal_distribution<float> w(0.0f, 0.5f);
+      Reference one = OneDevice(spec);
+      ASSERT_NE(one.model, nullptr);
+      const std::vector<engine::SparseTableInfo>& tables = one.model->sparse_tables();
+      ASSERT_EQ(tables.size(), c.table_rows.size());
+      std::vector<std::vector<float>> rows(tables.size());
+      for (size_t t = 0; t < tables.size(); ++t) {
+        for (int64_t e = 0; e < c.table_rows[t] * tables[t].dim; ++e) rows[t].push_back(w(rng));
+        ASSERT_TRUE(one.model->SetRows(static_cast<int>(t), c.table_rows[t], rows[t]).ok());
+      }
+      absl::StatusOr<engine::StepResult> expected = one.model->TrainStep(batch.View());
+      ASSERT_TRUE(expected.ok()) << expected.status();
+
+      std::unique_ptr<LocalReplicas> replicas = Replicas(spec, n);
+      ASSERT_NE(replicas, nullptr);
+      for (size_t t = 0; t < tables.size(); ++t) {
+        ASSERT_TRUE(replicas->SetRows(static_cast<int>(t), c.table_rows[t], rows[t]).ok());
+      }
+      std::vector<std::string> names;
+      for (const engine::Parameter& p : one.model->parameters()) {
+        if (p.trainable && !p.sparse) names.push_back(p.name);
+      }
+      std::vector<std::vector<float>> want(names.size()), got(names.size());
+      for (size_t k = 0; k < names.size(); ++k) {
+        ASSERT_TRUE(one.model->CopyGradToHost(names[k], &want[k]).ok());
+        got[k].assign(want[k].size(), NAN);
+      }
+      absl::StatusOr<engine::StepResult> r =
+          replicas->TrainStep(batch.View(), 0, names, std::vector<bool>(names.size(), false), &got);
+      ASSERT_TRUE(r.ok()) << r.status();
+      EXPECT_EQ(r->examples, size);
+      EXPECT_NEAR(r->loss, expected->loss, 1e-5);
+      for (size_t t = 0; t < tables.size(); ++t) {
+        names.push_back(tables[t].name);
+        want.emplace_back();
+        ASSERT_TRUE(one.model->CopyGradToHost(tables[t].name, &want.back()).ok());
+        got.emplace_back();
+        ASSERT_TRUE(replicas->CopyRowGrads(static_cast<int>(t), &got.back()).ok());
+      }
+      for (size_t k = 0; k < names.size(); ++k) {
+        ASSERT_EQ(got[k].size(), want[k].size()) << names[k];
+        double norm = 0;
+        for (size_t e = 0; e < want[k].size(); ++e) {
+          norm += std::abs(want[k][e]);
+          EXPECT_NEAR(got[k][e], want[k][e], 1e-5f + 1e-4f * std::abs(want[k][e]))
+              << names[k] << "[" << e << "]";
+        }
+        EXPECT_GT(norm, 1e-4) << names[k] << ": a zero gradient would compare equal to anything";
+      }
+    }
+  }
+}
+
+TEST(LocalReplicasTest, RefusesBadCounts) {
   LocalReplicas::Options o;
-  auto refused = LocalReplicas::Create(sparse, 1, o);
-  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(refused.status().message(), HasSubstr("devices"));
-  EXPECT_THAT(refused.status().message(), HasSubstr("sparse tables"));
   o.devices = 0;
   auto zero = LocalReplicas::Create(Parse(kSmallCnn), 1, o);
   EXPECT_EQ(zero.status().code(), absl::StatusCode::kInvalidArgument);

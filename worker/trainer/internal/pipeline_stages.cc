@@ -145,7 +145,7 @@ absl::Status PipelineStages::RunStage(int s, const engine::BatchView& batch, uin
   // Micro-batch m as this stage sees it: its input from the batch or the stage before, and
   // its labels or targets on the last stage only.
   const auto part = [&](int m) {
-    engine::BatchView v = SliceBatch(batch, begin[m], begin[m + 1]);
+    engine::BatchView v = SliceBatch(batch, begin[m], begin[m + 1], /*fields=*/nullptr);
     if (s > 0) v.features = acts_[s - 1][m];
     if (!last) {
       v.labels = {};
@@ -231,6 +231,17 @@ absl::Status PipelineStages::Install(absl::Span<const std::string> names,
     }
     return absl::OkStatus();
   });
+}
+
+// spec::PlanPipeline refuses models with sparse tables, so no stage holds one.
+absl::Status PipelineStages::SetRows(int table, int64_t, absl::Span<const float>) {
+  return absl::FailedPreconditionError(absl::StrCat(
+      "PipelineStages::SetRows: a pipeline holds no sparse table (table ", table, ")"));
+}
+
+absl::Status PipelineStages::CopyRowGrads(int table, std::vector<float>*) const {
+  return absl::FailedPreconditionError(absl::StrCat(
+      "PipelineStages::CopyRowGrads: a pipeline holds no sparse table (table ", table, ")"));
 }
 
 }  // namespace tessera::trainer::internal

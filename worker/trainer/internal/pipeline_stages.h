@@ -65,6 +65,9 @@ class PipelineStages final : public LocalDevices {
                                                std::vector<std::vector<float>>* out) override;
   absl::Status Install(absl::Span<const std::string> names,
                        absl::Span<const std::vector<float>> values) override;
+  // FAILED_PRECONDITION: a pipelined model has no sparse tables (spec::PlanPipeline).
+  absl::Status SetRows(int table, int64_t count, absl::Span<const float> values) override;
+  absl::Status CopyRowGrads(int table, std::vector<float>* out) const override;
 
   // Where the last TrainStep's time went, per stage (wall seconds).
   struct StageTime {

@@ -25,8 +25,9 @@ std::vector<v1::SparseTableDecl> SparseTableDecls(const engine::Model& model,
   return out;
 }
 
-RowExchange::RowExchange(client::ParameterClient* client, engine::Model* model)
-    : client_(client), model_(model) {
+RowExchange::RowExchange(client::ParameterClient* client, engine::Model* model,
+                         LocalDevices* devices)
+    : client_(client), model_(model), devices_(devices) {
   const int shards = client_->num_shards();
   for (const engine::SparseTableInfo& info : model->sparse_tables()) {
     Table t;
@@ -95,12 +96,14 @@ absl::Status RowExchange::Start(const data::Batch& batch, int64_t step) {
   return absl::OkStatus();
 }
 
-absl::Status RowExchange::Install(const Slot& slot) {
+absl::Status RowExchange::Install(const Slot& slot, bool train) {
   for (size_t t = 0; t < tables_.size(); ++t) {
     const int64_t count = static_cast<int64_t>(slot.rows[t].rows.size());
-    TESSERA_RETURN_IF_ERROR(model_->SetRows(
-        static_cast<int>(t), count,
-        absl::MakeConstSpan(slot.values[t].data(), static_cast<size_t>(count) * tables_[t].dim)));
+    const absl::Span<const float> values =
+        absl::MakeConstSpan(slot.values[t].data(), static_cast<size_t>(count) * tables_[t].dim);
+    TESSERA_RETURN_IF_ERROR(train && devices_ != nullptr
+                                ? devices_->SetRows(static_cast<int>(t), count, values)
+                                : model_->SetRows(static_cast<int>(t), count, values));
   }
   return absl::OkStatus();
 }
@@ -120,7 +123,7 @@ absl::StatusOr<engine::BatchView> RowExchange::Finish(const data::Batch& batch,
   fetching_ = false;
   current_ = 1 - current_;
   Slot& slot = slots_[current_];
-  TESSERA_RETURN_IF_ERROR(Install(slot));
+  TESSERA_RETURN_IF_ERROR(Install(slot, /*train=*/true));
   return ViewWithRows(batch, *model_, slot.rows, &slot.uses);
 }
 
@@ -128,7 +131,9 @@ absl::StatusOr<double> RowExchange::CopyGrads() {
   Slot& slot = slots_[current_];
   double sum = 0;
   for (size_t t = 0; t < tables_.size(); ++t) {
-    TESSERA_RETURN_IF_ERROR(model_->CopyGradToHost(tables_[t].info.name, &slot.grads[t]));
+    TESSERA_RETURN_IF_ERROR(devices_ != nullptr
+                                ? devices_->CopyRowGrads(static_cast<int>(t), &slot.grads[t])
+                                : model_->CopyGradToHost(tables_[t].info.name, &slot.grads[t]));
     sum += kernels::SumOfSquares(slot.grads[t].data(), static_cast<int64_t>(slot.grads[t].size()));
   }
   return sum;
@@ -183,7 +188,7 @@ absl::StatusOr<engine::BatchView> RowExchange::FetchNow(const data::Batch& batch
     TESSERA_RETURN_IF_ERROR(client_->PullSparse(tables_[t].info.name, -1, eval_.asked[t],
                                                 absl::MakeSpan(eval_.values[t])));
   }
-  TESSERA_RETURN_IF_ERROR(Install(eval_));
+  TESSERA_RETURN_IF_ERROR(Install(eval_, /*train=*/false));
   return ViewWithRows(batch, *model_, eval_.rows, &eval_.uses);
 }
 

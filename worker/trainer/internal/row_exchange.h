@@ -37,6 +37,7 @@
 #include "worker/data/batch.h"
 #include "worker/engine/model.h"
 #include "worker/trainer/internal/batch_rows.h"
+#include "worker/trainer/internal/local_devices.h"
 
 namespace tessera::trainer::internal {
 
@@ -47,9 +48,12 @@ std::vector<v1::SparseTableDecl> SparseTableDecls(const engine::Model& model,
 
 class RowExchange {
  public:
-  // `client` and `model` are not owned and must outlive the exchange; the model has at least one
-  // sparse table. The client must outlive every call in flight: destroy it first.
-  RowExchange(client::ParameterClient* client, engine::Model* model);
+  // `client`, `model` and `devices` are not owned and must outlive the exchange; the model has
+  // at least one sparse table. The client must outlive every call in flight: destroy it first.
+  // A training step's rows go to `devices` when not null (`--devices cpu:N`: every replica gets
+  // them; the gradients are the replicas' sum), otherwise to `model`; evaluation's always go to
+  // `model`.
+  RowExchange(client::ParameterClient* client, engine::Model* model, LocalDevices* devices);
 
   RowExchange(const RowExchange&) = delete;
   RowExchange& operator=(const RowExchange&) = delete;
@@ -64,8 +68,8 @@ class RowExchange {
   // prefixed "shards: " by the caller; CANCELLED "cancelled" as soon as `cancelled()` is true.
   absl::StatusOr<engine::BatchView> Finish(const data::Batch& batch,
                                            const std::function<bool()>& cancelled);
-  // Copies the installed rows' gradients out of the model (after TrainStep) and returns their
-  // sum of squares (for global-norm clipping).
+  // Copies the installed rows' gradients out of the model or the devices (after TrainStep) and
+  // returns their sum of squares (for global-norm clipping).
   absl::StatusOr<double> CopyGrads();
   // Pushes the gradients CopyGrads copied, times `scale`, for `step`, every table's; `done` is
   // called once, when all are answered, with the first error or the summed counts (as for
@@ -91,10 +95,12 @@ class RowExchange {
   };
   // Maps the batch into slot.rows and sizes the slot's buffers; with probes, asks every shard.
   absl::Status Map(const data::Batch& batch, bool probes, Slot& slot);
-  absl::Status Install(const Slot& slot);
+  // Installs the slot's rows in the model, or for training (`train`) on the devices if any.
+  absl::Status Install(const Slot& slot, bool train);
 
   client::ParameterClient* const client_;
   engine::Model* const model_;
+  LocalDevices* const devices_;
   std::vector<Table> tables_;
   RowMapper mapper_;
   std::array<Slot, 2> slots_;
