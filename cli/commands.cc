@@ -22,6 +22,7 @@
 #include "cli/job_format.h"
 #include "cli/local_cluster.h"
 #include "cli/safetensors.h"
+#include "kernels/device.h"
 #include "spec/dataset_spec.h"
 #include "spec/device_spec.h"
 #include "spec/job_spec.h"
@@ -423,12 +424,12 @@ int RunLocal(const GlobalOptions& global, const LocalOptions& options) {
     return Fail(global, absl::InvalidArgumentError(absl::StrCat(
                             "--workers: at most 64 local workers, got ", spec->num_workers())));
   }
-  absl::StatusOr<int> replicas = spec::ParseCpuReplicas(options.devices);
-  if (!replicas.ok()) {
-    return Fail(global,
-                absl::InvalidArgumentError(absl::StrCat("--", replicas.status().message())));
+  absl::StatusOr<spec::DeviceList> devices =
+      spec::ParseDevices(options.devices, kernels::CudaDeviceCount());
+  if (!devices.ok()) {
+    return Fail(global, absl::InvalidArgumentError(absl::StrCat("--", devices.status().message())));
   }
-  absl::Status fits = spec::CheckDevicesFitModel(*replicas, spec->model());
+  absl::Status fits = spec::CheckDevicesFitModel(devices->count(), spec->model());
   if (!fits.ok()) {
     return Fail(global, absl::InvalidArgumentError(
                             absl::StrCat("--", fits.message(), " [", options.spec_file, "]")));
@@ -455,12 +456,13 @@ int RunLocal(const GlobalOptions& global, const LocalOptions& options) {
   cluster_options.num_shards = options.shards;
   cluster_options.num_workers = spec->num_workers();
   cluster_options.worker_threads = options.threads;
-  if (*replicas > 1) {
+  if (devices->count() > 1 || !devices->cuda.empty()) {
     cluster_options.worker_args.insert(cluster_options.worker_args.end(),
                                        {"--devices", options.devices});
     if (options.threads == 0) {
       const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-      cluster_options.worker_threads = std::max(1, cores / (spec->num_workers() * *replicas));
+      cluster_options.worker_threads =
+          std::max(1, cores / (spec->num_workers() * devices->count()));
     }
   }
   cluster_options.keep_work_dir = options.keep_dir;

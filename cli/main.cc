@@ -150,7 +150,8 @@ int main(int argc, char** argv) {
   local_cmd->add_option("--devices", local.devices,
                         "Each worker's --devices: cpu:N trains on N CPU devices, as replicas that "
                         "split each batch, or one stage each for a model with a pipeline of N "
-                        "stages (dense models; sparse tables train on replicas)");
+                        "stages (dense models; sparse tables train on replicas); cuda:0,cuda:1 "
+                        "or cuda (every visible GPU) the same on GPUs");
   local_cmd->add_flag("--keep_dir", local.keep_dir,
                       "Keep the temporary directory (logs, the coordinator's database)");
 

@@ -1,11 +1,15 @@
 #include "spec/device_spec.h"
 
+#include <algorithm>
 #include <string>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "spec/model_spec.h"
 #include "spec/pipeline_spec.h"
 
@@ -20,32 +24,67 @@ absl::StatusOr<DeviceChoice> ParseDeviceChoice(absl::string_view text) {
       absl::StrCat("device: must be one of auto, cpu, cuda; got \"", text, "\""));
 }
 
-absl::StatusOr<int> ParseCpuReplicas(absl::string_view devices) {
-  const std::string t = absl::AsciiStrToLower(devices);
-  if (t.empty()) return 1;
+std::string DeviceList::Name() const {
+  if (cuda.empty()) return absl::StrCat("cpu:", cpu);
+  return absl::StrJoin(cuda, ",",
+                       [](std::string* out, int d) { absl::StrAppend(out, "cuda:", d); });
+}
+
+absl::StatusOr<DeviceList> ParseDevices(absl::string_view devices, int visible_gpus) {
+  const std::string t = absl::AsciiStrToLower(absl::StripAsciiWhitespace(devices));
+  DeviceList list;
+  if (t.empty()) return list;
+  const auto visible = [visible_gpus] {
+    return visible_gpus == 1 ? std::string("1 GPU is visible (cuda:0)")
+                             : absl::StrCat(visible_gpus, " GPUs are visible");
+  };
+  if (t == "cuda" || t == "gpu") {
+    if (visible_gpus < 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "devices: \"", devices, "\" asks for every visible GPU, but none is visible here"));
+    }
+    for (int d = 0; d < std::min(visible_gpus, kMaxCudaDevices); ++d) list.cuda.push_back(d);
+    return list;
+  }
+  if (absl::StartsWith(t, "cuda:") || absl::StartsWith(t, "gpu:")) {
+    for (absl::string_view part : absl::StrSplit(t, ',')) {
+      part = absl::StripAsciiWhitespace(part);
+      int d = -1;
+      const size_t colon = part.find(':');
+      const absl::string_view kind = part.substr(0, colon);
+      if (colon == absl::string_view::npos || (kind != "cuda" && kind != "gpu") ||
+          !absl::SimpleAtoi(part.substr(colon + 1), &d) || d < 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "devices: must be cuda:I,cuda:J,... with distinct device numbers I >= 0; got \"",
+            devices, "\" (\"", part, "\" is not one)"));
+      }
+      if (d >= visible_gpus) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("devices: \"", devices, "\" names cuda:", d, ", but ", visible()));
+      }
+      if (std::find(list.cuda.begin(), list.cuda.end(), d) != list.cuda.end()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("devices: \"", devices, "\" names cuda:", d, " twice"));
+      }
+      list.cuda.push_back(d);
+    }
+    return list;
+  }
   int n = 0;
   if (absl::StartsWith(t, "cpu:") && absl::SimpleAtoi(absl::string_view(t).substr(4), &n) &&
       n >= 1 && n <= kMaxCpuReplicas) {
-    return n;
+    list.cpu = n;
+    return list;
   }
-  if (absl::StartsWith(t, "cuda") || absl::StartsWith(t, "gpu")) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("devices: \"", devices,
-                     "\": several GPUs in one worker are not supported yet; run one "
-                     "worker per GPU (CUDA_VISIBLE_DEVICES) or use cpu:N"));
-  }
-  return absl::InvalidArgumentError(absl::StrCat("devices: must be cpu:N with N in [1, ",
-                                                 kMaxCpuReplicas, "]; got \"", devices, "\""));
+  return absl::InvalidArgumentError(
+      absl::StrCat("devices: must be cpu:N with N in [1, ", kMaxCpuReplicas,
+                   "], cuda:I,cuda:J,... or cuda; got \"", devices, "\""));
 }
 
 absl::Status CheckWorkerFitsModel(absl::string_view device, const v1::ModelSpec& model) {
-  int devices = 1;
-  if (absl::StartsWith(absl::AsciiStrToLower(device), "cpu:")) {
-    absl::StatusOr<int> n = ParseCpuReplicas(device);
-    if (!n.ok()) return n.status();
-    devices = *n;
-  }
-  return CheckDevicesFitModel(devices, model);
+  // Registered names are resolved lists; any GPU number is taken as visible.
+  absl::StatusOr<DeviceList> list = ParseDevices(device, kMaxCudaDevices);
+  return CheckDevicesFitModel(list.ok() ? list->count() : 1, model);
 }
 
 absl::Status CheckDevicesFitModel(int devices, const v1::ModelSpec& model) {

@@ -1,8 +1,11 @@
 #include "spec/device_spec.h"
 
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
 #include "google/protobuf/text_format.h"
 #include "gtest/gtest.h"
 
@@ -23,22 +26,49 @@ TEST(DeviceSpecTest, EveryNameAndTheMessage) {
             absl::InvalidArgumentError("device: must be one of auto, cpu, cuda; got \"tpu\""));
 }
 
-TEST(DeviceSpecTest, CpuReplicas) {
-  EXPECT_EQ(*ParseCpuReplicas(""), 1);
-  EXPECT_EQ(*ParseCpuReplicas("cpu:1"), 1);
-  EXPECT_EQ(*ParseCpuReplicas("CPU:4"), 4);
-  EXPECT_EQ(*ParseCpuReplicas("cpu:256"), 256);
+TEST(DeviceSpecTest, CpuDevices) {
+  for (const auto& [text, n] : {std::pair{"", 1}, {"cpu:1", 1}, {"CPU:4", 4}, {"cpu:256", 256}}) {
+    absl::StatusOr<DeviceList> list = ParseDevices(text, 0);
+    ASSERT_TRUE(list.ok()) << text << ": " << list.status();
+    EXPECT_EQ(list->cpu, n) << text;
+    EXPECT_TRUE(list->cuda.empty()) << text;
+    EXPECT_EQ(list->count(), n) << text;
+  }
+  EXPECT_EQ(ParseDevices("cpu:3", 0)->Name(), "cpu:3");
   for (const char* bad : {"cpu:0", "cpu:-2", "cpu:257", "cpu", "cpu:two", "4", "cpu:2,cpu:3"}) {
-    EXPECT_EQ(ParseCpuReplicas(bad).status(),
-              absl::InvalidArgumentError(
-                  absl::StrCat("devices: must be cpu:N with N in [1, 256]; got \"", bad, "\"")))
+    EXPECT_EQ(ParseDevices(bad, 2).status(),
+              absl::InvalidArgumentError(absl::StrCat(
+                  "devices: must be cpu:N with N in [1, 256], cuda:I,cuda:J,... or cuda; got \"",
+                  bad, "\"")))
         << bad;
   }
-  const absl::Status gpus = ParseCpuReplicas("cuda:0,cuda:1").status();
-  EXPECT_EQ(gpus.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(gpus.message().find("several GPUs in one worker are not supported yet"),
-            std::string::npos)
-      << gpus;
+}
+
+TEST(DeviceSpecTest, CudaDevices) {
+  absl::StatusOr<DeviceList> two = ParseDevices("cuda:1, CUDA:0", 2);
+  ASSERT_TRUE(two.ok()) << two.status();
+  EXPECT_EQ(two->cuda, (std::vector<int>{1, 0}));
+  EXPECT_EQ(two->count(), 2);
+  EXPECT_EQ(two->Name(), "cuda:1,cuda:0");
+  // Every visible GPU.
+  EXPECT_EQ(ParseDevices("cuda", 3)->cuda, (std::vector<int>{0, 1, 2}));
+  EXPECT_EQ(ParseDevices("gpu", 1)->Name(), "cuda:0");
+  EXPECT_EQ(ParseDevices("gpu:0", 1)->Name(), "cuda:0");
+  EXPECT_EQ(ParseDevices("cuda", 0).status(),
+            absl::InvalidArgumentError(
+                "devices: \"cuda\" asks for every visible GPU, but none is visible here"));
+  EXPECT_EQ(ParseDevices("cuda:0,cuda:1", 1).status(),
+            absl::InvalidArgumentError(
+                "devices: \"cuda:0,cuda:1\" names cuda:1, but 1 GPU is visible (cuda:0)"));
+  EXPECT_EQ(ParseDevices("cuda:2", 0).status(),
+            absl::InvalidArgumentError("devices: \"cuda:2\" names cuda:2, but 0 GPUs are visible"));
+  EXPECT_EQ(ParseDevices("cuda:0,cuda:0", 2).status(),
+            absl::InvalidArgumentError("devices: \"cuda:0,cuda:0\" names cuda:0 twice"));
+  for (const char* bad : {"cuda:", "cuda:-1", "cuda:0,cpu:1", "cuda:x", "cuda:0,,cuda:1"}) {
+    const absl::Status s = ParseDevices(bad, 4).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_THAT(s.message(), ::testing::HasSubstr("must be cuda:I,cuda:J")) << bad;
+  }
 }
 
 TEST(DeviceSpecTest, DevicesFitTheModel) {
@@ -80,6 +110,10 @@ TEST(DeviceSpecTest, DevicesFitTheModel) {
   EXPECT_EQ(CheckWorkerFitsModel("cpu:3", pipelined).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(CheckWorkerFitsModel("cpu:2", sparse).ok());
   EXPECT_TRUE(CheckWorkerFitsModel("cpu:2", dense).ok());
+  // Two GPUs run the two stages; three do not.
+  EXPECT_TRUE(CheckWorkerFitsModel("cuda:0,cuda:1", pipelined).ok());
+  EXPECT_EQ(CheckWorkerFitsModel("cuda:0,cuda:1,cuda:2", pipelined).code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -37,6 +37,7 @@
 #include "common/security.h"
 #include "common/status_macros.h"
 #include "kernels/backend.h"
+#include "kernels/device.h"
 #include "spdlog/spdlog.h"
 #include "spec/dataset_spec.h"
 #include "spec/device_spec.h"
@@ -80,7 +81,8 @@ absl::Status ValidateDaemon(const WorkerFlags& flags,
                             std::unique_ptr<tessera::Security>* security) {
   if (flags.standalone) return absl::OkStatus();
   TESSERA_RETURN_IF_ERROR(tessera::ValidateLogLevel(flags.log_level));
-  TESSERA_RETURN_IF_ERROR(tessera::spec::ParseCpuReplicas(flags.devices).status());
+  TESSERA_RETURN_IF_ERROR(
+      tessera::spec::ParseDevices(flags.devices, tessera::kernels::CudaDeviceCount()).status());
   // Before Security::Create, which may log warnings.
   TESSERA_RETURN_IF_ERROR(tessera::InitLogging(flags.log_level));
   // Only a worker with --listen serves gRPC: then a token also needs its own certificate.
@@ -176,11 +178,12 @@ class WorkerDaemonRun final : public tessera::Daemon {
  public:
   // `backend`: the device found at start-up, released once the daemon knows its name.
   WorkerDaemonRun(const WorkerFlags& flags, tessera::Security* security,
-                  std::unique_ptr<tessera::kernels::Backend> backend, int cpu_devices)
+                  std::unique_ptr<tessera::kernels::Backend> backend,
+                  tessera::spec::DeviceList devices)
       : flags_(flags),
         security_(security),
         backend_(std::move(backend)),
-        cpu_devices_(cpu_devices) {}
+        devices_(std::move(devices)) {}
 
   absl::Status Create(tessera::Metrics* metrics) override {
     metrics_ = metrics;
@@ -189,8 +192,9 @@ class WorkerDaemonRun final : public tessera::Daemon {
     options.credentials = security_->Client();
     options.device = flags_.device;
     options.device_name = backend_->Name();
-    options.cpu_devices = cpu_devices_;
-    if (cpu_devices_ > 1) options.device_name = absl::StrCat("cpu:", cpu_devices_);
+    options.cpu_devices = devices_.cpu;
+    options.cuda_devices = devices_.cuda;
+    if (devices_.count() > 1) options.device_name = devices_.Name();
     options.hostname = flags_.hostname;
     options.num_threads = flags_.threads;
     options.dataset_roots = flags_.dataset_roots;
@@ -245,7 +249,7 @@ class WorkerDaemonRun final : public tessera::Daemon {
   const WorkerFlags& flags_;
   tessera::Security* const security_;
   std::unique_ptr<tessera::kernels::Backend> backend_;
-  const int cpu_devices_;
+  const tessera::spec::DeviceList devices_;
   tessera::Metrics* metrics_ = nullptr;
   // Read by the metrics at scrape time: RunDaemon stops them before it returns.
   std::unique_ptr<tessera::worker::WorkerDaemon> daemon_;
@@ -261,9 +265,10 @@ int RunWorkerDaemon(const WorkerFlags& flags, const tessera::LayeredConfig& conf
   absl::StatusOr<tessera::kernels::DeviceChoice> choice =
       tessera::trainer::ParseDeviceChoice(flags.device.empty() ? "auto" : flags.device);
   if (!choice.ok()) return Fail(choice.status(), false);
-  absl::StatusOr<int> replicas = tessera::spec::ParseCpuReplicas(flags.devices);
-  if (!replicas.ok()) return Fail(replicas.status(), false);
-  if (*replicas > 1) {
+  absl::StatusOr<tessera::spec::DeviceList> devices =
+      tessera::spec::ParseDevices(flags.devices, tessera::kernels::CudaDeviceCount());
+  if (!devices.ok()) return Fail(devices.status(), false);
+  if (devices->cpu > 1) {
     if (*choice == tessera::kernels::DeviceChoice::kCuda) {
       return Fail(
           absl::InvalidArgumentError(absl::StrCat(
@@ -272,12 +277,21 @@ int RunWorkerDaemon(const WorkerFlags& flags, const tessera::LayeredConfig& conf
     }
     *choice = tessera::kernels::DeviceChoice::kCpu;
   }
+  if (!devices->cuda.empty()) {
+    if (*choice == tessera::kernels::DeviceChoice::kCpu) {
+      return Fail(absl::InvalidArgumentError(absl::StrCat(
+                      "devices: ", flags.devices, " names GPUs, but --device is ", flags.device)),
+                  false);
+    }
+    *choice = tessera::kernels::DeviceChoice::kCuda;
+    backend_options.cuda_device = devices->cuda[0];
+  }
   backend_options.device = *choice;
   backend_options.num_threads = flags.threads;
   absl::StatusOr<std::unique_ptr<tessera::kernels::Backend>> backend =
       tessera::kernels::CreateBackend(backend_options);
   if (!backend.ok()) return Fail(backend.status(), false);
-  WorkerDaemonRun daemon(flags, security, *std::move(backend), *replicas);
+  WorkerDaemonRun daemon(flags, security, *std::move(backend), *std::move(devices));
 
   tessera::DaemonRunOptions run;
   run.program = "tessera-worker";
@@ -358,7 +372,8 @@ int main(int argc, char** argv) {
                  "replicas that split every batch and sum their gradients here before the one "
                  "push, or, for a model with a pipeline of N stages (model.pipeline), one stage "
                  "per device, micro-batches flowing through them at once (dense models; sparse "
-                 "tables train on replicas). "
+                 "tables train on replicas). cuda:0,cuda:1 does the same on those GPUs, NCCL "
+                 "summing the gradients; cuda: every visible GPU. "
                  "Empty: the one device --device names (a pipelined model trains unsplit)");
   app.add_option("--target_accuracy", flags.target_accuracy,
                  "Standalone: stop after the first evaluation with at least this test accuracy")

@@ -557,6 +557,7 @@ void WorkerDaemon::RunTask(v1::Task task) {
   o.task = task;
   o.device = options_.device;
   o.cpu_devices = options_.cpu_devices;
+  o.cuda_devices = options_.cuda_devices;
   o.num_threads = options_.num_threads;
   o.progress_interval = options_.progress_interval;
   o.max_attempts = options_.data_plane_attempts;
@@ -589,7 +590,7 @@ void WorkerDaemon::RunTask(v1::Task task) {
   } else {
     trainer = *std::move(created);
     steps_per_epoch = trainer->steps_per_epoch();
-    if (trainer->cpu_devices() > 1) {
+    if (trainer->local_devices() > 1) {
       spdlog::info("job {}: rank {} {}", task.job_id(), task.rank(),
                    trainer->devices_description());
     }

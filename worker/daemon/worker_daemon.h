@@ -54,11 +54,14 @@ class WorkerDaemon {
     std::string coordinator;  // host:port
     // Overrides each task's spec.device when not empty: "auto", "cpu" or "cuda".
     std::string device;
-    // What the worker registers as its device ("cpu", "cuda:0", "cpu:2" with 2 CPU devices).
+    // What the worker registers as its device ("cpu", "cuda:0", "cpu:2" with 2 CPU devices,
+    // "cuda:0,cuda:1" with two GPUs).
     std::string device_name;
     // --devices cpu:N: N CPU devices per task (DistributedOptions.cpu_devices): model replicas,
     // or the stages of a pipelined model.
     int cpu_devices = 1;
+    // --devices cuda:0,cuda:1: the GPUs per task (DistributedOptions.cuda_devices).
+    std::vector<int> cuda_devices;
     std::string hostname;
     // CPU threads for the backend; 0 keeps the OpenMP default.
     int num_threads = 0;

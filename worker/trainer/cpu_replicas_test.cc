@@ -16,6 +16,7 @@
 #include "gmock/gmock.h"
 #include "google/protobuf/text_format.h"
 #include "gtest/gtest.h"
+#include "kernels/device.h"
 #include "spec/testing/example_jobs.h"
 #include "worker/client/parameter_client.h"
 #include "worker/trainer/distributed_trainer.h"
@@ -57,13 +58,16 @@ class CpuReplicasTest : public ShardsTest {
     std::vector<std::map<std::string, std::vector<float>>> values;  // per rank, every dense tensor
   };
 
-  // Both ranks with `replicas` CPU replicas each, to the end; then every tensor they hold.
-  Run Train(const std::string& job, const v1::JobSpec& spec, int replicas) {
+  // Both ranks with `replicas` CPU replicas each (or the GPUs `gpus`), to the end; then every
+  // tensor they hold.
+  Run Train(const std::string& job, const v1::JobSpec& spec, int replicas,
+            const std::vector<int>& gpus = {}) {
     FakeCoordinator coordinator(2);
     std::vector<std::unique_ptr<DistributedTrainer>> ranks;
     for (int r = 0; r < 2; ++r) {
       DistributedOptions o = RankOptions(job, spec, r, shards_->addresses());
       o.cpu_devices = replicas;
+      o.cuda_devices = gpus;
       if (r == 0) {
         o.report = [&coordinator](const v1::ProgressReport& p) { return coordinator.Report(p); };
       }
@@ -157,6 +161,30 @@ TEST_F(CpuReplicasTest, APipelinedModelTrainsOnTwoStagesToTheWeightsItReachesUns
   EXPECT_THAT(refused.status().message(), HasSubstr("use --devices cpu:2"));
 }
 
+// Each rank on up to two GPUs (one GPU trains alone; two sum with NCCL): the weights of one CPU
+// device, to the tolerance of cuBLAS/cuDNN against oneDNN over 12 steps.
+TEST_F(CpuReplicasTest, RanksOnGpusTrainToTheWeightsOfOneCpuDevice) {
+  const int count = kernels::CudaDeviceCount();
+  if (count < 1) GTEST_SKIP() << "no CUDA device: " << kernels::CudaUnavailableReason();
+  std::vector<int> gpus = {0};
+  if (count > 1) gpus.push_back(1);
+  const v1::JobSpec spec = Spec();
+  const Run one = Train("gpus-reference", spec, 1);
+  const Run split = Train("gpus", spec, 1, gpus);
+  ASSERT_EQ(split.values.size(), 2u);
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_TRUE(split.results[r].ok()) << split.results[r].status();
+    EXPECT_EQ(split.results[r]->step(), 12);
+    for (const auto& [name, w] : one.values[0]) {
+      const std::vector<float>& got = split.values[r].at(name);
+      ASSERT_EQ(got.size(), w.size()) << name;
+      for (size_t i = 0; i < w.size(); ++i) {
+        EXPECT_NEAR(got[i], w[i], 1e-3f + 1e-3f * std::abs(w[i])) << name << "[" << i << "]";
+      }
+    }
+  }
+}
+
 TEST_F(CpuReplicasTest, RefusesABadCountAndReplicasOnCuda) {
   v1::JobSpec spec = Spec();
   DistributedOptions o = RankOptions("refused", spec, 0, shards_->addresses());
@@ -169,6 +197,17 @@ TEST_F(CpuReplicasTest, RefusesABadCountAndReplicasOnCuda) {
   auto cuda = DistributedTrainer::Create(o);
   EXPECT_EQ(cuda.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(cuda.status().message(), HasSubstr("trains on the CPU"));
+  // GPUs and cpu:N at once, or GPUs with a spec that asks for the CPU.
+  o.device = "";
+  o.cuda_devices = {0};
+  auto both = DistributedTrainer::Create(o);
+  EXPECT_EQ(both.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(both.status().message(), HasSubstr("name one or the other"));
+  o.cpu_devices = 1;
+  o.device = "cpu";
+  auto cpu = DistributedTrainer::Create(o);
+  EXPECT_EQ(cpu.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(cpu.status().message(), HasSubstr("GPUs were named"));
 }
 
 }  // namespace

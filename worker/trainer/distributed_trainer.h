@@ -40,7 +40,8 @@
 // With cpu_devices N > 1 (--devices cpu:N) the batch is trained on N CPU devices at once
 // (internal/local_devices.h: N replicas whose gradients are reduced on the host, or the N stages
 // of a pipelined model) before the one push per step; the trainer's own model then evaluates and
-// holds the exported weights.
+// holds the exported weights. cuda_devices does the same on several GPUs (NCCL sums the
+// replicas' gradients), the trainer's own model on the first of them.
 //
 // Sparse tables (an EmbeddingBag's) are declared on the shards with their row initializer and
 // travel by row (internal/row_exchange.h): each step fetches the rows its batch touches, gated
@@ -111,6 +112,10 @@ struct DistributedOptions {
   // num_threads is then per device (0: 1). 1: the single device `device` names (a pipelined
   // model then trains unsplit).
   int cpu_devices = 1;
+  // --devices cuda:0,cuda:1: the GPUs that train each batch together, as the CPU devices do
+  // (replicas whose gradients NCCL sums, or pipeline stages); one trains alone, as `device`
+  // cuda on that GPU. Empty: cpu_devices. Not both.
+  std::vector<int> cuda_devices;
   // The folders the task's dataset files must lie in (tessera-worker --dataset_root); empty:
   // anywhere. A spec naming a file elsewhere fails the task before anything is read.
   std::vector<std::string> dataset_roots;
@@ -200,8 +205,8 @@ class DistributedTrainer {
   // Where this rank's data stands at `step` (see DataPositionAt).
   v1::DataPosition DataPosition(int64_t step) const;
   int64_t total_steps() const { return total_steps_; }
-  // The CPU devices that train each batch (1: the one device, no local reduce).
-  int cpu_devices() const { return devices_ != nullptr ? devices_->size() : 1; }
+  // The local devices (CPU or GPUs) that train each batch (1: the one device, no local reduce).
+  int local_devices() const { return devices_ != nullptr ? devices_->size() : 1; }
   // What they do, for the log ("splits each batch over 2 CPU replicas"); empty with one device.
   std::string devices_description() const {
     return devices_ != nullptr ? devices_->Describe() : std::string();

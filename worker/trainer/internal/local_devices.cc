@@ -1,7 +1,10 @@
 #include "worker/trainer/internal/local_devices.h"
 
 #include <algorithm>
+#include <string>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/status_macros.h"
 #include "worker/trainer/internal/local_replicas.h"
 #include "worker/trainer/internal/pipeline_stages.h"
@@ -11,6 +14,11 @@ namespace tessera::trainer::internal {
 absl::StatusOr<std::unique_ptr<LocalDevices>> LocalDevices::Create(const v1::ModelSpec& spec,
                                                                    uint64_t seed,
                                                                    const Options& options) {
+  if (!options.cuda_devices.empty() &&
+      options.cuda_devices.size() != static_cast<size_t>(options.devices)) {
+    return absl::InternalError(absl::StrCat("LocalDevices: ", options.devices, " devices but ",
+                                            options.cuda_devices.size(), " GPUs named"));
+  }
   if (spec.has_pipeline()) {
     TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<PipelineStages> p,
                              PipelineStages::Create(spec, seed, options));
@@ -55,12 +63,31 @@ engine::BatchView SliceBatch(const engine::BatchView& batch, int64_t begin, int6
   return part;
 }
 
-absl::StatusOr<std::unique_ptr<kernels::Backend>> CpuBackend(const LocalDevices::Options& options) {
+absl::StatusOr<std::unique_ptr<kernels::Backend>> DeviceBackend(
+    const LocalDevices::Options& options, int i) {
   kernels::BackendOptions b;
+  if (!options.cuda_devices.empty()) {
+    if (i < 0 || static_cast<size_t>(i) >= options.cuda_devices.size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("devices: device ", i, " of ", options.cuda_devices.size(), " GPUs"));
+    }
+    b.device = kernels::DeviceChoice::kCuda;
+    b.cuda_device = options.cuda_devices[static_cast<size_t>(i)];
+    return kernels::CreateBackend(b);
+  }
   b.device = kernels::DeviceChoice::kCpu;
   b.num_threads = options.threads;
   b.memory_limit_bytes = options.memory_limit_bytes;
   return kernels::CreateBackend(b);
+}
+
+std::string DescribeDevices(const LocalDevices::Options& options, absl::string_view noun) {
+  if (options.cuda_devices.empty()) return absl::StrCat(options.devices, " CPU ", noun);
+  return absl::StrCat(
+      options.cuda_devices.size(), " GPU ", noun, " (",
+      absl::StrJoin(options.cuda_devices, ",",
+                    [](std::string* out, int d) { absl::StrAppend(out, "cuda:", d); }),
+      ")");
 }
 
 }  // namespace tessera::trainer::internal

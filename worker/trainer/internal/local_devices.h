@@ -16,6 +16,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "kernels/backend.h"
 #include "tessera/v1/model.pb.h"
@@ -27,8 +28,11 @@ class LocalDevices {
  public:
   struct Options {
     int devices = 2;                 // >= 1
-    int threads = 1;                 // OpenMP threads per device, >= 1
-    int64_t memory_limit_bytes = 0;  // per device's backend (0: the host's memory)
+    int threads = 1;                 // OpenMP threads per CPU device, >= 1
+    int64_t memory_limit_bytes = 0;  // per CPU device's backend (0: the host's memory)
+    // GPUs (--devices cuda:0,cuda:1): device i is CUDA device cuda_devices[i], and `devices`
+    // must equal their number. Empty: CPU devices.
+    std::vector<int> cuda_devices;
   };
 
   // The policy in one place: a model with a pipeline (spec.pipeline) of S stages runs as a
@@ -79,9 +83,13 @@ std::vector<int64_t> SplitExamples(int64_t size, int parts);
 engine::BatchView SliceBatch(const engine::BatchView& batch, int64_t begin, int64_t end,
                              std::vector<engine::SparseFieldView>* fields);
 
-// A oneDNN backend for one local device with options.threads OpenMP threads. Call it on the
-// thread that will drive it (DeviceThreads' init).
-absl::StatusOr<std::unique_ptr<kernels::Backend>> CpuBackend(const LocalDevices::Options& options);
+// The backend of local device `i`: a oneDNN backend with options.threads OpenMP threads, or, with
+// options.cuda_devices, a CUDA backend on cuda_devices[i]. Call it on the thread that will drive
+// it (DeviceThreads' init).
+absl::StatusOr<std::unique_ptr<kernels::Backend>> DeviceBackend(
+    const LocalDevices::Options& options, int i);
+// For Describe(): "2 CPU <noun>", or "2 GPU <noun> (cuda:0,cuda:1)".
+std::string DescribeDevices(const LocalDevices::Options& options, absl::string_view noun);
 
 }  // namespace tessera::trainer::internal
 

@@ -8,6 +8,7 @@
 #include "absl/time/time.h"
 #include "common/status_macros.h"
 #include "kernels/backend.h"
+#include "kernels/device_reduce.h"
 #include "spec/device_spec.h"
 #include "spec/model_spec.h"
 
@@ -22,6 +23,11 @@ absl::StatusOr<std::unique_ptr<LocalReplicas>> LocalReplicas::Create(const v1::M
         absl::StrCat("threads: each CPU replica needs >= 1 thread, got ", options.threads));
   }
   std::unique_ptr<LocalReplicas> r(new LocalReplicas());
+  r->devices_name_ = DescribeDevices(options, "replicas");
+  // Several GPUs sum the gradients with NCCL, on the devices; one has nothing to sum.
+  if (options.cuda_devices.size() > 1) {
+    TESSERA_ASSIGN_OR_RETURN(r->nccl_, kernels::CreateNcclReduce(options.cuda_devices));
+  }
   for (int i = 0; i < options.devices; ++i) r->replicas_.push_back(std::make_unique<Replica>());
   if (options.devices > 1 && spec::HasSyncBatchNorm(spec)) {
     r->sync_ = std::make_unique<HostAllReduce>();
@@ -29,10 +35,11 @@ absl::StatusOr<std::unique_ptr<LocalReplicas>> LocalReplicas::Create(const v1::M
   LocalReplicas* raw = r.get();
   TESSERA_ASSIGN_OR_RETURN(
       r->threads_,
-      DeviceThreads::Start(options.devices, "cpu replica",
+      DeviceThreads::Start(options.devices,
+                           options.cuda_devices.empty() ? "cpu replica" : "gpu replica",
                            [raw, &spec, seed, &options](int i) -> absl::Status {
                              Replica& self = *raw->replicas_[i];
-                             TESSERA_ASSIGN_OR_RETURN(self.backend, CpuBackend(options));
+                             TESSERA_ASSIGN_OR_RETURN(self.backend, DeviceBackend(options, i));
                              TESSERA_ASSIGN_OR_RETURN(
                                  self.model, engine::Model::Create(spec, self.backend.get(), seed));
                              self.model->set_cross_device_sum(raw->sync_.get());
@@ -44,7 +51,8 @@ absl::StatusOr<std::unique_ptr<LocalReplicas>> LocalReplicas::Create(const v1::M
 LocalReplicas::~LocalReplicas() = default;
 
 std::string LocalReplicas::Describe() const {
-  return absl::StrCat("splits each batch over ", size(), " CPU replicas");
+  return absl::StrCat("splits each batch over ", devices_name_,
+                      nccl_ != nullptr ? ", gradients summed with NCCL" : "");
 }
 
 absl::StatusOr<engine::StepResult> LocalReplicas::TrainStep(const engine::BatchView& batch,
@@ -68,6 +76,10 @@ absl::StatusOr<engine::StepResult> LocalReplicas::TrainStep(const engine::BatchV
     share[j] = static_cast<float>(begin[j + 1] - begin[j]) / static_cast<float>(batch.size);
   }
   if (sync_ != nullptr) sync_->Begin(active);
+  // With NCCL (every replica active: NCCL needs each rank) the gradients are summed on the GPUs
+  // into replica 0's, which alone copies them to the host; state and rows go through the host.
+  const bool on_devices = nccl_ != nullptr && active == n;
+  const auto on_host = [&](size_t k) { return state[k] || !on_devices; };
   std::vector<absl::StatusOr<engine::StepResult>> results(n, engine::StepResult{});
   const std::function<absl::Status(int)> train = [&](int i) -> absl::Status {
     if (i >= active) return absl::OkStatus();
@@ -81,6 +93,7 @@ absl::StatusOr<engine::StepResult> LocalReplicas::TrainStep(const engine::BatchV
     std::vector<std::vector<float>>& host = self.host;
     host.resize(names.size());
     for (size_t k = 0; k < names.size(); ++k) {
+      if (!on_host(k)) continue;
       host[k].resize((*out)[k].size());
       TESSERA_RETURN_IF_ERROR(state[k] ? model.CopyValueToHost(names[k], &host[k])
                                        : model.CopyGradToHost(names[k], &host[k]));
@@ -96,10 +109,28 @@ absl::StatusOr<engine::StepResult> LocalReplicas::TrainStep(const engine::BatchV
     return absl::OkStatus();
   };
   TESSERA_RETURN_IF_ERROR(threads_->RunOnAll(train));
+  const absl::Time reduce_start = absl::Now();
+  if (on_devices) {
+    TESSERA_RETURN_IF_ERROR(threads_->RunOnAll([&](int i) -> absl::Status {
+      Replica& self = *replicas_[i];
+      std::vector<kernels::Tensor> grads;
+      for (size_t k = 0; k < names.size(); ++k) {
+        if (on_host(k)) continue;
+        const engine::Parameter* p = self.model->FindParameter(names[k]);
+        if (p == nullptr) return absl::NotFoundError(absl::StrCat("no tensor ", names[k]));
+        grads.push_back(p->grad);
+      }
+      TESSERA_RETURN_IF_ERROR(nccl_->SumToFirst(i, self.backend.get(), grads));
+      if (i != 0) return absl::OkStatus();
+      for (size_t k = 0; k < names.size(); ++k) {
+        if (!on_host(k)) TESSERA_RETURN_IF_ERROR(self.model->CopyGradToHost(names[k], &(*out)[k]));
+      }
+      return absl::OkStatus();
+    }));
+  }
 
   // Gradients summed (each is already weighted); state averaged evenly.
   const float even = 1.0f / static_cast<float>(active);
-  const absl::Time reduce_start = absl::Now();
   // Replica i sums its range [len i / n, len (i + 1) / n) of each tensor, weighted by w.
   const auto sum_range = [&](int i, std::vector<float>& dst, float w, auto source) {
     const int64_t len = static_cast<int64_t>(dst.size());
@@ -119,6 +150,7 @@ absl::StatusOr<engine::StepResult> LocalReplicas::TrainStep(const engine::BatchV
   for (size_t t = 0; t < tables; ++t) row_grads_[t].resize(replicas_[0]->row_grads[t].size());
   const std::function<absl::Status(int)> reduce = [&](int i) -> absl::Status {
     for (size_t k = 0; k < names.size(); ++k) {
+      if (!on_host(k)) continue;
       sum_range(i, (*out)[k], state[k] ? even : 1.0f,
                 [k](const Replica& r) -> const std::vector<float>& { return r.host[k]; });
     }

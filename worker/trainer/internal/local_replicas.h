@@ -1,5 +1,6 @@
-// Data parallelism inside one worker (DESIGN.md §5): N model replicas on the host's CPU, each on
-// its own oneDNN backend driven by its own thread with its own OpenMP threads (`--devices cpu:N`).
+// Data parallelism inside one worker (DESIGN.md §5): N model replicas, each on its own backend
+// driven by its own thread: on the host's CPU, a oneDNN backend with its own OpenMP threads
+// (`--devices cpu:N`), or on GPUs, a CUDA backend per device (`--devices cuda:0,cuda:1`).
 //
 // A step splits the batch into N contiguous parts (the first B mod N parts one example larger),
 // trains each part on its replica at once, with the part's loss gradient scaled by its share of
@@ -8,8 +9,11 @@
 // B/N examples each push what one device with B would (to float rounding). Non-trainable state
 // (BatchNorm moving statistics) becomes the replicas' mean. BatchNorm uses each replica's batch
 // statistics, or, with batch_norm.sync (SyncBN), the whole batch's: the replicas sum them through
-// a HostAllReduce in the forward and backward passes, and then train exactly as one device. The
-// reduce itself runs on the replicas' threads, each summing its own range of every tensor.
+// a HostAllReduce in the forward and backward passes, and then train exactly as one device. On
+// the CPU the reduce runs on the replicas' threads, each summing its own range of every tensor;
+// on several GPUs NCCL sums the gradients into replica 0's on the devices (kernels::DeviceReduce,
+// one NCCL stream per device), and replica 0 alone copies them to the host (a step whose batch
+// leaves a replica idle sums on the host, since NCCL needs every rank).
 //
 // Every replica is built from the same spec and seed, so they start equal; Install() keeps them
 // equal with the weights pulled back from the shards. Sparse tables hold one batch's rows
@@ -30,6 +34,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "kernels/backend.h"
+#include "kernels/device_reduce.h"
 #include "tessera/v1/model.pb.h"
 #include "worker/engine/model.h"
 #include "worker/trainer/internal/device_threads.h"
@@ -87,6 +92,8 @@ class LocalReplicas final : public LocalDevices {
 
   // SyncBN (a batch_norm with sync): the replicas' models sum their statistics with it.
   std::unique_ptr<HostAllReduce> sync_;
+  std::unique_ptr<kernels::DeviceReduce> nccl_;  // several GPUs: the gradients' sum
+  std::string devices_name_;                     // "2 CPU replicas", "2 GPU replicas (...)"
   std::vector<std::unique_ptr<Replica>> replicas_;
   std::vector<std::vector<float>> row_grads_;  // per sparse table: the last step's reduced
   std::unique_ptr<DeviceThreads> threads_;     // after replicas_: stops before they go

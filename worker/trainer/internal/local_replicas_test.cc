@@ -14,10 +14,12 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/text_format.h"
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
+#include "kernels/device.h"
 #include "worker/trainer/testing/one_device.h"
 
 namespace tessera::trainer::internal {
@@ -49,10 +51,13 @@ constexpr char kSyncBatchNormCnn[] = R"pb(
   loss: LOSS_SOFTMAX_CROSS_ENTROPY
 )pb";
 
-std::unique_ptr<LocalReplicas> Replicas(const v1::ModelSpec& spec, int n) {
+// n CPU replicas, or one on each of `gpus` (n is then their number).
+std::unique_ptr<LocalReplicas> Replicas(const v1::ModelSpec& spec, int n,
+                                        const std::vector<int>& gpus = {}) {
   LocalReplicas::Options o;
   o.devices = n;
   o.threads = 1;
+  o.cuda_devices = gpus;
   auto r = LocalReplicas::Create(spec, 11, o);
   EXPECT_TRUE(r.ok()) << r.status();
   return r.ok() ? std::move(*r) : nullptr;
@@ -329,7 +334,9 @@ constexpr char kMultiTableModel[] = R"pb(
   loss: LOSS_SIGMOID_CROSS_ENTROPY
 )pb";
 
-TEST(LocalReplicasTest, SparseTablesGiveTheRowGradientsOfOneDeviceWithTheWholeBatch) {
+// The replicas (n on the CPU, or one per GPU of `gpus`) against one CPU device with the whole
+// batch: the dense and the row gradients, to `tolerance` (relative, plus a tenth of it absolute).
+void ExpectSparseStepsMatch(const std::vector<int>& gpus, float tolerance) {
   struct Case {
     const char* spec;
     std::vector<int64_t> table_rows;  // rows installed per table
@@ -341,9 +348,14 @@ TEST(LocalReplicasTest, SparseTablesGiveTheRowGradientsOfOneDeviceWithTheWholeBa
       // Views: a's two fields, b's, then the wide table's over the three fields.
       {kMultiTableModel, {7, 5, 11}, {7, 7, 5, 11, 11, 11}, 2},
   };
+  std::vector<std::pair<int, int64_t>> splits = {{1, 12}, {2, 12}, {4, 10}, {4, 3}};
+  if (!gpus.empty()) {
+    const int n = static_cast<int>(gpus.size());
+    splits = {{n, 12}, {n, n > 1 ? int64_t{n - 1} : 1}};  // also a batch that idles one GPU
+  }
   for (const Case& c : cases) {
     const v1::ModelSpec spec = Parse(c.spec);
-    for (const auto& [n, size] : {std::pair{1, 12}, {2, 12}, {4, 10}, {4, 3}}) {
+    for (const auto& [n, size] : splits) {
       SCOPED_TRACE(testing::Message() << (c.dense == 0 ? "bag" : "multi-table") << ", cpu:" << n
                                       << ", batch " << size);
       SparseBatch batch = RandomSparseBatch(size, c.dense, c.view_rows, 31 * size + n);
@@ -361,7 +373,7 @@ TEST(LocalReplicasTest, SparseTablesGiveTheRowGradientsOfOneDeviceWithTheWholeBa
       absl::StatusOr<engine::StepResult> expected = one.model->TrainStep(batch.View());
       ASSERT_TRUE(expected.ok()) << expected.status();
 
-      std::unique_ptr<LocalReplicas> replicas = Replicas(spec, n);
+      std::unique_ptr<LocalReplicas> replicas = Replicas(spec, n, gpus);
       ASSERT_NE(replicas, nullptr);
       for (size_t t = 0; t < tables.size(); ++t) {
         ASSERT_TRUE(replicas->SetRows(static_cast<int>(t), c.table_rows[t], rows[t]).ok());
@@ -379,7 +391,7 @@ TEST(LocalReplicasTest, SparseTablesGiveTheRowGradientsOfOneDeviceWithTheWholeBa
           replicas->TrainStep(batch.View(), 0, names, std::vector<bool>(names.size(), false), &got);
       ASSERT_TRUE(r.ok()) << r.status();
       EXPECT_EQ(r->examples, size);
-      EXPECT_NEAR(r->loss, expected->loss, 1e-5);
+      EXPECT_NEAR(r->loss, expected->loss, 10 * tolerance);
       for (size_t t = 0; t < tables.size(); ++t) {
         names.push_back(tables[t].name);
         want.emplace_back();
@@ -392,13 +404,66 @@ TEST(LocalReplicasTest, SparseTablesGiveTheRowGradientsOfOneDeviceWithTheWholeBa
         double norm = 0;
         for (size_t e = 0; e < want[k].size(); ++e) {
           norm += std::abs(want[k][e]);
-          EXPECT_NEAR(got[k][e], want[k][e], 1e-5f + 1e-4f * std::abs(want[k][e]))
+          EXPECT_NEAR(got[k][e], want[k][e], tolerance / 10 + tolerance * std::abs(want[k][e]))
               << names[k] << "[" << e << "]";
         }
         EXPECT_GT(norm, 1e-4) << names[k] << ": a zero gradient would compare equal to anything";
       }
     }
   }
+}
+
+TEST(LocalReplicasTest, SparseTablesGiveTheRowGradientsOfOneDeviceWithTheWholeBatch) {
+  ExpectSparseStepsMatch({}, 1e-4f);
+}
+
+// On GPUs (up to 4; NCCL sums the gradients where there are several): the dense CNN and the
+// sparse models give the CPU device's gradients, to the looser tolerance of cuDNN against oneDNN.
+TEST(LocalReplicasTest, GpuReplicasGiveTheGradientOfOneCpuDeviceWithTheWholeBatch) {
+  const int count = kernels::CudaDeviceCount();
+  if (count < 1) GTEST_SKIP() << "no CUDA device: " << kernels::CudaUnavailableReason();
+  std::vector<int> gpus;
+  for (int d = 0; d < std::min(count, 4); ++d) gpus.push_back(d);
+  const int n = static_cast<int>(gpus.size());
+  const v1::ModelSpec spec = Parse(kSmallCnn);
+  const Batch batch = RandomBatch(12, 36, 3, 21);
+  Reference one = OneDevice(spec);
+  ASSERT_TRUE(one.model->TrainStep(batch.View()).ok());
+  std::unique_ptr<LocalReplicas> replicas = Replicas(spec, n, gpus);
+  ASSERT_NE(replicas, nullptr);
+  EXPECT_THAT(replicas->Describe(), HasSubstr("GPU replicas (cuda:0"));
+  const std::vector<std::string> names = TrainableNames(*one.model);
+  std::vector<std::vector<float>> want(names.size()), got(names.size());
+  for (size_t k = 0; k < names.size(); ++k) {
+    ASSERT_TRUE(one.model->CopyGradToHost(names[k], &want[k]).ok());
+    got[k].assign(want[k].size(), NAN);
+  }
+  // Twice: NCCL sums into replica 0's gradients, which the second step must overwrite.
+  for (int step = 0; step < 2; ++step) {
+    ASSERT_TRUE(
+        replicas->TrainStep(batch.View(), 0, names, std::vector<bool>(names.size(), false), &got)
+            .ok());
+    for (size_t k = 0; k < names.size(); ++k) {
+      for (size_t e = 0; e < want[k].size(); ++e) {
+        EXPECT_NEAR(got[k][e], want[k][e], 1e-4f + 1e-3f * std::abs(want[k][e]))
+            << names[k] << "[" << e << "] step " << step;
+      }
+    }
+  }
+  ExpectSparseStepsMatch(gpus, 1e-3f);
+}
+
+TEST(LocalReplicasTest, AGpuThatIsNotThereIsRefusedNamingIt) {
+  const int count = kernels::CudaDeviceCount();
+  LocalReplicas::Options o;
+  o.devices = 2;
+  o.cuda_devices = {0, count};
+  const absl::Status refused = LocalReplicas::Create(Parse(kSmallCnn), 1, o).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+  // A build without NCCL refuses any GPU list, saying so.
+  EXPECT_THAT(refused.message(),
+              ::testing::AnyOf(HasSubstr(absl::StrCat("cuda:", count, " is not usable")),
+                               HasSubstr("built without NCCL")));
 }
 
 TEST(LocalReplicasTest, RefusesBadCounts) {

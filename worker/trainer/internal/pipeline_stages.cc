@@ -27,6 +27,7 @@ absl::StatusOr<std::unique_ptr<PipelineStages>> PipelineStages::Create(const v1:
   }
   std::unique_ptr<PipelineStages> p(new PipelineStages());
   p->plan_ = std::move(plan);
+  p->devices_name_ = DescribeDevices(options, "devices");
   for (int s = 0; s < stages; ++s) {
     p->stages_.push_back(std::make_unique<Stage>());
     p->stages_[s]->plan = p->plan_.stages[s];
@@ -39,7 +40,7 @@ absl::StatusOr<std::unique_ptr<PipelineStages>> PipelineStages::Create(const v1:
       p->threads_,
       DeviceThreads::Start(stages, "pipeline stage", [raw, seed, &options](int s) -> absl::Status {
         Stage& self = *raw->stages_[s];
-        TESSERA_ASSIGN_OR_RETURN(self.backend, CpuBackend(options));
+        TESSERA_ASSIGN_OR_RETURN(self.backend, DeviceBackend(options, s));
         // The seed initialises each parameter by its name: the stages start as the whole model.
         TESSERA_ASSIGN_OR_RETURN(self.model,
                                  engine::Model::Create(self.plan.spec, self.backend.get(), seed));
@@ -51,8 +52,8 @@ absl::StatusOr<std::unique_ptr<PipelineStages>> PipelineStages::Create(const v1:
 PipelineStages::~PipelineStages() = default;
 
 std::string PipelineStages::Describe() const {
-  return absl::StrCat("runs the model as a pipeline of ", size(), " stages on ", size(),
-                      " CPU devices, ", plan_.micro_batches, " micro-batches a batch");
+  return absl::StrCat("runs the model as a pipeline of ", size(), " stages on ", devices_name_,
+                      ", ", plan_.micro_batches, " micro-batches a batch");
 }
 
 absl::Status PipelineStages::MapOwners(absl::Span<const std::string> names) {

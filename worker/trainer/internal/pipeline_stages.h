@@ -1,6 +1,8 @@
 // Model parallelism inside one worker (DESIGN.md §5, ModelSpec.pipeline): a model cut into S
-// stages (spec::PlanPipeline), stage s on local device s, each device a oneDNN backend driven by
-// its own thread with its own OpenMP threads (`--devices cpu:S`).
+// stages (spec::PlanPipeline), stage s on local device s, each device driven by its own thread: a
+// oneDNN backend with its own OpenMP threads (`--devices cpu:S`) or a CUDA backend on one GPU
+// (`--devices cuda:0,cuda:1`). Activations and their gradients cross between stages through host
+// buffers on either kind (docs/decisions.md says why not peer copies between GPUs yet).
 //
 // A step splits the batch into M micro-batches (the first B mod M one example larger; at most
 // one per example) and runs the GPipe schedule: stage 0 runs the forward pass of every
@@ -98,6 +100,7 @@ class PipelineStages final : public LocalDevices {
   absl::Status MapOwners(absl::Span<const std::string> names);
 
   spec::PipelinePlan plan_;
+  std::string devices_name_;  // "2 CPU devices", "2 GPU devices (cuda:0,cuda:1)"
   std::vector<std::unique_ptr<Stage>> stages_;
   std::vector<std::string> owner_names_;
   std::vector<int> owner_;  // per name: its stage
