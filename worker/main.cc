@@ -194,6 +194,9 @@ class WorkerDaemonRun final : public tessera::Daemon {
     options.device_name = backend_->Name();
     options.cpu_devices = devices_.cpu;
     options.cuda_devices = devices_.cuda;
+    // Named GPUs train every task, as --device cuda would: a spec's device "cpu" does not
+    // override them.
+    if (!devices_.cuda.empty() && options.device.empty()) options.device = "cuda";
     if (devices_.count() > 1) options.device_name = devices_.Name();
     options.hostname = flags_.hostname;
     options.num_threads = flags_.threads;

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "common/status_macros.h"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/device.h"
@@ -26,10 +27,32 @@ absl::Status NcclStatus(ncclResult_t r, const char* call) {
     if (!tessera_nccl_status_.ok()) return tessera_nccl_status_;           \
   } while (0)
 
+// Every NcclReduce's group, one at a time in the process (see device_reduce.h). Never destroyed.
+absl::Mutex* ProcessLock() {
+  static absl::Mutex* const mu = new absl::Mutex();
+  return mu;
+}
+
+// Restores the calling thread's current CUDA device on scope exit.
+class DeviceRestorer {
+ public:
+  DeviceRestorer() { ok_ = cudaGetDevice(&device_) == cudaSuccess; }
+  ~DeviceRestorer() {
+    if (ok_) cudaSetDevice(device_);
+  }
+  DeviceRestorer(const DeviceRestorer&) = delete;
+  DeviceRestorer& operator=(const DeviceRestorer&) = delete;
+
+ private:
+  int device_ = 0;
+  bool ok_ = false;
+};
+
 class NcclReduce final : public DeviceReduce {
  public:
   explicit NcclReduce(std::vector<int> devices) : devices_(std::move(devices)) {}
   ~NcclReduce() override {
+    const DeviceRestorer restore;
     for (size_t r = 0; r < comms_.size(); ++r) {
       if (comms_[r] != nullptr) ncclCommDestroy(comms_[r]);
     }
@@ -43,6 +66,7 @@ class NcclReduce final : public DeviceReduce {
   NcclReduce& operator=(const NcclReduce&) = delete;
 
   absl::Status Init() {
+    const DeviceRestorer restore;
     const int n = static_cast<int>(devices_.size());
     streams_.assign(devices_.size(), nullptr);
     for (int r = 0; r < n; ++r) {
@@ -56,35 +80,49 @@ class NcclReduce final : public DeviceReduce {
 
   int size() const override { return static_cast<int>(devices_.size()); }
 
-  absl::Status SumToFirst(int rank, Backend* backend, absl::Span<const Tensor> tensors) override {
-    if (rank < 0 || rank >= size()) {
+  absl::Status SumToFirst(absl::Span<const std::vector<Tensor>> tensors) override {
+    if (static_cast<int>(tensors.size()) != size()) {
       return absl::InvalidArgumentError(
-          absl::StrCat("SumToFirst: rank must be in [0, ", size(), "), got ", rank));
+          absl::StrCat("SumToFirst: ", tensors.size(), " ranks' tensors for ", size(), " ranks"));
     }
-    for (const Tensor& t : tensors) {
-      if (t.dtype() != DType::kFloat32) {
-        return absl::InvalidArgumentError("SumToFirst: tensors must be float32");
+    for (int r = 0; r < size(); ++r) {
+      if (tensors[r].size() != tensors[0].size()) {
+        return absl::InvalidArgumentError(absl::StrCat("SumToFirst: rank ", r, " has ",
+                                                       tensors[r].size(), " tensors, rank 0 ",
+                                                       tensors[0].size()));
+      }
+      for (size_t k = 0; k < tensors[r].size(); ++k) {
+        const Tensor& t = tensors[r][k];
+        if (t.dtype() != DType::kFloat32 || t.num_elements() != tensors[0][k].num_elements()) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("SumToFirst: rank ", r, "'s tensor ", k, " is not float32 of ",
+                           tensors[0][k].num_elements(), " elements like rank 0's"));
+        }
       }
     }
-    // The gradients are written on the backend's own stream: wait for it before NCCL reads them
-    // on this rank's stream.
-    TESSERA_RETURN_IF_ERROR(backend->Synchronize());
-    TESSERA_CUDA_RETURN_IF_ERROR(cudaSetDevice(devices_[rank]));
+    absl::MutexLock lock(ProcessLock());
+    const DeviceRestorer restore;
     TESSERA_NCCL_RETURN_IF_ERROR(ncclGroupStart());
     absl::Status issued;
-    for (const Tensor& t : tensors) {
-      if (t.num_elements() == 0) continue;
-      issued = NcclStatus(ncclReduce(t.raw(), rank == 0 ? t.raw() : nullptr,
-                                     static_cast<size_t>(t.num_elements()), ncclFloat32, ncclSum,
-                                     /*root=*/0, comms_[rank], streams_[rank]),
-                          "ncclReduce");
-      if (!issued.ok()) break;
+    for (int r = 0; r < size() && issued.ok(); ++r) {
+      issued = cuda::CudaStatus(cudaSetDevice(devices_[r]), "cudaSetDevice");
+      for (size_t k = 0; k < tensors[r].size() && issued.ok(); ++k) {
+        const Tensor& t = tensors[r][k];
+        if (t.num_elements() == 0) continue;
+        issued = NcclStatus(
+            ncclReduce(t.raw(), r == 0 ? t.raw() : nullptr, static_cast<size_t>(t.num_elements()),
+                       ncclFloat32, ncclSum, /*root=*/0, comms_[r], streams_[r]),
+            "ncclReduce");
+      }
     }
-    // The group is closed even after an error, so that the communicator is left usable.
+    // The group is closed even after an error: an open group would hold the next call.
     const absl::Status closed = NcclStatus(ncclGroupEnd(), "ncclGroupEnd");
     TESSERA_RETURN_IF_ERROR(issued);
     TESSERA_RETURN_IF_ERROR(closed);
-    TESSERA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(streams_[rank]));
+    for (int r = 0; r < size(); ++r) {
+      TESSERA_CUDA_RETURN_IF_ERROR(cudaSetDevice(devices_[r]));
+      TESSERA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(streams_[r]));
+    }
     return absl::OkStatus();
   }
 

@@ -1,11 +1,10 @@
 // NCCL over one worker's GPUs (kernels/device_reduce.h): every rank's tensors summed into rank
-// 0's, the others' left as they were, from one thread per device as the replicas call it. The
-// tests that need a device GTEST_SKIP() without one (one device is a communicator too, so one
-// GPU runs them); the refusals run everywhere.
+// 0's, the others' left as they were, and mismatched ranks refused. The tests that need a device
+// GTEST_SKIP() without one; with one GPU the communicator has one rank (the sum is then rank 0's
+// own), so the sum across devices needs two GPUs to be shown. The refusals run everywhere.
 #include <algorithm>
 #include <cstdint>
 #include <memory>
-#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -65,15 +64,14 @@ TEST(NcclReduceTest, SumsEveryRanksTensorsIntoTheFirstRanks) {
     }
   }
   for (int round = 0; round < 2; ++round) {
-    std::vector<absl::Status> status(n);
-    std::vector<std::thread> threads;
-    for (int r = 0; r < n; ++r) {
-      threads.emplace_back(
-          [&, r] { status[r] = (*reduce)->SumToFirst(r, backends[r].get(), tensors[r]); });
-    }
-    for (std::thread& t : threads) t.join();
-    for (int r = 0; r < n; ++r) ASSERT_TRUE(status[r].ok()) << "rank " << r << ": " << status[r];
+    for (int r = 0; r < n; ++r) ASSERT_TRUE(backends[r]->Synchronize().ok());
+    const absl::Status summed = (*reduce)->SumToFirst(tensors);
+    ASSERT_TRUE(summed.ok()) << summed;
   }
+  // A rank with a tensor fewer is refused before anything is issued.
+  std::vector<std::vector<Tensor>> short_rank = tensors;
+  short_rank.back().pop_back();
+  EXPECT_EQ((*reduce)->SumToFirst(short_rank).code(), absl::StatusCode::kInvalidArgument);
   // Two rounds: rank 0 holds its own value plus twice the others' (the second round adds them
   // to the first round's sum); the others hold their own.
   const int64_t others = int64_t{n} * (n + 1) / 2 - 1;

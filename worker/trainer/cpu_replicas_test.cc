@@ -168,9 +168,11 @@ TEST_F(CpuReplicasTest, RanksOnGpusTrainToTheWeightsOfOneCpuDevice) {
   if (count < 1) GTEST_SKIP() << "no CUDA device: " << kernels::CudaUnavailableReason();
   std::vector<int> gpus = {0};
   if (count > 1) gpus.push_back(1);
-  const v1::JobSpec spec = Spec();
+  const v1::JobSpec spec = Spec();  // device "cpu"
+  v1::JobSpec on_gpus = spec;
+  on_gpus.set_device("cuda");
   const Run one = Train("gpus-reference", spec, 1);
-  const Run split = Train("gpus", spec, 1, gpus);
+  const Run split = Train("gpus", on_gpus, 1, gpus);
   ASSERT_EQ(split.values.size(), 2u);
   for (int r = 0; r < 2; ++r) {
     ASSERT_TRUE(split.results[r].ok()) << split.results[r].status();

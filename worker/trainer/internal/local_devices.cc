@@ -53,7 +53,7 @@ engine::BatchView SliceBatch(const engine::BatchView& batch, int64_t begin, int6
     part.sparse_ids = batch.sparse_ids;
     part.sparse_values = batch.sparse_values;
   }
-  if (!batch.fields.empty()) {
+  if (!batch.fields.empty() && fields != nullptr) {  // without storage the engine refuses it
     fields->clear();
     for (const engine::SparseFieldView& f : batch.fields) {
       fields->push_back({f.offsets.subspan(begin, n + 1), f.ids, f.values});

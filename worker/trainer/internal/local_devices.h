@@ -78,8 +78,8 @@ std::vector<int64_t> SplitExamples(int64_t size, int parts);
 // Examples [begin, end) of `batch`: its features, labels and targets (each example's share of
 // them, whatever the width), and its bags: the slice's offsets are a window of the batch's, over
 // the batch's whole id arrays (the engine reads offsets that do not start at 0). A multi-input
-// batch's field views are written to `fields`, which must then not be null and outlives the
-// view. REQUIRES: 0 <= begin <= end <= batch.size.
+// batch's field views are written to `fields`, which outlives the view (null: the slice has no
+// fields, and the engine refuses it). REQUIRES: 0 <= begin <= end <= batch.size.
 engine::BatchView SliceBatch(const engine::BatchView& batch, int64_t begin, int64_t end,
                              std::vector<engine::SparseFieldView>* fields);
 

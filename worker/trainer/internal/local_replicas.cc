@@ -111,27 +111,32 @@ absl::StatusOr<engine::StepResult> LocalReplicas::TrainStep(const engine::BatchV
   TESSERA_RETURN_IF_ERROR(threads_->RunOnAll(train));
   const absl::Time reduce_start = absl::Now();
   if (on_devices) {
+    // Each replica's gradients complete on its device (an asynchronous fault shows here, before
+    // NCCL starts), then one NCCL group for all of them, then replica 0's copy to the host.
+    std::vector<std::vector<kernels::Tensor>> grads(static_cast<size_t>(n));
     TESSERA_RETURN_IF_ERROR(threads_->RunOnAll([&](int i) -> absl::Status {
       Replica& self = *replicas_[i];
-      std::vector<kernels::Tensor> grads;
       for (size_t k = 0; k < names.size(); ++k) {
         if (on_host(k)) continue;
         const engine::Parameter* p = self.model->FindParameter(names[k]);
         if (p == nullptr) return absl::NotFoundError(absl::StrCat("no tensor ", names[k]));
-        grads.push_back(p->grad);
+        grads[i].push_back(p->grad);
       }
-      TESSERA_RETURN_IF_ERROR(nccl_->SumToFirst(i, self.backend.get(), grads));
+      return self.backend->Synchronize();
+    }));
+    TESSERA_RETURN_IF_ERROR(nccl_->SumToFirst(grads));
+    TESSERA_RETURN_IF_ERROR(threads_->RunOnAll([&](int i) -> absl::Status {
       if (i != 0) return absl::OkStatus();
       for (size_t k = 0; k < names.size(); ++k) {
-        if (!on_host(k)) TESSERA_RETURN_IF_ERROR(self.model->CopyGradToHost(names[k], &(*out)[k]));
+        if (on_host(k)) continue;
+        TESSERA_RETURN_IF_ERROR(replicas_[0]->model->CopyGradToHost(names[k], &(*out)[k]));
       }
       return absl::OkStatus();
     }));
   }
-
-  // Gradients summed (each is already weighted); state averaged evenly.
+  // On the host: gradients summed (each is already weighted); state averaged evenly. Replica i
+  // sums its range [len i / n, len (i + 1) / n) of each tensor, weighted by w.
   const float even = 1.0f / static_cast<float>(active);
-  // Replica i sums its range [len i / n, len (i + 1) / n) of each tensor, weighted by w.
   const auto sum_range = [&](int i, std::vector<float>& dst, float w, auto source) {
     const int64_t len = static_cast<int64_t>(dst.size());
     const int64_t lo = len * i / n;
