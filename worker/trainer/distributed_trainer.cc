@@ -182,49 +182,17 @@ absl::Status DistributedTrainer::Init() {
     test_ = *std::move(test);
   }
 
-  kernels::BackendOptions backend_options;
-  TESSERA_ASSIGN_OR_RETURN(backend_options.device,
-                           ParseDeviceChoice(spec.device().empty() ? "auto" : spec.device()));
-  const std::vector<int>& gpus = options_.cuda_devices;
-  if (!gpus.empty() && options_.cpu_devices > 1) {
-    return absl::InvalidArgumentError(absl::StrCat("devices: cpu:", options_.cpu_devices,
-                                                   " and GPUs at once; name one or the other"));
-  }
-  const int local_devices = gpus.empty() ? options_.cpu_devices : static_cast<int>(gpus.size());
-  TESSERA_RETURN_IF_ERROR(spec::CheckDevicesFitModel(local_devices, spec.model()));
-  if (!gpus.empty()) {
-    if (backend_options.device == kernels::DeviceChoice::kCpu) {
-      return absl::InvalidArgumentError(absl::StrCat("devices: GPUs were named, but device is \"",
-                                                     spec.device(), "\" (the CPU)"));
-    }
-    // One GPU trains alone; several train and this model evaluates and holds what is exported,
-    // on the first of them.
-    backend_options.device = kernels::DeviceChoice::kCuda;
-    backend_options.cuda_device = gpus[0];
-  } else if (options_.cpu_devices > 1) {
-    if (backend_options.device == kernels::DeviceChoice::kCuda) {
-      return absl::InvalidArgumentError(absl::StrCat("devices: cpu:", options_.cpu_devices,
-                                                     " trains on the CPU, but device is \"",
-                                                     spec.device(), "\""));
-    }
-    // The devices train; this model evaluates and holds what is exported, on the CPU as well.
-    backend_options.device = kernels::DeviceChoice::kCpu;
-  }
-  backend_options.num_threads = options_.num_threads;
-  backend_options.memory_limit_bytes = options_.memory_limit_bytes;
-  TESSERA_ASSIGN_OR_RETURN(backend_, kernels::CreateBackend(backend_options));
+  TESSERA_ASSIGN_OR_RETURN(
+      internal::DevicePlan plan,
+      internal::PlanDevices(spec.device(), options_.cpu_devices, options_.cuda_devices,
+                            options_.num_threads, options_.memory_limit_bytes, spec.model()));
+  TESSERA_ASSIGN_OR_RETURN(backend_, kernels::CreateBackend(plan.trainer));
   // The spec's seed on every rank: identical starting weights everywhere.
   TESSERA_ASSIGN_OR_RETURN(model_,
                            engine::Model::Create(spec.model(), backend_.get(), spec.seed()));
-  if (local_devices > 1) {
-    internal::LocalDevices::Options d;
-    d.devices = local_devices;
-    if (gpus.size() > 1) d.cuda_devices = gpus;
-    // One thread per device unless --threads says otherwise: the devices are the parallelism.
-    d.threads = options_.num_threads > 0 ? options_.num_threads : 1;
-    d.memory_limit_bytes = options_.memory_limit_bytes;
+  if (plan.devices > 1) {
     TESSERA_ASSIGN_OR_RETURN(devices_,
-                             internal::LocalDevices::Create(spec.model(), spec.seed(), d));
+                             internal::LocalDevices::Create(spec.model(), spec.seed(), plan.local));
   }
   // With several devices each runs its own threads; the evaluation model keeps the default.
   tuner_ = std::make_unique<internal::ThreadTuner>(backend_.get(),

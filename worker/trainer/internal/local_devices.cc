@@ -6,8 +6,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
+#include "spec/device_spec.h"
 #include "worker/trainer/internal/local_replicas.h"
 #include "worker/trainer/internal/pipeline_stages.h"
+#include "worker/trainer/job_spec.h"
 
 namespace tessera::trainer::internal {
 
@@ -27,6 +29,45 @@ absl::StatusOr<std::unique_ptr<LocalDevices>> LocalDevices::Create(const v1::Mod
   TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<LocalReplicas> r,
                            LocalReplicas::Create(spec, seed, options));
   return std::unique_ptr<LocalDevices>(std::move(r));
+}
+
+absl::StatusOr<DevicePlan> PlanDevices(absl::string_view device, int cpu_devices,
+                                       const std::vector<int>& cuda_devices, int threads,
+                                       int64_t memory_limit_bytes, const v1::ModelSpec& model) {
+  DevicePlan plan;
+  kernels::BackendOptions& trainer = plan.trainer;
+  TESSERA_ASSIGN_OR_RETURN(trainer.device, ParseDeviceChoice(device.empty() ? "auto" : device));
+  const std::vector<int>& gpus = cuda_devices;
+  if (!gpus.empty() && cpu_devices > 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("devices: cpu:", cpu_devices, " and GPUs at once; name one or the other"));
+  }
+  plan.devices = gpus.empty() ? cpu_devices : static_cast<int>(gpus.size());
+  TESSERA_RETURN_IF_ERROR(spec::CheckDevicesFitModel(plan.devices, model));
+  if (!gpus.empty()) {
+    if (trainer.device == kernels::DeviceChoice::kCpu) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("devices: GPUs were named, but device is \"", device, "\" (the CPU)"));
+    }
+    trainer.device = kernels::DeviceChoice::kCuda;
+    trainer.cuda_device = gpus[0];
+  } else if (cpu_devices > 1) {
+    if (trainer.device == kernels::DeviceChoice::kCuda) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "devices: cpu:", cpu_devices, " trains on the CPU, but device is \"", device, "\""));
+    }
+    trainer.device = kernels::DeviceChoice::kCpu;
+  }
+  trainer.num_threads = threads;
+  trainer.memory_limit_bytes = memory_limit_bytes;
+  if (plan.devices > 1) {
+    plan.local.devices = plan.devices;
+    if (gpus.size() > 1) plan.local.cuda_devices = gpus;
+    // One thread per device unless --threads says otherwise: the devices are the parallelism.
+    plan.local.threads = threads > 0 ? threads : 1;
+    plan.local.memory_limit_bytes = memory_limit_bytes;
+  }
+  return plan;
 }
 
 std::vector<int64_t> SplitExamples(int64_t size, int parts) {

@@ -70,6 +70,23 @@ class LocalDevices {
   virtual absl::Status CopyRowGrads(int table, std::vector<float>* out) const = 0;
 };
 
+// Where a task trains (the one policy for it): the trainer's own backend, and the local devices
+// that train each batch when there are several.
+struct DevicePlan {
+  kernels::BackendOptions trainer;  // the trainer's model: trains alone, or evaluates and exports
+  int devices = 1;                  // 1: the trainer's model trains
+  LocalDevices::Options local;      // when devices > 1
+};
+// `device`: the spec's device (after any --device override, "" for auto); `cpu_devices` (cpu:N)
+// or `cuda_devices` (at most one of them names several); `threads` per the worker (0: the
+// default; then 1 per device when there are several). GPUs train on CUDA, the trainer's model on
+// the first of them; cpu:N on the CPU, the trainer's model too. INVALID_ARGUMENT starting
+// "devices: " when the devices contradict the device or cannot train `model`
+// (spec::CheckDevicesFitModel), or "device: " for a bad device.
+absl::StatusOr<DevicePlan> PlanDevices(absl::string_view device, int cpu_devices,
+                                       const std::vector<int>& cuda_devices, int threads,
+                                       int64_t memory_limit_bytes, const v1::ModelSpec& model);
+
 // Splits `size` examples into `parts` contiguous parts, the first size mod parts one example
 // larger: part i is [begin[i], begin[i + 1]) of the returned parts + 1 bounds (a part is empty
 // when size < parts). Replicas split batches this way, pipelines their micro-batches.
