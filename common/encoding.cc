@@ -80,6 +80,47 @@ float Fp16ToFloat(uint16_t h) {
   return FromBits(sign | ((exp + 112) << 23) | (mant << 13));
 }
 
+namespace {
+
+// BF16 eight values at a time: -O2 vectorises a loop of fixed length, not one of n (a pull of
+// the MLP's weights is 250k conversions on each side). Same results as the scalar functions.
+void EncodeBf16(const float* in, size_t n, char* p) {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    uint32_t u[8];
+    uint16_t h[8];
+    std::memcpy(u, in + i, sizeof(u));
+    for (size_t j = 0; j < 8; ++j) {
+      const uint32_t nan = (u[j] >> 16) | 0x40u;
+      const uint32_t rounded = (u[j] + 0x7fffu + ((u[j] >> 16) & 1u)) >> 16;
+      h[j] = static_cast<uint16_t>((u[j] & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
+    }
+    std::memcpy(p + 2 * i, h, sizeof(h));
+  }
+  for (; i < n; ++i) {
+    const uint16_t h = FloatToBf16(in[i]);
+    std::memcpy(p + 2 * i, &h, 2);
+  }
+}
+
+void DecodeBf16(const char* p, size_t n, float* out) {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    uint16_t h[8];
+    uint32_t u[8];
+    std::memcpy(h, p + 2 * i, sizeof(h));
+    for (size_t j = 0; j < 8; ++j) u[j] = static_cast<uint32_t>(h[j]) << 16;
+    std::memcpy(out + i, u, sizeof(u));
+  }
+  for (; i < n; ++i) {
+    uint16_t h;
+    std::memcpy(&h, p + 2 * i, 2);
+    out[i] = Bf16ToFloat(h);
+  }
+}
+
+}  // namespace
+
 absl::Status DecodeValues(v1::Encoding encoding, absl::string_view bytes, float* out, size_t n) {
   const size_t width = BytesPerValue(encoding);
   if (width == 0) {
@@ -96,11 +137,14 @@ absl::Status DecodeValues(v1::Encoding encoding, absl::string_view bytes, float*
     std::memcpy(out, p, n * 4);
     return absl::OkStatus();
   }
-  const bool bf16 = encoding == v1::ENCODING_BF16;
+  if (encoding == v1::ENCODING_BF16) {
+    DecodeBf16(p, n, out);
+    return absl::OkStatus();
+  }
   for (size_t i = 0; i < n; ++i) {
     uint16_t h;
     std::memcpy(&h, p + 2 * i, 2);
-    out[i] = bf16 ? Bf16ToFloat(h) : Fp16ToFloat(h);
+    out[i] = Fp16ToFloat(h);
   }
   return absl::OkStatus();
 }
@@ -114,9 +158,12 @@ void EncodeValues(v1::Encoding encoding, const float* in, size_t n, std::string*
     std::memcpy(p, in, n * 4);
     return;
   }
-  const bool bf16 = encoding == v1::ENCODING_BF16;
+  if (encoding == v1::ENCODING_BF16) {
+    EncodeBf16(in, n, p);
+    return;
+  }
   for (size_t i = 0; i < n; ++i) {
-    const uint16_t h = bf16 ? FloatToBf16(in[i]) : FloatToFp16(in[i]);
+    const uint16_t h = FloatToFp16(in[i]);
     std::memcpy(p + 2 * i, &h, 2);
   }
 }

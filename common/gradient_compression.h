@@ -50,8 +50,15 @@ void AddTopK(absl::string_view bytes, float* out);
 // Replaces *out with the payload of x[0, n): SIGN1 (top_k ignored), or TOPK keeping the top_k
 // values of largest magnitude (ties: the lower index). REQUIRES: IsCompressed(encoding),
 // top_k <= n.
+//
+// TOPK works in buffers of 8 bytes per value; a caller that encodes often keeps a TopKScratch
+// for them, so that each call does not allocate (and fault in) them anew. Null: local buffers.
+struct TopKScratch {
+  std::vector<uint32_t> keys;
+  std::vector<uint32_t> candidates;
+};
 void EncodeCompressed(v1::Encoding encoding, const float* x, size_t n, size_t top_k,
-                      std::string* out);
+                      std::string* out, TopKScratch* scratch = nullptr);
 
 // One partition's error feedback: the part of past gradients the encoding has not sent yet.
 class ErrorFeedback {
@@ -70,6 +77,7 @@ class ErrorFeedback {
  private:
   std::vector<float> residual_;
   std::vector<float> sum_;  // g + residual, reused
+  TopKScratch scratch_;
 };
 
 }  // namespace tessera

@@ -112,6 +112,46 @@ TEST(GradientCompressionTest, EncodersMatchTheDefinitionAtEverySize) {
   }
 }
 
+// Large partitions select among the values a strided sample bounds (gradient_compression.cc's
+// KthLargestRank); whatever the sample saw, the payload is the definition's. Values: smooth
+// random ones, a few large ones sitting exactly where a sample of every 64th value looks (so the
+// sample's bound is too high and the encoder must fall back), all equal, and mostly zeros.
+TEST(GradientCompressionTest, TopKOfALargePartitionIsExactWhateverTheSampleSaw) {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const size_t n = 262144;  // 64 x the sample of 4096
+  std::vector<std::vector<float>> cases(4, std::vector<float>(n));
+  for (float& v : cases[0]) v = normal(rng);
+  for (size_t i = 0; i < n; ++i) cases[1][i] = i % 64 == 0 ? 100.0f + i % 7 : normal(rng) * 1e-3f;
+  std::fill(cases[2].begin(), cases[2].end(), -0.25f);
+  for (size_t i = 0; i < n; i += 97) cases[3][i] = normal(rng);
+  cases[0][12345] = NAN;
+  for (size_t c = 0; c < cases.size(); ++c) {
+    const std::vector<float>& x = cases[c];
+    std::vector<size_t> order(n);
+    for (size_t i = 0; i < n; ++i) order[i] = i;
+    auto rank = [](float v) { return std::isnan(v) ? INFINITY : std::fabs(v); };
+    std::stable_sort(order.begin(), order.end(),
+                     [&](size_t a, size_t b) { return rank(x[a]) > rank(x[b]); });
+    for (size_t k : {size_t{1}, n / 1000, n / 64, n / 10, n / 2}) {
+      std::vector<size_t> expected(order.begin(), order.begin() + static_cast<ptrdiff_t>(k));
+      std::sort(expected.begin(), expected.end());
+      std::string bytes;
+      EncodeCompressed(v1::ENCODING_TOPK, x.data(), n, k, &bytes);
+      ASSERT_EQ(bytes.size(), 8 * k) << c << " " << k;
+      size_t wrong = 0;
+      for (size_t j = 0; j < k; ++j) {
+        uint32_t index;
+        float value;
+        std::memcpy(&index, bytes.data() + 8 * j, 4);
+        std::memcpy(&value, bytes.data() + 8 * j + 4, 4);
+        wrong += index != expected[j] || std::memcmp(&value, &x[expected[j]], 4) != 0 ? 1 : 0;
+      }
+      EXPECT_EQ(wrong, 0u) << "case " << c << ", k " << k;
+    }
+  }
+}
+
 TEST(GradientCompressionTest, MalformedPayloadsAreRefusedNamingTheProblem) {
   std::string sign(Sign1Bytes(10), '\0');
   EXPECT_TRUE(CheckCompressed(v1::ENCODING_SIGN1, sign, 10).ok());
