@@ -93,6 +93,10 @@ bool IsCompressed(v1::Encoding encoding) {
   return encoding == v1::ENCODING_SIGN1 || encoding == v1::ENCODING_TOPK;
 }
 
+bool IsWeightDelta(v1::Encoding encoding) {
+  return encoding == v1::ENCODING_TOPK || encoding == v1::ENCODING_INT8;
+}
+
 size_t Sign1Bytes(size_t n) { return 4 + (n + 7) / 8; }
 
 size_t TopKCount(size_t n, double fraction) {
@@ -233,6 +237,63 @@ void EncodeCompressed(v1::Encoding encoding, const float* x, size_t n, size_t to
     p += key > threshold || tie ? 8 : 0;
   }
   out->resize(8 * top_k);
+}
+
+namespace {
+constexpr size_t kInt8Block = 256;
+size_t Int8Blocks(size_t n) { return (n + kInt8Block - 1) / kInt8Block; }
+}  // namespace
+
+size_t Int8Bytes(size_t n) { return 4 * Int8Blocks(n) + n; }
+
+bool EncodeInt8(const float* x, size_t n, std::string* out) {
+  const size_t blocks = Int8Blocks(n);
+  out->resize(Int8Bytes(n));
+  char* scales = out->data();
+  auto* q = reinterpret_cast<int8_t*>(out->data() + 4 * blocks);
+  for (size_t b = 0; b < blocks; ++b) {
+    const size_t begin = b * kInt8Block, end = std::min(n, begin + kInt8Block);
+    float largest = 0;
+    for (size_t i = begin; i < end; ++i) largest = std::max(largest, std::fabs(x[i]));
+    // NaN compares false with everything, so it would not raise `largest`; the sum shows it.
+    float sum = 0;
+    for (size_t i = begin; i < end; ++i) sum += x[i];
+    if (!std::isfinite(largest) || !std::isfinite(sum)) return false;
+    const float scale = largest / 127.0f;
+    std::memcpy(scales + 4 * b, &scale, 4);
+    const float inverse = scale > 0 ? 1.0f / scale : 0.0f;
+    for (size_t i = begin; i < end; ++i) {
+      const float steps = std::clamp(std::nearbyint(x[i] * inverse), -127.0f, 127.0f);
+      q[i] = static_cast<int8_t>(steps);
+    }
+  }
+  return true;
+}
+
+absl::Status CheckInt8(absl::string_view bytes, size_t n) {
+  if (bytes.size() != Int8Bytes(n)) {
+    return absl::InvalidArgumentError(absl::StrCat("expected ", Int8Bytes(n),
+                                                   " bytes of ENCODING_INT8 for ", n,
+                                                   " values but got ", bytes.size()));
+  }
+  for (size_t b = 0; b < Int8Blocks(n); ++b) {
+    const float scale = ReadFloat(bytes.data() + 4 * b);
+    if (!(std::isfinite(scale) && scale >= 0)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("ENCODING_INT8 block ", b, ": scale ", scale, " is not finite and >= 0"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+void AddInt8(absl::string_view bytes, float* out, size_t n) {
+  const size_t blocks = Int8Blocks(n);
+  const auto* q = reinterpret_cast<const int8_t*>(bytes.data() + 4 * blocks);
+  for (size_t b = 0; b < blocks; ++b) {
+    const float scale = ReadFloat(bytes.data() + 4 * b);
+    const size_t begin = b * kInt8Block, end = std::min(n, begin + kInt8Block);
+    for (size_t i = begin; i < end; ++i) out[i] += static_cast<float>(q[i]) * scale;
+  }
 }
 
 void ErrorFeedback::Encode(v1::Encoding encoding, const float* g, size_t n, size_t top_k,

@@ -8,6 +8,9 @@
 //          the unused bits of the last byte are zero.
 //   TOPK   8 * k bytes, 0 <= k <= n: k pairs (uint32 index, fp32 value), little-endian, indices
 //          strictly increasing and below n; every other value is zero.
+//   INT8   4 * ceil(n / 256) + n bytes (weight deltas in pulls only): an fp32 scale per block of
+//          256 values, then one int8 q per value (the encoder writes -127 to 127); value i is q_i *
+//          scale_(i / 256).
 // The shard validates a payload whole (CheckCompressed) and decodes it to n floats; a sparse
 // table's rows are never compressed (they are sparse already).
 #ifndef TESSERA_COMMON_GRADIENT_COMPRESSION_H_
@@ -26,6 +29,10 @@ namespace tessera {
 
 // SIGN1 or TOPK.
 bool IsCompressed(v1::Encoding encoding);
+
+// Pull encodings that answer a dense partition with a change of the weights the puller holds
+// (server/published_weights.h): TOPK and INT8.
+bool IsWeightDelta(v1::Encoding encoding);
 
 // Bytes of a SIGN1 payload of n values.
 size_t Sign1Bytes(size_t n);
@@ -59,6 +66,17 @@ struct TopKScratch {
 };
 void EncodeCompressed(v1::Encoding encoding, const float* x, size_t n, size_t top_k,
                       std::string* out, TopKScratch* scratch = nullptr);
+
+// INT8 weight deltas. Int8Bytes: the payload's size for n values. EncodeInt8 replaces *out with
+// the payload of x[0, n), each block scaled by its largest magnitude, each value rounded to the
+// nearest step; false, leaving *out unspecified, when x holds NaN or Inf. CheckInt8:
+// INVALID_ARGUMENT (naming the size or the block) unless `bytes` is a payload of n values with
+// finite scales >= 0. AddInt8 adds a checked payload to out[0, n) (both ends add the same floats
+// the same way, so a copy built from the deltas is the shard's bit for bit).
+size_t Int8Bytes(size_t n);
+bool EncodeInt8(const float* x, size_t n, std::string* out);
+absl::Status CheckInt8(absl::string_view bytes, size_t n);
+void AddInt8(absl::string_view bytes, float* out, size_t n);
 
 // One partition's error feedback: the part of past gradients the encoding has not sent yet.
 class ErrorFeedback {

@@ -152,6 +152,54 @@ TEST(GradientCompressionTest, TopKOfALargePartitionIsExactWhateverTheSampleSaw) 
   }
 }
 
+// INT8: per block of 256 the scale is the largest magnitude / 127 and each value the nearest
+// step; decoding adds q * scale, so every value is within half a step; a zero block has scale 0;
+// NaN or Inf anywhere is refused by the encoder; CheckInt8 names a bad size or scale.
+TEST(GradientCompressionTest, Int8BlocksQuantiseEachValueToHalfAStepOfItsBlock) {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (size_t n : {1u, 255u, 256u, 257u, 1000u}) {
+    std::vector<float> x(n);
+    for (size_t i = 0; i < n; ++i) x[i] = normal(rng) * (i < 256 ? 1.0f : 1e-4f);
+    if (n > 600) std::fill(x.begin() + 512, x.begin() + 768, 0.0f);  // block 2: zeros
+    std::string bytes;
+    ASSERT_TRUE(EncodeInt8(x.data(), n, &bytes));
+    ASSERT_EQ(bytes.size(), Int8Bytes(n));
+    EXPECT_EQ(Int8Bytes(n), 4 * ((n + 255) / 256) + n);
+    ASSERT_TRUE(CheckInt8(bytes, n).ok());
+    std::vector<float> out(n, 0.0f);
+    AddInt8(bytes, out.data(), n);
+    for (size_t b = 0; b * 256 < n; ++b) {
+      float largest = 0;
+      for (size_t i = b * 256; i < std::min(n, b * 256 + 256); ++i) {
+        largest = std::max(largest, std::fabs(x[i]));
+      }
+      float scale;
+      std::memcpy(&scale, bytes.data() + 4 * b, 4);
+      EXPECT_EQ(scale, largest / 127.0f) << n << " block " << b;
+      for (size_t i = b * 256; i < std::min(n, b * 256 + 256); ++i) {
+        EXPECT_LE(std::fabs(out[i] - x[i]), 0.5001f * scale) << n << " " << i;
+      }
+    }
+    x[n / 2] = NAN;
+    EXPECT_FALSE(EncodeInt8(x.data(), n, &bytes)) << n;
+    x[n / 2] = -INFINITY;
+    EXPECT_FALSE(EncodeInt8(x.data(), n, &bytes)) << n;
+  }
+  std::string bytes;
+  const std::vector<float> x = {1, -2, 3};
+  ASSERT_TRUE(EncodeInt8(x.data(), 3, &bytes));
+  EXPECT_EQ(static_cast<int8_t>(bytes[4 + 1]), -85);  // -2 / (3 / 127), rounded
+  EXPECT_EQ(static_cast<int8_t>(bytes[4 + 2]), 127);
+  EXPECT_EQ(CheckInt8(bytes.substr(1), 3).message(),
+            "expected 7 bytes of ENCODING_INT8 for 3 values but got 6");
+  const float nan = NAN;
+  std::memcpy(bytes.data(), &nan, 4);
+  EXPECT_EQ(CheckInt8(bytes, 3).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(CheckInt8(bytes, 3).message().find("block 0: scale nan"), std::string::npos)
+      << CheckInt8(bytes, 3);
+}
+
 TEST(GradientCompressionTest, MalformedPayloadsAreRefusedNamingTheProblem) {
   std::string sign(Sign1Bytes(10), '\0');
   EXPECT_TRUE(CheckCompressed(v1::ENCODING_SIGN1, sign, 10).ok());

@@ -35,18 +35,29 @@ uint64_t PublishedWeights::NewIdLocked() {
   return id;
 }
 
-void PublishedWeights::PublishLocked(const float* weights, double fraction) {
+void PublishedWeights::PublishLocked(const float* weights, v1::Encoding encoding, double fraction) {
   const size_t n = values_.size();
   diff_.resize(n);
   for (size_t i = 0; i < n; ++i) diff_[i] = weights[i] - values_[i];
-  EncodeCompressed(v1::ENCODING_TOPK, diff_.data(), n, TopKCount(n, fraction), &delta_);
-  AddTopK(delta_, values_.data());
   from_id_ = id_;
   id_ = NewIdLocked();
+  delta_encoding_ = encoding;
+  if (encoding == v1::ENCODING_INT8) {
+    if (EncodeInt8(diff_.data(), n, &delta_)) {
+      AddInt8(delta_, values_.data(), n);
+      return;
+    }
+    // A change of NaN or Inf has no scale: the weights are published as they are, whole.
+    values_.assign(weights, weights + n);
+    from_id_ = 0;
+    return;
+  }
+  EncodeCompressed(v1::ENCODING_TOPK, diff_.data(), n, TopKCount(n, fraction), &delta_);
+  AddTopK(delta_, values_.data());
 }
 
 void PublishedWeights::Answer(const SharedWeights& weights, int64_t version, uint64_t held,
-                              double fraction, v1::Slice* slice) {
+                              v1::Encoding encoding, double fraction, v1::Slice* slice) {
   const size_t n = weights.size();
   slice->set_version(version);
   absl::MutexLock lock(&mu_);
@@ -73,15 +84,16 @@ void PublishedWeights::Answer(const SharedWeights& weights, int64_t version, uin
     id_ = NewIdLocked();
     version_ = version;
   } else if (version > version_) {
-    PublishLocked(weights.data(), fraction);
+    PublishLocked(weights.data(), encoding, fraction);
     version_ = version;
   }
   slice->set_weights_id(id_);
   if (held == id_) {
-    slice->set_encoding(v1::ENCODING_TOPK);  // nothing changed since
+    slice->set_encoding(encoding);  // nothing changed since
     slice->clear_data();
-  } else if (held != 0 && held == from_id_ && delta_.size() <= n * sizeof(float)) {
-    slice->set_encoding(v1::ENCODING_TOPK);
+  } else if (held != 0 && held == from_id_ && encoding == delta_encoding_ &&
+             delta_.size() <= n * sizeof(float)) {
+    slice->set_encoding(encoding);
     slice->mutable_data()->assign(delta_);
   } else {
     SetFp32(values_.data(), n, slice);

@@ -1,8 +1,8 @@
 // Weight deltas on a shard (server/published_weights.h): whole weights first, then TOPK deltas that
 // take a worker's copy to the shard's published weights bit for bit; what a delta leaves out goes
-// with later ones; a worker that missed a step, a rewind, a refused budget and a delta larger than
-// the weights all get whole weights. Through the store: the deltas of a BSP PushPull, sparse rows
-// in fp32 beside them.
+// with later ones; INT8 deltas keep the copy within half a quantisation step; a worker that missed
+// a step, a rewind, a refused budget and a delta larger than the weights all get whole weights.
+// Through the store: the deltas of a BSP PushPull, sparse rows in fp32 beside them.
 #include "server/published_weights.h"
 
 #include <cmath>
@@ -33,6 +33,12 @@ struct Worker {
       ASSERT_NE(id, 0u);
       ASSERT_TRUE(CheckCompressed(v1::ENCODING_TOPK, answer.data(), copy.size()).ok());
       AddTopK(answer.data(), copy.data());
+    } else if (answer.encoding() == v1::ENCODING_INT8) {
+      ASSERT_NE(id, 0u);
+      if (!answer.data().empty()) {
+        ASSERT_TRUE(CheckInt8(answer.data(), copy.size()).ok());
+        AddInt8(answer.data(), copy.data(), copy.size());
+      }
     } else {
       ASSERT_EQ(answer.encoding(), v1::ENCODING_FP32);
       copy = Floats(answer);
@@ -42,9 +48,9 @@ struct Worker {
 };
 
 v1::Slice Ask(PublishedWeights& published, const std::vector<float>& w, int64_t version,
-              uint64_t held, double fraction) {
+              uint64_t held, double fraction, v1::Encoding encoding = v1::ENCODING_TOPK) {
   v1::Slice slice;
-  published.Answer(SharedWeights(w), version, held, fraction, &slice);
+  published.Answer(SharedWeights(w), version, held, encoding, fraction, &slice);
   EXPECT_EQ(slice.version(), version);
   return slice;
 }
@@ -130,6 +136,59 @@ TEST(PublishedWeightsTest, TheWorkersTrailTheWeightsByWhatTheDeltasLeftOut) {
   // Without the feedback the misses of every step add up; with it, what is left is what the
   // latest steps have not sent yet.
   EXPECT_LT(l1, 0.5 * plain_l1) << "with feedback " << l1 << ", without " << plain_l1;
+}
+
+// INT8 deltas carry every value of the change, quantised per block of 256: the copy trails the
+// weights by at most half a step of each block's scale, the step's miss goes out with the next
+// (once the weights stop moving the copy closes in on them), every worker's copy is the published
+// weights bit for bit, and a change holding NaN publishes the weights whole.
+TEST(PublishedWeightsTest, Int8DeltasKeepTheCopyWithinHalfAStepOfTheWeights) {
+  PublishedWeights published(nullptr);
+  const size_t n = 1000;  // 4 blocks, the last of 232 values
+  std::vector<float> w(n);
+  for (size_t i = 0; i < n; ++i) w[i] = std::sin(static_cast<float>(i));
+  Worker a;
+  a.Take(Ask(published, w, 1, 0, 0, v1::ENCODING_INT8));
+  ASSERT_EQ(a.copy, w);
+  float largest_change = 0;
+  for (int64_t v = 2; v <= 30; ++v) {
+    for (size_t i = 0; i < n; ++i) {
+      const float change = 0.01f * std::cos(static_cast<float>(i * v)) * (i < 500 ? 1.0f : 0.1f);
+      w[i] += change;
+      largest_change = std::max(largest_change, std::fabs(change));
+    }
+    const v1::Slice d = Ask(published, w, v, a.id, 0, v1::ENCODING_INT8);
+    ASSERT_EQ(d.encoding(), v1::ENCODING_INT8);
+    ASSERT_EQ(d.data().size(), Int8Bytes(n));
+    EXPECT_EQ(d.data().size(), 4 * 4 + n);
+    a.Take(d);
+    Worker late;
+    late.Take(Ask(published, w, v, 0, 0, v1::ENCODING_INT8));
+    ASSERT_EQ(late.copy, a.copy) << "version " << v;
+    // Each block's scale is its largest change plus the miss carried over, / 127.
+    for (size_t i = 0; i < n; ++i) {
+      ASSERT_LE(std::fabs(w[i] - a.copy[i]), 2 * largest_change / 254) << v << " " << i;
+    }
+  }
+  // The weights stay: each publish quantises the miss itself, 127 times finer each time.
+  double before = 0, after = 0;
+  for (size_t i = 0; i < n; ++i) before += std::fabs(w[i] - a.copy[i]);
+  const uint64_t held = a.id;
+  a.Take(Ask(published, w, 31, held, 0, v1::ENCODING_INT8));
+  for (size_t i = 0; i < n; ++i) after += std::fabs(w[i] - a.copy[i]);
+  EXPECT_GT(before, 0);
+  EXPECT_LT(after, before / 50) << before << " -> " << after;
+  // A worker holding the same state but asking for TOPK deltas gets whole weights.
+  const v1::Slice other = Ask(published, w, 31, held, 0.1, v1::ENCODING_TOPK);
+  EXPECT_EQ(other.encoding(), v1::ENCODING_FP32);
+  EXPECT_EQ(Floats(other), a.copy);
+  // NaN in the weights: published whole, so the next answer to a holder is FP32 with them.
+  w[7] = NAN;
+  const v1::Slice whole = Ask(published, w, 32, a.id, 0, v1::ENCODING_INT8);
+  EXPECT_EQ(whole.encoding(), v1::ENCODING_FP32);
+  a.Take(whole);
+  EXPECT_TRUE(std::isnan(a.copy[7]));
+  EXPECT_EQ(a.copy[8], w[8]);
 }
 
 TEST(PublishedWeightsTest, RewindRefusedBudgetAndLargeDeltasAnswerWholeWeights) {

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "common/encoding.h"
+#include "common/gradient_compression.h"
 
 namespace tessera::server {
 namespace {
@@ -50,7 +51,7 @@ int64_t ReadItems(const std::vector<PullItem>& items, v1::Encoding encoding,
   // Dense fp32 answers to a sink share the partition's weights instead of copying them.
   const bool share = sink != nullptr && BytesPerValue(encoding) == 4;
   // Weight deltas are for dense partitions; a table's rows go in fp32.
-  const bool deltas = encoding == v1::ENCODING_TOPK;
+  const bool deltas = IsWeightDelta(encoding);
   const v1::Encoding rows_encoding = deltas ? v1::ENCODING_FP32 : encoding;
   for (size_t i = 0; i < items.size(); ++i) {
     const Partition& p = *items[i].partition;
@@ -70,7 +71,8 @@ int64_t ReadItems(const std::vector<PullItem>& items, v1::Encoding encoding,
         version = p.version.load(std::memory_order_relaxed);
         weights = p.weights;
       }
-      p.published->Answer(weights, version, items[i].held_weights, items[i].delta_fraction, &slice);
+      p.published->Answer(weights, version, items[i].held_weights, encoding,
+                          items[i].delta_fraction, &slice);
       bytes += static_cast<int64_t>(slice.data().size());
       continue;
     }

@@ -82,6 +82,12 @@ absl::Status CheckPushSlice(const JobState& job, const PushPullView& request, si
     return absl::OkStatus();
   }
   const size_t width = BytesPerValue(s.encoding);
+  if (IsWeightDelta(s.encoding)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "push[", i, "] key ", key,
+        ": ENCODING_INT8 is for weight deltas in pulls; gradients go in fp32, bf16, fp16, SIGN1 "
+        "or TOPK"));
+  }
   if (width == 0) {
     return absl::InvalidArgumentError(absl::StrCat("push[", i, "] key ", key, ": unknown encoding ",
                                                    static_cast<int>(s.encoding)));
@@ -280,9 +286,9 @@ absl::Status CheckPullCaller(const JobState& job, uint32_t worker_id, v1::Encodi
     return absl::InvalidArgumentError(absl::StrCat(
         encoding_field, ": ", v1::Encoding_Name(encoding),
         " compresses pushed gradients only; weights are pulled in fp32, bf16, fp16 or as TOPK "
-        "deltas"));
+        "or INT8 deltas"));
   }
-  if (BytesPerValue(encoding) == 0 && encoding != v1::ENCODING_TOPK) {
+  if (BytesPerValue(encoding) == 0 && !IsWeightDelta(encoding)) {
     return absl::InvalidArgumentError(
         absl::StrCat(encoding_field, ": unknown encoding ", static_cast<int>(encoding)));
   }
@@ -336,8 +342,9 @@ absl::Status ResolvePush(const JobState& job, const PushPullView& request,
 absl::Status ResolvePulls(const JobState& job, const PushPullView& request, bool one_message,
                           size_t max_message_bytes, std::vector<PullItem>* items) {
   const int64_t step = request.step;
-  // A weight delta (TOPK) is never larger than the weights in FP32 (server/published_weights.h).
-  const bool deltas = request.pull_encoding == v1::ENCODING_TOPK;
+  // A weight delta (TOPK, INT8) is never larger than the weights in FP32
+  // (server/published_weights.h).
+  const bool deltas = IsWeightDelta(request.pull_encoding);
   const size_t width = deltas ? sizeof(float) : BytesPerValue(request.pull_encoding);
   const size_t limit = max_message_bytes;
   size_t total = 0;

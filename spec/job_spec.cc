@@ -216,16 +216,18 @@ absl::Status ValidateDistributedFields(const v1::JobSpec& spec) {
         "topk_fraction: must be in (0, 1] (or 0 for 0.01), got ", spec.topk_fraction()));
   }
   const std::string pull = absl::AsciiStrToLower(spec.pull_encoding());
-  if (!pull.empty() && pull != "fp32" && pull != "bf16" && pull != "fp16" && pull != "delta_topk") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "pull_encoding: must be \"fp32\", \"bf16\", \"fp16\" or \"delta_topk\", got \"",
-        absl::CEscape(spec.pull_encoding()), "\""));
+  const bool delta = pull == "delta_topk" || pull == "delta_int8";
+  if (!pull.empty() && pull != "fp32" && pull != "bf16" && pull != "fp16" && !delta) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("pull_encoding: must be \"fp32\", \"bf16\", \"fp16\", \"delta_topk\" or "
+                     "\"delta_int8\", got \"",
+                     absl::CEscape(spec.pull_encoding()), "\""));
   }
-  if (pull == "delta_topk" && !mode.empty() && mode != "bsp" && mode != "hybrid") {
+  if (delta && !mode.empty() && mode != "bsp" && mode != "hybrid") {
     // A delta is of the weights every worker holds, which they share only when they pull in
     // step: under SSP and ASP most pulls would fall back to whole weights.
     return absl::InvalidArgumentError(absl::StrCat(
-        "pull_encoding: \"delta_topk\" needs consistency \"bsp\" or \"hybrid\", got \"",
+        "pull_encoding: \"", pull, "\" needs consistency \"bsp\" or \"hybrid\", got \"",
         absl::CEscape(spec.consistency()), "\""));
   }
   if (spec.pull_topk_fraction() != 0 && pull != "delta_topk") {
@@ -330,6 +332,7 @@ v1::Encoding PullEncoding(const v1::JobSpec& spec) {
   if (e == "bf16") return v1::ENCODING_BF16;
   if (e == "fp16") return v1::ENCODING_FP16;
   if (e == "delta_topk") return v1::ENCODING_TOPK;
+  if (e == "delta_int8") return v1::ENCODING_INT8;
   const v1::Encoding push = PushEncoding(spec);
   return IsCompressed(push) ? v1::ENCODING_BF16 : push;
 }

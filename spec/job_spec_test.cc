@@ -453,6 +453,10 @@ TEST(JobSpecTest, PullEncodingDeltaTopkNeedsBspOrHybridAndAFraction) {
   EXPECT_EQ(MakeJobConfig(spec).pull_topk_fraction(), 0.0);
   spec.set_pull_encoding("fp32");
   EXPECT_EQ(PullEncoding(spec), v1::ENCODING_FP32);
+  spec.set_pull_encoding("delta_int8");  // every value of the change, quantised; no fraction
+  ASSERT_TRUE(ValidateJobSpec(spec, Distributed()).ok());
+  EXPECT_EQ(PullEncoding(spec), v1::ENCODING_INT8);
+  EXPECT_EQ(MakeJobConfig(spec).pull_topk_fraction(), 0.0);
 
   struct Bad {
     std::function<void(v1::JobSpec*)> edit;
@@ -460,7 +464,18 @@ TEST(JobSpecTest, PullEncodingDeltaTopkNeedsBspOrHybridAndAFraction) {
   };
   for (const Bad& bad : std::vector<Bad>{
            {[](v1::JobSpec* s) { s->set_pull_encoding("topk"); },
-            "pull_encoding: must be \"fp32\", \"bf16\", \"fp16\" or \"delta_topk\", got \"topk\""},
+            "pull_encoding: must be \"fp32\", \"bf16\", \"fp16\", \"delta_topk\" or "
+            "\"delta_int8\", got \"topk\""},
+           {[](v1::JobSpec* s) {
+              s->set_pull_encoding("delta_int8");
+              s->set_consistency("asp");
+            },
+            "pull_encoding: \"delta_int8\" needs consistency \"bsp\" or \"hybrid\", got \"asp\""},
+           {[](v1::JobSpec* s) {
+              s->set_pull_encoding("delta_int8");
+              s->set_pull_topk_fraction(0.5);
+            },
+            "it applies to \"delta_topk\" only"},
            {[](v1::JobSpec* s) {
               s->set_pull_encoding("delta_topk");
               s->set_consistency("ssp");

@@ -31,14 +31,20 @@ absl::Status HeldWeights::Accept(absl::string_view tensor, uint32_t index, uint6
     return absl::InternalError(
         absl::StrCat("weights of tensor '", tensor, "' partition ", index, ": ", why));
   };
-  if (w.encoding() == v1::ENCODING_TOPK) {
+  if (IsWeightDelta(w.encoding())) {
     if (sent == 0 || copy->id != sent || copy->values.size() != count) {
       return refuse(absl::StrCat("a delta from weights ", sent, " answered for a copy of weights ",
                                  copy->id, " with ", copy->values.size(), " values"));
     }
-    const absl::Status valid = CheckCompressed(v1::ENCODING_TOPK, w.data(), count);
-    if (!valid.ok()) return refuse(valid.message());
-    AddTopK(w.data(), copy->values.data());
+    if (w.encoding() == v1::ENCODING_TOPK) {
+      const absl::Status valid = CheckCompressed(v1::ENCODING_TOPK, w.data(), count);
+      if (!valid.ok()) return refuse(valid.message());
+      AddTopK(w.data(), copy->values.data());
+    } else if (!w.data().empty()) {  // INT8; empty: nothing changed
+      const absl::Status valid = CheckInt8(w.data(), count);
+      if (!valid.ok()) return refuse(valid.message());
+      AddInt8(w.data(), copy->values.data(), count);
+    }
   } else if (w.encoding() == v1::ENCODING_FP32 || w.encoding() == v1::ENCODING_UNSPECIFIED) {
     if (w.data().size() != count * sizeof(float)) {
       return refuse(
@@ -48,7 +54,7 @@ absl::Status HeldWeights::Accept(absl::string_view tensor, uint32_t index, uint6
     if (count > 0) std::memcpy(copy->values.data(), w.data().data(), count * sizeof(float));
   } else {
     return refuse(absl::StrCat("encoding ", v1::Encoding_Name(w.encoding()),
-                               " is neither a delta (TOPK) nor FP32"));
+                               " is neither a delta (TOPK, INT8) nor FP32"));
   }
   copy->id = w.weights_id();
   std::copy(copy->values.begin(), copy->values.end(), out);

@@ -1,7 +1,7 @@
-// HeldWeights: a worker's copy of every dense partition it pulls as weight deltas (pull encoding
-// TOPK; the shard's side is server/published_weights.h). Each copy is the shard's published
-// weights as of the copy's weights_id: a TOPK answer is added to it value by value, exactly as the
-// shard added it to its own, and an FP32 answer replaces it; the copy then goes to the caller.
+// HeldWeights: a worker's copy of every dense partition it pulls as weight deltas (pull encodings
+// TOPK and INT8; the shard's side is server/published_weights.h). Each copy is the shard's
+// published weights as of the copy's weights_id: a delta is added to it value by value, exactly as
+// the shard added it to its own, and an FP32 answer replaces it; the copy then goes to the caller.
 #ifndef TESSERA_WORKER_CLIENT_HELD_WEIGHTS_H_
 #define TESSERA_WORKER_CLIENT_HELD_WEIGHTS_H_
 

@@ -49,6 +49,42 @@ TEST(HeldWeightsTest, WholeWeightsThenDeltasOfTheCopyTheyAreFrom) {
   EXPECT_EQ(again, out);
 }
 
+// INT8 deltas add q * scale to the copy they are from; an empty one leaves it; a payload of the
+// wrong size or with a negative scale is INTERNAL and drops the copy.
+TEST(HeldWeightsTest, Int8DeltasAddToTheCopyAndBadOnesDropIt) {
+  HeldWeights held;
+  std::vector<float> out(4);
+  ASSERT_TRUE(held.Accept("w", 0, 0, Whole({1, 2, 3, 4}, 7), out.data(), 4).ok());
+  v1::Slice d;
+  d.set_encoding(v1::ENCODING_INT8);
+  const std::vector<float> change = {0.5f, -1.27f, 0, 0.01f};
+  ASSERT_TRUE(EncodeInt8(change.data(), 4, d.mutable_data()));
+  d.set_weights_id(9);
+  ASSERT_TRUE(held.Accept("w", 0, 7, d, out.data(), 4).ok());
+  // Scale 1.27 / 127 = 0.01: 0.5 is 50 steps, 0.01 one step.
+  const float scale = 1.27f / 127.0f;
+  EXPECT_EQ(out, (std::vector<float>{1 + 50 * scale, 2 - 127 * scale, 3, 4 + 1 * scale}));
+  v1::Slice none;
+  none.set_encoding(v1::ENCODING_INT8);
+  none.set_weights_id(9);
+  std::vector<float> again(4);
+  ASSERT_TRUE(held.Accept("w", 0, 9, none, again.data(), 4).ok());
+  EXPECT_EQ(again, out);
+  v1::Slice short_one = d;
+  short_one.mutable_data()->pop_back();
+  absl::Status s = held.Accept("w", 0, 9, short_one, out.data(), 4);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInternal);
+  EXPECT_THAT(s.message(), HasSubstr("expected 8 bytes of ENCODING_INT8"));
+  EXPECT_EQ(held.Id("w", 0), 0u);
+  ASSERT_TRUE(held.Accept("w", 0, 0, Whole({1, 2, 3, 4}, 7), out.data(), 4).ok());
+  v1::Slice negative = d;
+  const float minus = -1;
+  std::memcpy(negative.mutable_data()->data(), &minus, 4);
+  s = held.Accept("w", 0, 7, negative, out.data(), 4);
+  EXPECT_THAT(s.message(), HasSubstr("block 0: scale -1"));
+  EXPECT_EQ(held.Id("w", 0), 0u);
+}
+
 TEST(HeldWeightsTest, ADeltaThatDoesNotFitIsInternalAndDropsTheCopy) {
   HeldWeights held;
   std::vector<float> out(4);

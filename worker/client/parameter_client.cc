@@ -99,7 +99,7 @@ absl::StatusOr<std::unique_ptr<ParameterClient>> ParameterClient::CreateWithShar
     return absl::InvalidArgumentError(
         absl::StrCat("push_encoding: unknown encoding ", options.push_encoding));
   }
-  if (BytesPerValue(options.pull_encoding) == 0 && options.pull_encoding != v1::ENCODING_TOPK) {
+  if (BytesPerValue(options.pull_encoding) == 0 && !IsWeightDelta(options.pull_encoding)) {
     return absl::InvalidArgumentError(
         absl::StrCat("pull_encoding: unknown encoding ", options.pull_encoding,
                      IsCompressed(options.pull_encoding) ? " for weights (push only)" : ""));

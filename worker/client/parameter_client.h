@@ -49,6 +49,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "common/gradient_compression.h"
 #include "common/security.h"
 #include "tessera/v1/parameter.pb.h"
 #include "worker/client/held_weights.h"
@@ -265,7 +266,7 @@ class ParameterClient {
   const Options& options() const { return options_; }
   // Weights come back from PushPull as deltas (pull_encoding TOPK, held_weights.h); blocking
   // pulls get them in FP32.
-  bool DeltaPulls() const { return options_.pull_encoding == v1::ENCODING_TOPK; }
+  bool DeltaPulls() const { return IsWeightDelta(options_.pull_encoding); }
   const ReplicaRouting& routing() const { return routing_; }
   // The dense pushes' encoder, with the error feedback of a compressed push_encoding.
   PushEncoder& encoder() { return encoder_; }
