@@ -10,10 +10,11 @@
 #   RATE_MBIT=10000 ROUNDS=2 ENCODINGS="fp32 sign1" bench/slow_link_bench.sh
 #   TOPK_FRACTION=0.05 bench/slow_link_bench.sh           # topk's fraction (default the spec's 0.01)
 #   ENCODINGS="fp32 topk:delta_topk" PULL_TOPK_FRACTION=0.1 bench/slow_link_bench.sh
+#   ENCODINGS="fp32 topk topk:delta_int8" TOPK_FRACTION=0.1 bench/slow_link_bench.sh
 #
 # An encoding WIRE:PULL sets the spec's wire_encoding to WIRE and its pull_encoding to PULL
-# ("delta_topk": weight deltas with the shard's error feedback; PULL_TOPK_FRACTION, default the
-# spec's 0.1, sets their pull_topk_fraction).
+# ("delta_topk", "delta_int8": weight deltas with the shard's error feedback;
+# PULL_TOPK_FRACTION, default the spec's 0.1, sets delta_topk's pull_topk_fraction).
 #
 # Prints one JSON line per run and a Markdown table: seconds from the job's start to the first
 # evaluation at or above TARGET (0.85) test accuracy, the final test accuracy, training samples
