@@ -310,10 +310,10 @@ std::string InvalidEdit(int m, Rng& rng, const Targets& t, pb::Message* msg) {
         return "duplicate pull key";
       }
       default:
-        // SIGN1 (4) or past the last encoding; TOPK (5) pulls weight deltas.
+        // SIGN1 (4) or past the last encoding; TOPK (5) and INT8 (6) pull weight deltas.
         {
           const uint32_t e = rng.Uniform(100);
-          r->set_pull_encoding(static_cast<v1::Encoding>(e == 0 ? 4 : 5 + e));
+          r->set_pull_encoding(static_cast<v1::Encoding>(e == 0 ? 4 : 6 + e));
         }
         if (r->pull_size() == 0) r->add_pull()->mutable_key()->set_tensor(valid_job ? "v" : "w");
         return "unknown pull_encoding";
@@ -333,9 +333,9 @@ std::string InvalidEdit(int m, Rng& rng, const Targets& t, pb::Message* msg) {
       case 2:
         *r->add_keys() = r->keys(0);
         return "duplicate key";
-      case 3: {  // SIGN1 (4) or past the last encoding; TOPK (5) pulls weight deltas.
+      case 3: {  // SIGN1 (4) or past the last encoding; TOPK (5) and INT8 (6) pull deltas.
         const uint32_t e = rng.Uniform(100);
-        r->set_encoding(static_cast<v1::Encoding>(e == 0 ? 4 : 5 + e));
+        r->set_encoding(static_cast<v1::Encoding>(e == 0 ? 4 : 6 + e));
       }
         return "unknown encoding";
       case 4:
