@@ -16,6 +16,7 @@
 #   EPOCHS=4 ROUNDS=2 bench/e2e_bench.sh
 #   PARTITION_BYTES=262144 bench/e2e_bench.sh   # the spec's partition_bytes (default 4 MiB)
 #   MODES=bsp SHARDS=2 bench/e2e_bench.sh       # only some Tessera configurations
+#   MODEL=cnn STEPS=150 MODES=bsp bench/e2e_bench.sh   # examples/fashion_cnn.textproto, 150 steps
 #
 # Prints one JSON line per run and a Markdown table: samples per second (training, all workers),
 # the ratios to the PyTorch parameter server's and to DDP's, seconds from the job's start to the
@@ -45,10 +46,19 @@ if ! "$PY" -c 'import torch, sys; sys.exit(not any("openblas" in l for l in open
 fi
 MODES=${MODES:-bsp asp}
 SHARDS=${SHARDS:-1 2}
+MODEL=${MODEL:-mlp}
+STEPS=${STEPS:-150}
+case "$MODEL" in
+  mlp) example=examples/fashion_mlp.textproto; limit=() ;;
+  # The CNN trains for STEPS steps per worker of its first epoch, on every side.
+  cnn) example=examples/fashion_cnn.textproto; EPOCHS=1; limit=(--max-steps "$STEPS") ;;
+  *) echo "MODEL must be mlp or cnn, got $MODEL" >&2; exit 64 ;;
+esac
 
-spec() {  # spec MODE FILE: the example MLP with EPOCHS epochs in MODE
+spec() {  # spec MODE FILE: the example model with EPOCHS epochs (cnn: STEPS steps) in MODE
   sed -e "s/^epochs: .*/epochs: $EPOCHS/" -e "s/^consistency: .*/consistency: \"$1\"/" \
-    examples/fashion_mlp.textproto > "$2"
+    "$example" > "$2"
+  if [ "$MODEL" = cnn ]; then echo "max_steps: $STEPS" >> "$2"; fi
   grep -q '^consistency:' "$2" || echo "consistency: \"$1\"" >> "$2"
   grep -q '^num_workers:' "$2" || echo "num_workers: 2" >> "$2"
   if [ -n "${PARTITION_BYTES:-}" ]; then echo "partition_bytes: $PARTITION_BYTES" >> "$2"; fi
@@ -56,7 +66,8 @@ spec() {  # spec MODE FILE: the example MLP with EPOCHS epochs in MODE
 }
 
 reference() {  # reference SCRIPT ROUND: one PyTorch reference run, its JSON line tagged with ROUND
-  "$PY" "bench/$1.py" --epochs "$EPOCHS" --trainers 2 --target "$TARGET" 2> "$OUT/$1-$2.err" |
+  "$PY" "bench/$1.py" --epochs "$EPOCHS" --trainers 2 --target "$TARGET" --model "$MODEL" \
+    "${limit[@]}" 2> "$OUT/$1-$2.err" |
     tail -n 1 |
     "$PY" -c 'import json,sys; d=json.loads(sys.stdin.read()); d["round"]='"$2"'; print(json.dumps(d))' |
     tee -a "$results"

@@ -4,9 +4,9 @@
 What a user would pick instead of a parameter server on one host: `--trainers` processes with
 torch.nn.parallel.DistributedDataParallel over gloo (127.0.0.1, port picked at run time), each
 computing the gradient of its own batch; DDP all-reduces (averages) the gradients in buckets
-during backward and every process steps its own Adam. Same MLP, batch, optimizer, learning rate,
-data split, shuffling and thread count as bench/pytorch_rpc_ps.py (whose `load` and `make_model`
-it uses). Rank 0 scores the test split at every epoch end, outside the timed training.
+during backward and every process steps its own Adam. Same model (--model), batch, optimizer,
+learning rate, data split, shuffling and thread count as bench/pytorch_rpc_ps.py (whose `load`
+and `make_model` it uses). Rank 0 scores the test split at every epoch end, outside the timed training.
 
   /usr/bin/python3 bench/pytorch_ddp.py --epochs 2 --trainers 2
 
@@ -38,7 +38,7 @@ def run(rank, world, args, port, out_path):
     torch.set_num_threads(args.threads)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     torch.manual_seed(args.seed)  # the same initial model on every rank (DDP broadcasts rank 0's)
-    model = DistributedDataParallel(make_model())
+    model = DistributedDataParallel(make_model(args.model))
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
     train_x, train_y = load("train")
     shard = torch.arange(rank, len(train_y), world)
@@ -55,6 +55,8 @@ def run(rank, world, args, port, out_path):
         dist.barrier()
         start = time.perf_counter()
         for s in range(steps_per_epoch):
+            if args.max_steps and steps == args.max_steps:
+                break
             idx = order[s * args.batch_size:(s + 1) * args.batch_size]
             t0 = time.perf_counter()
             optimizer.zero_grad(set_to_none=False)
@@ -69,17 +71,22 @@ def run(rank, world, args, port, out_path):
         dist.barrier()
         train_seconds += time.perf_counter() - start
         if rank == 0:
+            model.eval()
             with torch.no_grad():
                 out = model.module(test_x)
                 acc = (out.argmax(1) == test_y).float().mean().item()
                 test_loss = nn.functional.cross_entropy(out, test_y).item()
+            model.train()
             history.append({"epoch": epoch + 1, "test_accuracy": acc, "test_loss": test_loss,
                             "elapsed_seconds": train_seconds})
             if time_to_target is None and args.target > 0 and acc >= args.target:
                 time_to_target = train_seconds
+        if args.max_steps and steps == args.max_steps:
+            break
     if rank == 0:
         report = {
-            "system": "pytorch-ddp", "trainers": world, "epochs": args.epochs,
+            "system": "pytorch-ddp", "model": args.model, "trainers": world,
+            "epochs": args.epochs,
             "batch_size": args.batch_size, "steps_per_trainer": steps,
             "samples_per_second": world * steps * args.batch_size / train_seconds,
             "train_seconds": train_seconds, "history": history, "time_to_target": time_to_target,

@@ -6,7 +6,7 @@ tutorial (the batch-updating parameter server): `--trainers` trainer processes e
 gradient of one batch, send it to one parameter-server process with torch.distributed.rpc, and
 block; once every trainer's gradient has arrived the server averages them, steps Adam and returns
 the fresh model to all of them. Same MLP as examples/fashion_mlp.textproto (784-256-128-100-10,
-ReLU), batch 64 per trainer, Adam lr 1e-3, inputs divided by 255, each trainer on its own half of
+ReLU; with --model cnn the CNN of examples/fashion_cnn.textproto), batch 64 per trainer, Adam 1e-3, inputs divided by 255, each trainer on its own half of
 the training split, reshuffled every epoch. Everything on 127.0.0.1 (TensorPipe over libuv, port
 picked at run time). The server scores the test split at every epoch end.
 
@@ -50,14 +50,21 @@ def load(split):
     return torch.from_numpy(images.reshape(len(labels), -1)), torch.from_numpy(labels)
 
 
-def make_model():
+def make_model(kind="mlp"):
+    """The MLP of examples/fashion_mlp.textproto, or the CNN of examples/fashion_cnn.textproto."""
+    if kind == "cnn":
+        return nn.Sequential(nn.Unflatten(1, (1, 28, 28)),
+                             nn.Conv2d(1, 32, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
+                             nn.Conv2d(32, 64, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
+                             nn.Flatten(), nn.Linear(3136, 1024), nn.ReLU(), nn.Dropout(0.4),
+                             nn.Linear(1024, 10))
     return nn.Sequential(nn.Linear(784, 256), nn.ReLU(), nn.Linear(256, 128), nn.ReLU(),
                          nn.Linear(128, 100), nn.ReLU(), nn.Linear(100, 10))
 
 
 class BatchUpdateParameterServer:
-    def __init__(self, trainers, steps_per_epoch, lr, target):
-        self.model = make_model()
+    def __init__(self, trainers, steps_per_epoch, lr, target, kind):
+        self.model = make_model(kind)
         self.lock = threading.Lock()
         self.future_model = torch.futures.Future()
         self.trainers = trainers
@@ -79,8 +86,11 @@ class BatchUpdateParameterServer:
         return self.model
 
     def evaluate(self):
+        self.model.eval()
         with torch.no_grad():
             out = self.model(self.test_x)
+        self.model.train()
+        with torch.no_grad():
             loss = nn.functional.cross_entropy(out, self.test_y).item()
             acc = (out.argmax(1) == self.test_y).float().mean().item()
         return acc, loss
@@ -119,7 +129,7 @@ class BatchUpdateParameterServer:
                 "test_accuracy": acc, "test_loss": loss, "updates": self.updates}
 
 
-def run_trainer(ps_rref, rank, trainers, epochs, steps_per_epoch, batch, seed):
+def run_trainer(ps_rref, rank, trainers, epochs, steps_per_epoch, batch, seed, max_steps):
     torch.manual_seed(seed + rank)
     train_x, train_y = load("train")
     shard = torch.arange(rank, len(train_y), trainers)
@@ -132,6 +142,8 @@ def run_trainer(ps_rref, rank, trainers, epochs, steps_per_epoch, batch, seed):
     for _ in range(epochs):
         order = torch.randperm(len(y), generator=generator)
         for s in range(steps_per_epoch):
+            if max_steps and steps == max_steps:
+                break
             idx = order[s * batch:(s + 1) * batch]
             t0 = time.perf_counter()
             model.zero_grad(set_to_none=False)
@@ -163,17 +175,18 @@ def run(rank, world, args, port, out_path):
         n_train = 60000
         steps_per_epoch = (n_train // trainers) // args.batch_size
         ps_rref = rpc.RRef(BatchUpdateParameterServer(trainers, steps_per_epoch, args.lr,
-                                                      args.target))
+                                                      args.target, args.model))
         futs = [rpc.rpc_async(f"trainer{r}", run_trainer,
                               args=(ps_rref, r - 1, trainers, args.epochs, steps_per_epoch,
-                                    args.batch_size, args.seed))
+                                    args.batch_size, args.seed, args.max_steps))
                 for r in range(1, world)]
         results = [f.wait() for f in futs]
         report = ps_rref.local_value().report()
         samples = sum(r["samples"] for r in results)
         seconds = max(r["seconds"] for r in results)
         report.update({
-            "system": "pytorch-rpc-ps", "trainers": trainers, "epochs": args.epochs,
+            "system": "pytorch-rpc-ps", "model": args.model, "trainers": trainers,
+            "epochs": args.epochs,
             "batch_size": args.batch_size, "steps_per_trainer": results[0]["steps"],
             "samples_per_second": samples / seconds, "train_seconds": seconds,
             "compute_per_step": sum(r["compute_per_step"] for r in results) / trainers,
@@ -200,6 +213,10 @@ def arguments(description=None):
     p.add_argument("--threads", type=int, default=1, help="torch threads per process")
     p.add_argument("--target", type=float, default=0.85)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--model", choices=["mlp", "cnn"], default="mlp",
+                   help="examples/fashion_mlp.textproto's MLP or examples/fashion_cnn.textproto's CNN")
+    p.add_argument("--max-steps", type=int, default=0,
+                   help="stop each trainer after this many steps (0: every step of --epochs)")
     return p
 
 
