@@ -50,7 +50,8 @@ MODEL=${MODEL:-mlp}
 STEPS=${STEPS:-150}
 case "$MODEL" in
   mlp) example=examples/fashion_mlp.textproto; limit=() ;;
-  # The CNN trains for STEPS steps per worker of its first epoch, on every side.
+  # The CNN trains for STEPS steps per worker of its first epoch on every side (EPOCHS is
+  # ignored; an epoch is 468 steps per worker).
   cnn) example=examples/fashion_cnn.textproto; EPOCHS=1; limit=(--max-steps "$STEPS") ;;
   *) echo "MODEL must be mlp or cnn, got $MODEL" >&2; exit 64 ;;
 esac
@@ -67,7 +68,7 @@ spec() {  # spec MODE FILE: the example model with EPOCHS epochs (cnn: STEPS ste
 
 reference() {  # reference SCRIPT ROUND: one PyTorch reference run, its JSON line tagged with ROUND
   "$PY" "bench/$1.py" --epochs "$EPOCHS" --trainers 2 --target "$TARGET" --model "$MODEL" \
-    "${limit[@]}" 2> "$OUT/$1-$2.err" |
+    ${limit[@]+"${limit[@]}"} 2> "$OUT/$1-$2.err" |
     tail -n 1 |
     "$PY" -c 'import json,sys; d=json.loads(sys.stdin.read()); d["round"]='"$2"'; print(json.dumps(d))' |
     tee -a "$results"

@@ -39,6 +39,7 @@ def run(rank, world, args, port, out_path):
     dist.init_process_group("gloo", rank=rank, world_size=world)
     torch.manual_seed(args.seed)  # the same initial model on every rank (DDP broadcasts rank 0's)
     model = DistributedDataParallel(make_model(args.model))
+    torch.manual_seed(args.seed + rank)  # dropout masks of their own, as the RPC trainers draw
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
     train_x, train_y = load("train")
     shard = torch.arange(rank, len(train_y), world)

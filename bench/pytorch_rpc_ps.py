@@ -140,6 +140,8 @@ def run_trainer(ps_rref, rank, trainers, epochs, steps_per_epoch, batch, seed, m
     start = time.perf_counter()
     generator = torch.Generator().manual_seed(seed * 1000 + rank)
     for _ in range(epochs):
+        if max_steps and steps == max_steps:
+            break
         order = torch.randperm(len(y), generator=generator)
         for s in range(steps_per_epoch):
             if max_steps and steps == max_steps:

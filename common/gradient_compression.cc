@@ -29,61 +29,61 @@ uint32_t ReadU32(const char* p) {
 // that NaN and Inf tie as one rank and the lower index goes first.
 uint32_t RankKey(uint32_t bits) { return std::min(bits & 0x7fffffffu, 0x7f800000u); }
 
-// keys[i] = RankKey of x[i] for i < n, eight at a time so that -O2 vectorises the blocks.
-void RankKeys(const float* x, size_t n, uint32_t* keys) {
-  size_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    uint32_t u[8];
-    std::memcpy(u, x + i, sizeof(u));
-    for (size_t j = 0; j < 8; ++j) keys[i + j] = RankKey(u[j]);
-  }
-  for (; i < n; ++i) keys[i] = RankKey(ReadU32(reinterpret_cast<const char*>(x + i)));
+uint32_t KeyAt(const float* x, size_t i) {
+  return RankKey(ReadU32(reinterpret_cast<const char*>(x + i)));
 }
 
 // The k-th largest rank key of x[0, n), and in *above how many keys exceed it.
-// REQUIRES: 0 < k <= n; keys holds RankKeys(x).
+// REQUIRES: 0 < k <= n.
 //
 // Selecting among all n values costs a copy of them and several passes (std::nth_element); on a
 // large partition a strided sample of the keys first gives a bound t that, by the sample, about
 // 1.2 k values plus a margin reach. The values at or above t are the candidates, and when at least
 // k of them exist the k-th largest of all is the k-th largest of the candidates (every key above
-// it is at least t too). A sample that set t too high (fewer than k candidates) falls back to all
-// values, so the answer is exact either way; only the time depends on the sample.
-uint32_t KthLargestKey(const std::vector<uint32_t>& keys, size_t k, size_t* above,
-                       std::vector<uint32_t>* scratch) {
+// it is at least t too). A sample that set t too high (fewer than k candidates) or far too low
+// (more candidates than `candidates` has room for, about 0.3 n + k) falls back to all values, so
+// the answer is exact either way; only the time and the memory depend on the sample.
+uint32_t KthLargestKey(const float* x, size_t n, size_t k, size_t* above,
+                       std::vector<uint32_t>* candidates) {
   constexpr size_t kSample = 4096;
-  const size_t n = keys.size();
-  std::vector<uint32_t>& candidates = *scratch;
+  std::vector<uint32_t>& c = *candidates;
+  size_t count = 0;
   bool sampled = false;
   if (n >= 4 * kSample && k <= n / 2) {
     std::vector<uint32_t> sample(kSample);
-    for (size_t j = 0; j < kSample; ++j) sample[j] = keys[j * n / kSample];
+    for (size_t j = 0; j < kSample; ++j) sample[j] = KeyAt(x, j * n / kSample);
     const double expected = static_cast<double>(k) * kSample / static_cast<double>(n);
     const auto position = static_cast<size_t>(1.2 * expected + 4.0 * std::sqrt(expected) + 8.0);
     if (position < kSample) {
       std::nth_element(sample.begin(), sample.begin() + static_cast<ptrdiff_t>(position),
                        sample.end(), std::greater<uint32_t>());
       const uint32_t bound = sample[position];
+      // Room for twice the candidates the sample predicts.
+      const size_t room = std::min(n, 2 * (position + 1) * (n / kSample) + k);
+      if (c.size() < room) c.resize(room);
       // Branch-free (a branch taken for about one value in eight at random mispredicts often):
       // every key is written, and the end moves past it only when it is a candidate.
-      candidates.resize(n);
-      size_t count = 0;
-      for (uint32_t key : keys) {
-        candidates[count] = key;
+      size_t i = 0;
+      for (; i < n && count < room; ++i) {
+        const uint32_t key = KeyAt(x, i);
+        c[count] = key;
         count += key >= bound ? 1 : 0;
       }
-      candidates.resize(count);
-      sampled = count >= k;
+      sampled = count >= k && (count < room || i == n);
     }
   }
-  if (!sampled) candidates = keys;
-  std::nth_element(candidates.begin(), candidates.begin() + static_cast<ptrdiff_t>(k - 1),
-                   candidates.end(), std::greater<uint32_t>());
-  const uint32_t threshold = candidates[k - 1];
+  if (!sampled) {
+    if (c.size() < n) c.resize(n);
+    for (size_t i = 0; i < n; ++i) c[i] = KeyAt(x, i);
+    count = n;
+  }
+  std::nth_element(c.begin(), c.begin() + static_cast<ptrdiff_t>(k - 1),
+                   c.begin() + static_cast<ptrdiff_t>(count), std::greater<uint32_t>());
+  const uint32_t threshold = c[k - 1];
   // nth_element leaves every key before position k-1 at least the threshold.
-  size_t count = 0;
-  for (size_t i = 0; i + 1 < k; ++i) count += candidates[i] > threshold ? 1 : 0;
-  *above = count;
+  size_t larger = 0;
+  for (size_t i = 0; i + 1 < k; ++i) larger += c[i] > threshold ? 1 : 0;
+  *above = larger;
   return threshold;
 }
 
@@ -217,18 +217,15 @@ void EncodeCompressed(v1::Encoding encoding, const float* x, size_t n, size_t to
   }
   TopKScratch local;
   if (scratch == nullptr) scratch = &local;
-  std::vector<uint32_t>& keys = scratch->keys;
-  keys.resize(n);
-  RankKeys(x, n, keys.data());
   size_t above = 0;
-  const uint32_t threshold = KthLargestKey(keys, top_k, &above, &scratch->candidates);
+  const uint32_t threshold = KthLargestKey(x, n, top_k, &above, &scratch->candidates);
   // Branch-free as in KthLargestKey: each pair is written, and kept when its value is taken;
   // the spare pair at the end takes the writes after the last kept one.
   size_t ties = top_k - above;
   out->resize(8 * top_k + 8);
   char* p = out->data();
   for (size_t i = 0; i < n; ++i) {
-    const uint32_t key = keys[i];
+    const uint32_t key = KeyAt(x, i);
     const bool tie = key == threshold && ties > 0;
     const auto index = static_cast<uint32_t>(i);
     std::memcpy(p, &index, 4);
@@ -254,17 +251,20 @@ bool EncodeInt8(const float* x, size_t n, std::string* out) {
   for (size_t b = 0; b < blocks; ++b) {
     const size_t begin = b * kInt8Block, end = std::min(n, begin + kInt8Block);
     float largest = 0;
-    for (size_t i = begin; i < end; ++i) largest = std::max(largest, std::fabs(x[i]));
-    // NaN compares false with everything, so it would not raise `largest`; the sum shows it.
-    float sum = 0;
-    for (size_t i = begin; i < end; ++i) sum += x[i];
-    if (!std::isfinite(largest) || !std::isfinite(sum)) return false;
+    uint32_t non_finite = 0;  // NaN and Inf have every exponent bit set
+    for (size_t i = begin; i < end; ++i) {
+      largest = std::max(largest, std::fabs(x[i]));
+      const uint32_t bits = ReadU32(reinterpret_cast<const char*>(x + i));
+      non_finite |= (bits & 0x7f800000u) == 0x7f800000u ? 1u : 0u;
+    }
+    if (non_finite != 0) return false;
     const float scale = largest / 127.0f;
     std::memcpy(scales + 4 * b, &scale, 4);
-    const float inverse = scale > 0 ? 1.0f / scale : 0.0f;
+    // Divided, not multiplied by 1 / scale: that overflows to Inf for a scale below 2^-128. A
+    // block too small for a nonzero scale sends zeros; its change stays in the next difference.
     for (size_t i = begin; i < end; ++i) {
-      const float steps = std::clamp(std::nearbyint(x[i] * inverse), -127.0f, 127.0f);
-      q[i] = static_cast<int8_t>(steps);
+      const float steps = scale > 0 ? std::nearbyint(x[i] / scale) : 0.0f;
+      q[i] = static_cast<int8_t>(std::clamp(steps, -127.0f, 127.0f));
     }
   }
   return true;

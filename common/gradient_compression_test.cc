@@ -113,19 +113,25 @@ TEST(GradientCompressionTest, EncodersMatchTheDefinitionAtEverySize) {
 }
 
 // Large partitions select among the values a strided sample bounds (gradient_compression.cc's
-// KthLargestRank); whatever the sample saw, the payload is the definition's. Values: smooth
+// KthLargestKey); whatever the sample saw, the payload is the definition's. Values: smooth
 // random ones, a few large ones sitting exactly where a sample of every 64th value looks (so the
-// sample's bound is too high and the encoder must fall back), all equal, and mostly zeros.
+// sample's bound is too high and the encoder must fall back), all equal, mostly zeros, and tiny
+// values exactly where the sample looks (a bound far too low). Each case is encoded twice with
+// one scratch, as the error feedback reuses it, and once without.
 TEST(GradientCompressionTest, TopKOfALargePartitionIsExactWhateverTheSampleSaw) {
   std::mt19937 rng(11);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   const size_t n = 262144;  // 64 x the sample of 4096
-  std::vector<std::vector<float>> cases(4, std::vector<float>(n));
+  std::vector<std::vector<float>> cases(5, std::vector<float>(n));
   for (float& v : cases[0]) v = normal(rng);
   for (size_t i = 0; i < n; ++i) cases[1][i] = i % 64 == 0 ? 100.0f + i % 7 : normal(rng) * 1e-3f;
   std::fill(cases[2].begin(), cases[2].end(), -0.25f);
   for (size_t i = 0; i < n; i += 97) cases[3][i] = normal(rng);
+  // The sample sees only tiny values, so nearly every value passes its bound: more candidates
+  // than the buffer's room, which must fall back too.
+  for (size_t i = 0; i < n; ++i) cases[4][i] = i % 64 == 0 ? 1e-6f : 1.0f + normal(rng);
   cases[0][12345] = NAN;
+  TopKScratch scratch;  // shared by every case, as an encoder's is across steps
   for (size_t c = 0; c < cases.size(); ++c) {
     const std::vector<float>& x = cases[c];
     std::vector<size_t> order(n);
@@ -136,8 +142,12 @@ TEST(GradientCompressionTest, TopKOfALargePartitionIsExactWhateverTheSampleSaw) 
     for (size_t k : {size_t{1}, n / 1000, n / 64, n / 10, n / 2}) {
       std::vector<size_t> expected(order.begin(), order.begin() + static_cast<ptrdiff_t>(k));
       std::sort(expected.begin(), expected.end());
-      std::string bytes;
-      EncodeCompressed(v1::ENCODING_TOPK, x.data(), n, k, &bytes);
+      std::string bytes, again, alone;
+      EncodeCompressed(v1::ENCODING_TOPK, x.data(), n, k, &bytes, &scratch);
+      EncodeCompressed(v1::ENCODING_TOPK, x.data(), n, k, &again, &scratch);
+      EncodeCompressed(v1::ENCODING_TOPK, x.data(), n, k, &alone);
+      EXPECT_EQ(again, bytes) << c << " " << k;
+      EXPECT_EQ(alone, bytes) << c << " " << k;
       ASSERT_EQ(bytes.size(), 8 * k) << c << " " << k;
       size_t wrong = 0;
       for (size_t j = 0; j < k; ++j) {
@@ -185,6 +195,25 @@ TEST(GradientCompressionTest, Int8BlocksQuantiseEachValueToHalfAStepOfItsBlock) 
     EXPECT_FALSE(EncodeInt8(x.data(), n, &bytes)) << n;
     x[n / 2] = -INFINITY;
     EXPECT_FALSE(EncodeInt8(x.data(), n, &bytes)) << n;
+  }
+  // Tiny blocks (a scale below 2^-128, whose inverse would overflow) with zeros in them, one too
+  // small for any scale, and one of huge finite values: all encode, each value within a step.
+  for (const std::vector<float>& x : std::vector<std::vector<float>>{
+           {1e-38f, 0.0f, -3e-39f, 0.0f}, {1e-44f, 0.0f, -1e-45f}, {3e38f, -1e38f, 0.0f}}) {
+    std::string bytes;
+    ASSERT_TRUE(EncodeInt8(x.data(), x.size(), &bytes)) << x[0];
+    ASSERT_TRUE(CheckInt8(bytes, x.size()).ok()) << x[0];
+    float scale;
+    std::memcpy(&scale, bytes.data(), 4);
+    std::vector<float> out(x.size(), 0.0f);
+    AddInt8(bytes, out.data(), x.size());
+    for (size_t i = 0; i < x.size(); ++i) {
+      EXPECT_TRUE(std::isfinite(out[i])) << x[0] << " " << i;
+      EXPECT_LE(std::fabs(out[i] - x[i]), std::max(scale, 1e-44f)) << x[0] << " " << i;
+      if (x[i] == 0) {
+        EXPECT_EQ(out[i], 0.0f) << x[0] << " " << i;
+      }
+    }
   }
   std::string bytes;
   const std::vector<float> x = {1, -2, 3};

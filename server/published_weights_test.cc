@@ -277,5 +277,58 @@ TEST(PublishedWeightsTest, StorePushPullAnswersDeltasForDensePartitionsAndFp32Ro
   EXPECT_EQ(PullDense(store, "d", "w", 0), (std::vector<float>{-2, -6, -2, -2, -2, -2, 2, -2}));
 }
 
+// Through the store in INT8: whole weights with an id, then a quantised delta that takes the copy
+// to within half a step of the shard's weights; the table's rows beside it in fp32; a gradient
+// pushed in INT8 is refused naming the slice.
+TEST(PublishedWeightsTest, StorePushPullAnswersInt8DeltasAndRefusesInt8Gradients) {
+  ParameterStore store;
+  v1::CreateJobStateRequest job = JobRequest("q", Config(v1::CONSISTENCY_BSP, 1, 1.0f));
+  *job.add_partitions() = Dense("w", 0, 8);
+  *job.add_tables() = Table("emb", 2, v1::Initializer::KIND_CONSTANT, 1);
+  ASSERT_TRUE(store.CreateJobState(job).ok());
+  auto push_pull = [&](int64_t step, uint64_t seq, const std::vector<float>& g, uint64_t held,
+                       v1::Encoding push_encoding) {
+    v1::Slice dense = GradSlice("w", 0, g);
+    dense.set_want_weights(true);
+    dense.set_weights_id(held);
+    if (push_encoding != v1::ENCODING_FP32) {
+      dense.set_encoding(push_encoding);
+      dense.mutable_data()->resize(Int8Bytes(g.size()));
+    }
+    v1::Slice rows = RowsSlice("emb", {3}, {1.0f, 2.0f});
+    rows.set_want_weights(true);
+    v1::PushPullRequest r = Request("q", 0, 1, step, seq, {dense, rows});
+    r.set_pull_encoding(v1::ENCODING_INT8);
+    std::optional<absl::StatusOr<v1::PushPullResponse>> answer;
+    store.PushPull(r, [&](absl::StatusOr<v1::PushPullResponse> a) { answer = std::move(a); });
+    EXPECT_TRUE(answer.has_value());
+    return answer.value_or(absl::UnknownError("no answer"));
+  };
+  absl::StatusOr<v1::PushPullResponse> a =
+      push_pull(0, 1, std::vector<float>(8, 1.0f), 0, v1::ENCODING_FP32);
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_EQ(a->weights(0).encoding(), v1::ENCODING_FP32);
+  std::vector<float> copy = Floats(a->weights(0));
+  EXPECT_EQ(copy, std::vector<float>(8, -1.0f));
+  const uint64_t id = a->weights(0).weights_id();
+  ASSERT_NE(id, 0u);
+  a = push_pull(1, 2, {1, 5, 1, 1, 1, 1, -3, 0.01f}, id, v1::ENCODING_FP32);
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_EQ(a->weights(0).encoding(), v1::ENCODING_INT8);
+  ASSERT_TRUE(CheckInt8(a->weights(0).data(), 8).ok());
+  AddInt8(a->weights(0).data(), copy.data(), 8);
+  const std::vector<float> w = PullDense(store, "q", "w", 0);
+  ASSERT_EQ(w, (std::vector<float>{-2, -6, -2, -2, -2, -2, 2, -1.01f}));
+  for (size_t i = 0; i < 8; ++i) EXPECT_LE(std::fabs(copy[i] - w[i]), 0.5f * 5 / 127) << i;
+  EXPECT_NE(copy, w);  // -1.01 is not a step of 5 / 127 away from -1
+  EXPECT_EQ(a->weights(1).encoding(), v1::ENCODING_FP32);
+  const absl::StatusOr<v1::PushPullResponse> bad =
+      push_pull(2, 3, std::vector<float>(8, 1.0f), a->weights(0).weights_id(), v1::ENCODING_INT8);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("ENCODING_INT8 is for weight deltas in pulls"),
+            std::string::npos)
+      << bad.status();
+}
+
 }  // namespace
 }  // namespace tessera::server

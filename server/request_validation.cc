@@ -82,7 +82,7 @@ absl::Status CheckPushSlice(const JobState& job, const PushPullView& request, si
     return absl::OkStatus();
   }
   const size_t width = BytesPerValue(s.encoding);
-  if (IsWeightDelta(s.encoding)) {
+  if (s.encoding == v1::ENCODING_INT8) {
     return absl::InvalidArgumentError(absl::StrCat(
         "push[", i, "] key ", key,
         ": ENCODING_INT8 is for weight deltas in pulls; gradients go in fp32, bf16, fp16, SIGN1 "

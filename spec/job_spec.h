@@ -43,7 +43,8 @@ v1::JobConfig MakeJobConfig(const v1::JobSpec& spec);
 // spec.wire_encoding as the data plane's enum for dense pushes (empty -> FP32). REQUIRES: a
 // validated spec.
 v1::Encoding PushEncoding(const v1::JobSpec& spec);
-// The same for pulled weights: spec.pull_encoding when set ("delta_topk": TOPK, weight deltas);
+// The same for pulled weights: spec.pull_encoding when set ("delta_topk": TOPK, "delta_int8": INT8,
+// weight deltas);
 // otherwise the push encoding, or bf16 under a compressed one.
 v1::Encoding PullEncoding(const v1::JobSpec& spec);
 // spec.pull_topk_fraction, 0 -> 0.1.

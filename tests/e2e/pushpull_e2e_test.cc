@@ -308,57 +308,69 @@ TEST_F(PushPullE2eTest, BspAveragesEachStepOnceAndMatchesTheReferenceExactly) {
   ExpectFinalWeights("bsp", kLearningRate / kWorkers);
 }
 
-// Weight deltas (pull encoding TOPK, server/published_weights.h): every worker holds the same
-// published weights after every step, bit for bit, whatever the injected duplicates and lost
-// responses; the pushes apply as with whole weights; and once the gradients stop, the shards'
-// error feedback sends what the deltas left out: 1 / fraction steps later the workers hold the
-// shards' weights exactly.
+// Weight deltas (pull encodings TOPK and INT8, server/published_weights.h): every worker holds
+// the same published weights after every step, bit for bit, whatever the injected duplicates and
+// lost responses; the pushes apply as with whole weights; and once the gradients stop, the
+// shards' error feedback sends what the deltas left out: under TOPK, 1 / fraction steps later the
+// workers hold the shards' weights exactly; under INT8, each step leaves 1/254 of the last miss,
+// so 4 steps later they are within 1e-6 of them.
 TEST_F(PushPullE2eTest, BspWeightDeltasGiveEveryWorkerTheSameWeightsAndCatchUp) {
-  constexpr double kFraction = 0.25;  // 16 of each partition's 64 values per delta
-  for (const bool faults : {false, true}) {
-    SCOPED_TRACE(faults ? "with duplicates and lost responses" : "without faults");
-    const std::string job = faults ? "delta-faults" : "delta";
-    pull_encoding_ = v1::ENCODING_TOPK;
-    zero_steps_ = 4;
-    DeclareJob(job, v1::CONSISTENCY_BSP, 0, kFraction);
-    std::vector<std::vector<double>> final_ref;
-    for (size_t t = 0; t < Tensors().size(); ++t) {
-      final_ref.push_back(Reference(t, kSteps, kLearningRate / kWorkers));
-    }
-    absl::Mutex mu;
-    std::map<std::pair<int, int>, std::vector<float>> first;  // (step, tensor): first answer
-    int differ = 0, behind = 0, caught_up = 0;
-    RunWorkers(
-        job,
-        [&](int w, int step, int t, const std::vector<float>& weights,
-            const client::PushPullResult& r) {
-          EXPECT_EQ(r.min_version, step + 1) << "worker " << w << " step " << step;
-          absl::MutexLock lock(&mu);
-          auto [it, fresh] = first.emplace(std::make_pair(step, t), weights);
-          if (!fresh && it->second != weights && ++differ <= 3) {
-            ADD_FAILURE() << "worker " << w << " step " << step << " " << Tensors()[t].name
-                          << ": other weights than another worker's";
-          }
-          int off = 0;
-          for (size_t i = 0; i < weights.size(); ++i) {
-            off += static_cast<double>(weights[i]) != final_ref[t][i] ? 1 : 0;
-          }
-          if (step == kSteps - 1 && off > 0) ++behind;
-          if (step == kSteps + zero_steps_ - 1) {
-            EXPECT_EQ(off, 0) << "worker " << w << " " << Tensors()[t].name;
-            ++caught_up;
-          }
-        },
-        faults ? 5 : 0, faults ? 5 : 0);
-    EXPECT_EQ(differ, 0);
-    // At the last gradient step the workers trail the shards (deltas carry a quarter of the
-    // values), and every worker caught up with every tensor.
-    EXPECT_EQ(behind, kWorkers * static_cast<int>(Tensors().size()));
-    EXPECT_EQ(caught_up, kWorkers * static_cast<int>(Tensors().size()));
-    ExpectFinalWeights(job, kLearningRate / kWorkers);
-    if (faults) {
-      EXPECT_GT(injected_drops_, 0);
-      EXPECT_GT(injected_duplicates_, 0);
+  constexpr double kFraction = 0.25;  // 16 of each partition's 64 values per TOPK delta
+  for (const v1::Encoding encoding : {v1::ENCODING_TOPK, v1::ENCODING_INT8}) {
+    for (const bool faults : {false, true}) {
+      SCOPED_TRACE(
+          absl::StrCat(v1::Encoding_Name(encoding),
+                       faults ? " with duplicates and lost responses" : " without faults"));
+      const std::string job = absl::StrCat(encoding == v1::ENCODING_TOPK ? "delta" : "delta-int8",
+                                           faults ? "-faults" : "");
+      pull_encoding_ = encoding;
+      zero_steps_ = 4;
+      DeclareJob(job, v1::CONSISTENCY_BSP, 0, kFraction);
+      std::vector<std::vector<double>> final_ref;
+      for (size_t t = 0; t < Tensors().size(); ++t) {
+        final_ref.push_back(Reference(t, kSteps, kLearningRate / kWorkers));
+      }
+      absl::Mutex mu;
+      std::map<std::pair<int, int>, std::vector<float>> first;  // (step, tensor): first answer
+      int differ = 0, behind = 0, caught_up = 0;
+      RunWorkers(
+          job,
+          [&](int w, int step, int t, const std::vector<float>& weights,
+              const client::PushPullResult& r) {
+            EXPECT_EQ(r.min_version, step + 1) << "worker " << w << " step " << step;
+            absl::MutexLock lock(&mu);
+            auto [it, fresh] = first.emplace(std::make_pair(step, t), weights);
+            if (!fresh && it->second != weights && ++differ <= 3) {
+              ADD_FAILURE() << "worker " << w << " step " << step << " " << Tensors()[t].name
+                            << ": other weights than another worker's";
+            }
+            int off = 0;
+            double farthest = 0;
+            for (size_t i = 0; i < weights.size(); ++i) {
+              off += static_cast<double>(weights[i]) != final_ref[t][i] ? 1 : 0;
+              farthest = std::max(farthest, std::fabs(weights[i] - final_ref[t][i]));
+            }
+            if (step == kSteps - 1 && off > 0) ++behind;
+            if (step == kSteps + zero_steps_ - 1) {
+              if (encoding == v1::ENCODING_TOPK) {
+                EXPECT_EQ(off, 0) << "worker " << w << " " << Tensors()[t].name;
+              } else {
+                EXPECT_LE(farthest, 1e-6) << "worker " << w << " " << Tensors()[t].name;
+              }
+              ++caught_up;
+            }
+          },
+          faults ? 5 : 0, faults ? 5 : 0);
+      EXPECT_EQ(differ, 0);
+      // At the last gradient step the workers trail the shards (TOPK deltas carry a quarter of
+      // the values, INT8 ones round each), and every worker caught up with every tensor.
+      EXPECT_EQ(behind, kWorkers * static_cast<int>(Tensors().size()));
+      EXPECT_EQ(caught_up, kWorkers * static_cast<int>(Tensors().size()));
+      ExpectFinalWeights(job, kLearningRate / kWorkers);
+      if (faults) {
+        EXPECT_GT(injected_drops_, 0);
+        EXPECT_GT(injected_duplicates_, 0);
+      }
     }
   }
 }

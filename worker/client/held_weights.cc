@@ -36,6 +36,11 @@ absl::Status HeldWeights::Accept(absl::string_view tensor, uint32_t index, uint6
       return refuse(absl::StrCat("a delta from weights ", sent, " answered for a copy of weights ",
                                  copy->id, " with ", copy->values.size(), " values"));
     }
+    if (w.data().empty() && w.weights_id() != sent) {
+      // The shard answers "nothing changed" only to a worker holding its newest weights.
+      return refuse(
+          absl::StrCat("an empty delta that moves weights ", sent, " to ", w.weights_id()));
+    }
     if (w.encoding() == v1::ENCODING_TOPK) {
       const absl::Status valid = CheckCompressed(v1::ENCODING_TOPK, w.data(), count);
       if (!valid.ok()) return refuse(valid.message());

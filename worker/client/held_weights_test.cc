@@ -70,6 +70,13 @@ TEST(HeldWeightsTest, Int8DeltasAddToTheCopyAndBadOnesDropIt) {
   std::vector<float> again(4);
   ASSERT_TRUE(held.Accept("w", 0, 9, none, again.data(), 4).ok());
   EXPECT_EQ(again, out);
+  // An empty delta that names other weights than the copy's: not "nothing changed".
+  none.set_weights_id(10);
+  absl::Status moved = held.Accept("w", 0, 9, none, again.data(), 4);
+  EXPECT_EQ(moved.code(), absl::StatusCode::kInternal);
+  EXPECT_THAT(moved.message(), HasSubstr("an empty delta that moves weights 9 to 10"));
+  ASSERT_TRUE(held.Accept("w", 0, 0, Whole({1, 2, 3, 4}, 7), out.data(), 4).ok());
+  ASSERT_TRUE(held.Accept("w", 0, 7, d, out.data(), 4).ok());
   v1::Slice short_one = d;
   short_one.mutable_data()->pop_back();
   absl::Status s = held.Accept("w", 0, 9, short_one, out.data(), 4);

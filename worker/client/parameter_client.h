@@ -264,8 +264,8 @@ class ParameterClient {
   absl::Status DropJob();
 
   const Options& options() const { return options_; }
-  // Weights come back from PushPull as deltas (pull_encoding TOPK, held_weights.h); blocking
-  // pulls get them in FP32.
+  // Weights come back from PushPull as deltas (pull_encoding TOPK or INT8, held_weights.h);
+  // blocking pulls get them in FP32.
   bool DeltaPulls() const { return IsWeightDelta(options_.pull_encoding); }
   const ReplicaRouting& routing() const { return routing_; }
   // The dense pushes' encoder, with the error feedback of a compressed push_encoding.
