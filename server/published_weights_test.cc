@@ -234,28 +234,40 @@ TEST(PublishedWeightsTest, RewindRefusedBudgetAndLargeDeltasAnswerWholeWeights) 
   }
 }
 
+// A job `id` on `store`: one dense partition "w"/0 of 8 values and a table "emb" of width 2.
+void CreateDeltaJob(ParameterStore& store, const std::string& id, v1::JobConfig config) {
+  v1::CreateJobStateRequest job = JobRequest(id, config);
+  *job.add_partitions() = Dense("w", 0, 8);
+  *job.add_tables() = Table("emb", 2, v1::Initializer::KIND_CONSTANT, 1);
+  ASSERT_TRUE(store.CreateJobState(job).ok());
+}
+
+// One BSP PushPull of worker 0 of job `id` pulling in `pull_encoding`: the gradient `dense` of
+// "w"/0 (naming `held` weights) and one row of "emb", both wanting weights back.
+absl::StatusOr<v1::PushPullResponse> PushPullDelta(ParameterStore& store, const std::string& id,
+                                                   int64_t step, uint64_t seq, v1::Slice dense,
+                                                   uint64_t held, v1::Encoding pull_encoding) {
+  dense.set_want_weights(true);
+  dense.set_weights_id(held);
+  v1::Slice rows = RowsSlice("emb", {3}, {1.0f, 2.0f});
+  rows.set_want_weights(true);
+  v1::PushPullRequest r = Request(id, 0, 1, step, seq, {dense, rows});
+  r.set_pull_encoding(pull_encoding);
+  std::optional<absl::StatusOr<v1::PushPullResponse>> answer;
+  store.PushPull(r, [&](absl::StatusOr<v1::PushPullResponse> a) { answer = std::move(a); });
+  EXPECT_TRUE(answer.has_value());
+  return answer.value_or(absl::UnknownError("no answer"));
+}
+
 // Through the store: a BSP PushPull asking for TOPK weights gets whole weights with an id at
 // first, then a delta that the next request's id unlocks; a table's rows beside it come in fp32.
 TEST(PublishedWeightsTest, StorePushPullAnswersDeltasForDensePartitionsAndFp32Rows) {
   ParameterStore store;
   v1::JobConfig config = Config(v1::CONSISTENCY_BSP, 1, 1.0f);
   config.set_pull_topk_fraction(0.25);
-  v1::CreateJobStateRequest job = JobRequest("d", config);
-  *job.add_partitions() = Dense("w", 0, 8);
-  *job.add_tables() = Table("emb", 2, v1::Initializer::KIND_CONSTANT, 1);
-  ASSERT_TRUE(store.CreateJobState(job).ok());
+  ASSERT_NO_FATAL_FAILURE(CreateDeltaJob(store, "d", config));
   auto push_pull = [&](int64_t step, uint64_t seq, const std::vector<float>& g, uint64_t held) {
-    v1::Slice dense = GradSlice("w", 0, g);
-    dense.set_want_weights(true);
-    dense.set_weights_id(held);
-    v1::Slice rows = RowsSlice("emb", {3}, {1.0f, 2.0f});
-    rows.set_want_weights(true);
-    v1::PushPullRequest r = Request("d", 0, 1, step, seq, {dense, rows});
-    r.set_pull_encoding(v1::ENCODING_TOPK);
-    std::optional<absl::StatusOr<v1::PushPullResponse>> answer;
-    store.PushPull(r, [&](absl::StatusOr<v1::PushPullResponse> a) { answer = std::move(a); });
-    EXPECT_TRUE(answer.has_value());
-    return answer.value_or(absl::UnknownError("no answer"));
+    return PushPullDelta(store, "d", step, seq, GradSlice("w", 0, g), held, v1::ENCODING_TOPK);
   };
   absl::StatusOr<v1::PushPullResponse> a = push_pull(0, 1, std::vector<float>(8, 1.0f), 0);
   ASSERT_TRUE(a.ok()) << a.status();
@@ -282,27 +294,15 @@ TEST(PublishedWeightsTest, StorePushPullAnswersDeltasForDensePartitionsAndFp32Ro
 // pushed in INT8 is refused naming the slice.
 TEST(PublishedWeightsTest, StorePushPullAnswersInt8DeltasAndRefusesInt8Gradients) {
   ParameterStore store;
-  v1::CreateJobStateRequest job = JobRequest("q", Config(v1::CONSISTENCY_BSP, 1, 1.0f));
-  *job.add_partitions() = Dense("w", 0, 8);
-  *job.add_tables() = Table("emb", 2, v1::Initializer::KIND_CONSTANT, 1);
-  ASSERT_TRUE(store.CreateJobState(job).ok());
+  ASSERT_NO_FATAL_FAILURE(CreateDeltaJob(store, "q", Config(v1::CONSISTENCY_BSP, 1, 1.0f)));
   auto push_pull = [&](int64_t step, uint64_t seq, const std::vector<float>& g, uint64_t held,
                        v1::Encoding push_encoding) {
     v1::Slice dense = GradSlice("w", 0, g);
-    dense.set_want_weights(true);
-    dense.set_weights_id(held);
     if (push_encoding != v1::ENCODING_FP32) {
       dense.set_encoding(push_encoding);
       dense.mutable_data()->resize(Int8Bytes(g.size()));
     }
-    v1::Slice rows = RowsSlice("emb", {3}, {1.0f, 2.0f});
-    rows.set_want_weights(true);
-    v1::PushPullRequest r = Request("q", 0, 1, step, seq, {dense, rows});
-    r.set_pull_encoding(v1::ENCODING_INT8);
-    std::optional<absl::StatusOr<v1::PushPullResponse>> answer;
-    store.PushPull(r, [&](absl::StatusOr<v1::PushPullResponse> a) { answer = std::move(a); });
-    EXPECT_TRUE(answer.has_value());
-    return answer.value_or(absl::UnknownError("no answer"));
+    return PushPullDelta(store, "q", step, seq, dense, held, v1::ENCODING_INT8);
   };
   absl::StatusOr<v1::PushPullResponse> a =
       push_pull(0, 1, std::vector<float>(8, 1.0f), 0, v1::ENCODING_FP32);
